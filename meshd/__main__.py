@@ -1,0 +1,3 @@
+from meshd.cli.main import entry
+
+entry()

@@ -1,0 +1,1 @@
+"""The ``meshd`` command line: one module per subcommand, each thin over a library."""

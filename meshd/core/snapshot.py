@@ -1,0 +1,113 @@
+"""What a node knows about the mesh at one instant: the input of every routing decision.
+
+The daemon builds a ``MeshSnapshot`` from its peer table, its own load and its RTT estimates;
+the simulator builds one from its simulated world. The router (``meshd.core.routing``) and the
+pipeline planner (``meshd.core.planner``) read only this, so both callers get the very same
+decisions. Everything here is immutable and carries no clock: ages are given in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """One model (or a contiguous layer range of it) that a node serves.
+
+    ``layer_start``/``layer_end`` are half open: ``[layer_start, layer_end)``. A node that serves
+    the whole model has ``layer_start == 0`` and ``layer_end == num_layers``.
+    """
+
+    model: str
+    num_layers: int
+    layer_start: int
+    layer_end: int
+
+    @property
+    def whole(self) -> bool:
+        return self.layer_start == 0 and self.layer_end == self.num_layers
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One candidate node as seen from the deciding node (which may be the node itself).
+
+    Speeds are measured by the node and gossiped in its advert; ``rtt_ms`` is this node's best
+    estimate of the round trip to it (0 for itself). ``sent_since_advert`` counts requests the
+    deciding node sent there after that node's last advert, so stale queue figures are corrected
+    by what we know we added.
+    """
+
+    peer_id: str
+    name: str
+    region: str = ""
+    labels: frozenset[str] = frozenset()
+    serving: tuple[Serving, ...] = ()
+    queue_depth: int = 0
+    in_flight: int = 0
+    max_concurrency: int = 1
+    max_queue: int = 64
+    prefill_tps: float = 1000.0
+    decode_tps: float = 50.0
+    rtt_ms: float = 0.0
+    rtt_source: str = "unknown"  # "local", "measured", "vivaldi" or "unknown"
+    advert_age_s: float = 0.0
+    sent_since_advert: int = 0
+    cost_per_hour: float = 0.0
+    free_kv_tokens: int = 1 << 30
+    is_local: bool = False
+
+    def serves(self, model: str) -> Serving | None:
+        """The whole-model serving entry for ``model``, if this node has one."""
+        for s in self.serving:
+            if s.model == model and s.whole:
+                return s
+        return None
+
+    def ranges(self, model: str) -> tuple[Serving, ...]:
+        """Every serving entry of ``model`` (whole or partial)."""
+        return tuple(s for s in self.serving if s.model == model)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What the router needs to know about one request."""
+
+    request_id: str
+    model: str
+    prompt_tokens: int
+    max_tokens: int = 64
+    residency: str | None = None  # a region/residency tag the serving node's labels must allow
+    client: str = "local"
+    exclude: frozenset[str] = frozenset()  # peer ids already tried (failover, hedging)
+    hops: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Declarative routing policy from config: the hard constraints and strategy knobs."""
+
+    strategy: str = "meshd"
+    lwsq_alpha: float = 1.0  # per ms of RTT
+    lwsq_beta: float = 50.0  # per queued request
+    sample_d: int = 2  # power-of-d choices among the best
+    softmax_temperature_ms: float = 0.0  # > 0 switches to a softmax over predicted TTFT
+    model_allow: frozenset[str] = frozenset()  # empty: any model
+    client_quota: dict[str, int] = field(default_factory=dict)  # client -> max in flight
+    max_hops: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class MeshSnapshot:
+    """All candidate nodes (peers and the local node) at one instant, sorted by peer id."""
+
+    local_peer_id: str
+    nodes: tuple[NodeView, ...]
+    client_in_flight: dict[str, int] = field(default_factory=dict)
+
+    def by_id(self, peer_id: str) -> NodeView | None:
+        for n in self.nodes:
+            if n.peer_id == peer_id:
+                return n
+        return None
