@@ -1,16 +1,44 @@
-"""`meshd status`: not built yet (placeholder so the command list is stable)."""
+"""`meshd status`: this node's identity, uptime, queue and the statistics of each service."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+import trio
+
+from meshd.cli.common import add_socket_arg, print_json
+from meshd.control.client import call
+from meshd.core.messages import MessageType
+from meshd.exitcodes import Exit
+
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("status", help="(not built yet)", description="Not built yet.")
+    p = sub.add_parser("status", help="show this node's status",
+                       description="Show the local node: identity, uptime, queue, models and the "
+                       "statistics of each service (gossip, attestation, links, requests).")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_socket_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("meshd status: not built yet")
-    return 1
+    reply = trio.run(call, args.socket, MessageType.STATUS_REQ, {})
+    data = reply["data"]
+    if args.json:
+        print_json(data)
+        return Exit.OK
+    print(f"node      {data['name']}  ({data['peer_id']})")
+    print(f"region    {data.get('region') or '-'}   labels {data.get('labels')}")
+    print(f"uptime    {data['uptime_s']:.0f} s   peers {data['peers']}   strategy {data['strategy']}")
+    print(f"queue     {data['queue_depth']} waiting, {data['in_flight']} running")
+    hw = data.get("hardware") or {}
+    print(f"hardware  {hw.get('kind', '?')}, {hw.get('cpu_cores', '?')} cores")
+    for m in data["models"]:
+        print(f"model     {m['model']} layers {m['layers'][0]}-{m['layers'][1]} of {m['num_layers']}: "
+              f"served {m['served']}, failed {m['failed']}, busy {m['busy_refusals']}, "
+              f"prefill {m['prefill_tps']} tok/s, decode {m['decode_tps']} tok/s")
+    for name, stats in data["services"].items():
+        flat = ", ".join(f"{k}={v}" for k, v in stats.items() if not isinstance(v, dict))
+        print(f"{name:<16}{flat}")
+    return Exit.OK

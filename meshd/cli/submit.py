@@ -1,16 +1,106 @@
-"""`meshd submit`: not built yet (placeholder so the command list is stable)."""
+"""`meshd submit`: send a prompt through the local daemon and stream the answer."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+import uuid
 from typing import Any
+
+import trio
+
+from meshd.cli.common import add_socket_arg, print_json
+from meshd.control.client import connect, raise_if_error
+from meshd.core.messages import MessageType
+from meshd.errors import PeerGoneError
+from meshd.exitcodes import Exit
+
+HELP = """\
+Submit a prompt through the local daemon. It is served on this node, forwarded to the peer with
+the best predicted time to first token, or run as a pipeline of layer-range stages. Tokens stream
+as they arrive; at the end meshd prints the request id, the node that served it, the time to
+first token and tokens/s. `meshd explain REQUEST_ID` then tells why that route was chosen.
+
+The prompt is read from stdin when PROMPT is omitted or is "-".
+"""
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("submit", help="(not built yet)", description="Not built yet.")
+    p = sub.add_parser("submit", help="submit a prompt to the mesh", description=HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prompt", nargs="?", default="-", help="the prompt (default: read stdin)")
+    p.add_argument("--model", "-m", help="model name (default: the node's default model)")
+    p.add_argument("--max-tokens", "-n", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--repetition-penalty", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--residency", help="only nodes whose certificate labels carry this tag may serve")
+    p.add_argument("--strategy", help="routing strategy for this request (default: the node's)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end, no stream")
+    add_socket_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    print("meshd submit: not built yet")
-    return 1
+    prompt = args.prompt
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        print("meshd submit: the prompt is empty", file=sys.stderr)
+        return Exit.USAGE
+    fields: dict[str, Any] = {"rid": uuid.uuid4().hex[:16], "prompt": prompt, "chat": args.chat,
+                              "max_tokens": args.max_tokens, "temperature": args.temperature}
+    for k in ("model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy"):
+        v = getattr(args, k)
+        if v is not None:
+            fields[k] = v
+    if args.stop:
+        fields["stop"] = list(args.stop)
+    result = trio.run(_submit, args.socket, fields, not args.json)
+    if args.json:
+        print_json(result)
+    else:
+        print()
+        ttft = result.get("ttft_ms")
+        tps = result.get("tokens_per_s")
+        print(
+            f"-- request {result['request_id']} served by {result['served_by']} "
+            f"(route: {' -> '.join(result['route'])}); "
+            f"time to first token {ttft:.1f} ms; "
+            + (f"{tps:.1f} tokens/s" if tps else f"{result['tokens']} tokens"),
+            file=sys.stderr if not sys.stdout.isatty() else sys.stdout,
+        )
+    return Exit.OK
+
+
+async def _submit(socket: str | None, fields: dict[str, Any], stream: bool) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    first: float | None = None
+    route: dict[str, Any] = {}
+    async with connect(socket) as framed:
+        await framed.send(MessageType.SUBMIT, fields)
+        while True:
+            msg = await framed.recv()
+            if msg is None:
+                raise PeerGoneError("the daemon closed the connection mid-request")
+            raise_if_error(msg)
+            t = msg["t"]
+            if t == MessageType.ROUTE:
+                route = msg
+            elif t == MessageType.TOKENS:
+                if first is None:
+                    first = time.perf_counter()
+                if stream:
+                    sys.stdout.write(msg.get("text", ""))
+                    sys.stdout.flush()
+            elif t == MessageType.DONE:
+                stats = dict(msg.get("stats") or {})
+                stats.setdefault("served_by", route.get("served_by"))
+                stats.setdefault("route", route.get("route", []))
+                stats["client_ttft_ms"] = round((first - t0) * 1000, 3) if first else None
+                return stats

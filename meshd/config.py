@@ -1,0 +1,219 @@
+"""Node configuration: frozen dataclasses with documented defaults, loaded from TOML.
+
+Unknown keys and bad values are errors that name the key and the file. Units are in the names.
+``docs/config.md`` documents every key; ``meshd run --print-default-config`` prints them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshd.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str = ""  # defaults to the certificate's node name
+    data_dir: str = "/var/lib/meshd"  # state: journal and audit database
+    socket: str = ""  # control socket; default: $RUNTIME_DIRECTORY/meshd.sock or data_dir
+    listen: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/4001",)
+    announce: tuple[str, ...] = ()  # addresses to advertise instead of the listen ones
+    bootstrap: tuple[str, ...] = ()  # multiaddrs with /p2p/<peer id> of nodes to join through
+    cost_per_hour: float = 0.0  # what an hour of this node costs (for cost-aware routing)
+    max_peers: int = 64  # peers this node keeps direct connections to
+
+
+@dataclass(frozen=True)
+class KeysConfig:
+    identity: str = "node.key"  # libp2p Ed25519 private key (0600)
+    certificate: str = "node.cert"  # the CA-signed certificate of this node
+    ca: str = "ca.pub"  # the mesh CA's public key
+    revocations: str = ""  # optional CA-signed revocation list to start with
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    advert_interval_s: float = 5.0  # periodic advert; also sent early on a significant change
+    min_advert_gap_s: float = 1.0  # never two adverts closer than this
+    expiry_intervals: float = 3.0  # a peer expires after this many silent advert intervals
+    degree: int = 4  # gossipsub mesh degree D (low = D-1, high = D+2)
+    heartbeat_interval_s: float = 1.0
+    ping_interval_s: float = 2.0  # heartbeat on each peer's request stream (RTT, liveness)
+    stall_timeout_s: float = 3.0  # no answer to pings for this long: the peer is stalled
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = "default"  # a meshd model directory, or "default" for the shipped model
+    name: str = ""  # override the manifest's name
+    layers: tuple[int, int] | str = "all"  # "all", [start, end) or "auto"
+    max_concurrency: int = 2  # requests generating at once
+    max_queue: int = 32  # waiting requests beyond which we answer busy
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    strategy: str = "meshd"
+    lwsq_alpha: float = 1.0
+    lwsq_beta: float = 50.0
+    sample_d: int = 2
+    hedge: bool = True
+    max_hops: int = 4
+    request_timeout_s: float = 120.0
+    first_token_timeout_s: float = 20.0
+    model_allow: tuple[str, ...] = ()
+    quotas: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    providers: str = "auto"  # "auto", "cpu", "cuda", "tensorrt"
+    threads: int = 0  # onnxruntime intra-op threads; 0 lets it choose
+    workers: int = 2  # onnxruntime calls at once
+
+
+@dataclass(frozen=True)
+class Config:
+    node: NodeConfig = field(default_factory=NodeConfig)
+    keys: KeysConfig = field(default_factory=KeysConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    models: tuple[ModelConfig, ...] = (ModelConfig(),)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    base_dir: str = ""  # where relative paths resolve (the config file's folder)
+
+    def path(self, p: str) -> Path:
+        q = Path(p).expanduser()
+        return q if q.is_absolute() or not self.base_dir else Path(self.base_dir) / q
+
+
+_SECTIONS: dict[str, type] = {
+    "node": NodeConfig,
+    "keys": KeysConfig,
+    "gossip": GossipConfig,
+    "routing": RoutingConfig,
+    "engine": EngineConfig,
+}
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where} must be a number, not {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be an integer, not {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, not {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where} must be a string, not {value!r}")
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, not {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{where} must be a list of {len(args)} values")
+        return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
+    if origin is dict:
+        kt, vt = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table, not {value!r}")
+        return {_convert(k, kt, where): _convert(v, vt, f"{where}.{k}") for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for a in typing.get_args(tp):
+            try:
+                return _convert(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where} has a bad value {value!r}")
+    raise ConfigError(f"{where}: unsupported type")  # pragma: no cover
+
+
+def _section(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a table")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            known = ", ".join(sorted(names))
+            raise ConfigError(f"unknown key '{key}' in {where} (known keys: {known})")
+        kwargs[key] = _convert(value, hints[key], f"{where}.{key}")
+    return cls(**kwargs)
+
+
+def _validate(cfg: Config, src: str) -> None:
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"{src}: {key} {why}")
+
+    g = cfg.gossip
+    if g.advert_interval_s <= 0:
+        raise bad("[gossip] advert_interval_s", "must be > 0")
+    if g.expiry_intervals < 1:
+        raise bad("[gossip] expiry_intervals", "must be >= 1")
+    if g.degree < 2:
+        raise bad("[gossip] degree", "must be >= 2")
+    if g.ping_interval_s <= 0 or g.stall_timeout_s <= g.ping_interval_s:
+        raise bad("[gossip] stall_timeout_s", "must be greater than ping_interval_s > 0")
+    for i, m in enumerate(cfg.models):
+        if isinstance(m.layers, str) and m.layers not in ("all", "auto"):
+            raise bad(f"[[models]][{i}].layers", "must be \"all\", \"auto\" or [start, end]")
+        if isinstance(m.layers, tuple) and not 0 <= m.layers[0] < m.layers[1]:
+            raise bad(f"[[models]][{i}].layers", "must be [start, end] with 0 <= start < end")
+        if m.max_concurrency < 1 or m.max_queue < 0:
+            raise bad(f"[[models]][{i}]", "max_concurrency must be >= 1 and max_queue >= 0")
+    if cfg.routing.sample_d < 1:
+        raise bad("[routing] sample_d", "must be >= 1")
+    if cfg.routing.max_hops < 1:
+        raise bad("[routing] max_hops", "must be >= 1")
+    if cfg.engine.providers not in ("auto", "cpu", "cuda", "tensorrt"):
+        raise bad("[engine] providers", "must be auto, cpu, cuda or tensorrt")
+
+
+def parse_config(data: dict[str, Any], src: str = "<config>", base_dir: str = "") -> Config:
+    kwargs: dict[str, Any] = {"base_dir": base_dir}
+    for key, value in data.items():
+        if key in _SECTIONS:
+            kwargs[key] = _section(_SECTIONS[key], value, f"{src} [{key}]")
+        elif key == "models":
+            if not isinstance(value, list):
+                raise ConfigError(f"{src}: models must be an array of tables ([[models]])")
+            kwargs["models"] = tuple(
+                _section(ModelConfig, m, f"{src} [[models]][{i}]") for i, m in enumerate(value)
+            )
+        else:
+            known = ", ".join(sorted([*_SECTIONS, "models"]))
+            raise ConfigError(f"unknown section '{key}' in {src} (known: {known})")
+    cfg = Config(**kwargs)
+    _validate(cfg, src)
+    return cfg
+
+
+def load_config(path: str | Path) -> Config:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    return parse_config(data, str(p), str(p.resolve().parent))

@@ -1,0 +1,73 @@
+"""Client side of the control socket, used by ``meshd submit/status/peers/explain``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from meshd.core.messages import CONTROL_REPLY_TYPES, CONTROL_VERSION, MessageType
+from meshd.core.wire import MAX_CONTROL_FRAME, Message
+from meshd.errors import LocalError, PeerGoneError, RemoteError
+from meshd.net.framed import FramedStream, TrioStreamAdapter
+from meshd.paths import socket_candidates
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+class NoDaemonError(LocalError):
+    pass
+
+
+def find_socket(explicit: str | None) -> Path:
+    tried = socket_candidates(explicit)
+    for p in tried:
+        if p.exists():
+            return p
+    if explicit:
+        raise NoDaemonError(f"no daemon socket at {explicit}")
+    names = ", ".join(str(p) for p in tried)
+    raise NoDaemonError(
+        f"no meshd daemon found (tried {names}); start one with `meshd run --config FILE` "
+        "or a local mesh with `meshd testnet up`, or pass --socket PATH"
+    )
+
+
+@asynccontextmanager
+async def connect(explicit: str | None) -> AsyncIterator[FramedStream]:
+    path = find_socket(explicit)
+    try:
+        with trio.fail_after(CONNECT_TIMEOUT_S):
+            stream = await trio.open_unix_socket(str(path))
+    except (OSError, trio.TooSlowError) as e:
+        raise NoDaemonError(f"cannot reach the daemon at {path}: {e}") from None
+    framed = FramedStream(TrioStreamAdapter(stream), MAX_CONTROL_FRAME, CONTROL_REPLY_TYPES)
+    try:
+        with trio.fail_after(CONNECT_TIMEOUT_S):
+            await framed.send(MessageType.HELLO, {"v": CONTROL_VERSION, "client": "meshd-cli"})
+            hello = await framed.recv()
+        if hello is None:
+            raise NoDaemonError(f"the daemon at {path} closed the connection")
+        raise_if_error(hello)
+        yield framed
+    finally:
+        await framed.close()
+
+
+def raise_if_error(msg: Message) -> None:
+    if msg["t"] == MessageType.ERROR:
+        raise RemoteError(msg["message"], code=msg["code"])
+
+
+async def call(explicit: str | None, mtype: MessageType, fields: dict[str, Any]) -> Message:
+    """One request, one reply."""
+    async with connect(explicit) as framed:
+        await framed.send(mtype, fields)
+        reply = await framed.recv()
+    if reply is None:
+        raise PeerGoneError("the daemon closed the connection without answering")
+    raise_if_error(reply)
+    return reply

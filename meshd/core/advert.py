@@ -1,0 +1,222 @@
+"""Adverts: what a node tells the mesh about itself, signed by its author.
+
+An advert travels as an ``ADVERT`` envelope ``{body, sig, cert}``: ``body`` is the msgpack map
+below, ``sig`` the author's Ed25519 signature over ``b"meshd-advert-v1\\0" + body`` with its
+libp2p identity key, ``cert`` the author's CA certificate (so a node that never connected to
+the author can still check the signature). Bodies are size-capped and schema-checked here;
+certificate checks live in ``meshd.core.cert``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshd.core.wire import MAX_ADVERT_BYTES, pack, unpack
+from meshd.errors import ProtocolError
+
+SIGN_CONTEXT = b"meshd-advert-v1\0"
+ADVERT_VERSION = 1
+MAX_MODELS = 32
+MAX_ADDRS = 8
+MAX_GPUS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAdvert:
+    name: str
+    num_layers: int
+    layer_start: int
+    layer_end: int
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    free_kv_tokens: int = 0
+    hidden_size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Advert:
+    peer_id: str
+    name: str
+    seq: int
+    ts: float
+    region: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    roles: tuple[str, ...] = ()
+    addrs: tuple[str, ...] = ()
+    hardware: dict[str, Any] = field(default_factory=dict)
+    models: tuple[ModelAdvert, ...] = ()
+    queue_depth: int = 0
+    in_flight: int = 0
+    max_concurrency: int = 1
+    max_queue: int = 64
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+    cost_per_hour: float = 0.0
+    coord: tuple[float, ...] = ()
+    coord_height: float = 0.0
+    coord_error: float = 1.0
+    coord_adjustment: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "v": ADVERT_VERSION,
+            "peer_id": self.peer_id,
+            "name": self.name,
+            "seq": self.seq,
+            "ts": self.ts,
+            "region": self.region,
+            "labels": dict(self.labels),
+            "roles": list(self.roles),
+            "addrs": list(self.addrs),
+            "hw": self.hardware,
+            "models": [
+                {
+                    "name": m.name,
+                    "num_layers": m.num_layers,
+                    "layers": [m.layer_start, m.layer_end],
+                    "prefill_tps": m.prefill_tps,
+                    "decode_tps": m.decode_tps,
+                    "free_kv_tokens": m.free_kv_tokens,
+                    "hidden_size": m.hidden_size,
+                }
+                for m in self.models
+            ],
+            "queue": self.queue_depth,
+            "inflight": self.in_flight,
+            "slots": self.max_concurrency,
+            "max_queue": self.max_queue,
+            "prefill_tps": self.prefill_tps,
+            "decode_tps": self.decode_tps,
+            "cost_per_hour": self.cost_per_hour,
+            "coord": {
+                "vec": list(self.coord),
+                "h": self.coord_height,
+                "e": self.coord_error,
+                "a": self.coord_adjustment,
+            },
+        }
+
+    def encode(self) -> bytes:
+        body = pack(self.to_dict())
+        if len(body) > MAX_ADVERT_BYTES:
+            raise ProtocolError(f"advert of {len(body)} bytes exceeds {MAX_ADVERT_BYTES}")
+        return body
+
+
+def _get(d: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if key not in d:
+        if default is ...:
+            raise ProtocolError(f"advert lacks '{key}'")
+        return default
+    v = d[key]
+    if isinstance(v, bool) and kind is not bool:
+        raise ProtocolError(f"advert field '{key}' has the wrong type")
+    if not isinstance(v, kind):
+        raise ProtocolError(f"advert field '{key}' has the wrong type")
+    return v
+
+
+def _num(d: dict[str, Any], key: str, default: float = 0.0, lo: float = 0.0) -> float:
+    v = float(_get(d, key, (int, float), default))
+    if not math.isfinite(v) or v < lo:
+        raise ProtocolError(f"advert field '{key}' is out of range")
+    return v
+
+
+def _count(d: dict[str, Any], key: str, default: int = 0) -> int:
+    v = int(_get(d, key, int, default))
+    if v < 0 or v > 1 << 62:
+        raise ProtocolError(f"advert field '{key}' is out of range")
+    return v
+
+
+def _str(d: dict[str, Any], key: str, default: str | None = None, cap: int = 256) -> str:
+    v = _get(d, key, str, ... if default is None else default)
+    if len(v) > cap:
+        raise ProtocolError(f"advert field '{key}' is too long")
+    return str(v)
+
+
+def _model(d: Any) -> ModelAdvert:
+    if not isinstance(d, dict):
+        raise ProtocolError("advert model entry must be a map")
+    layers = _get(d, "layers", list)
+    if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+        raise ProtocolError("advert model 'layers' must be [start, end]")
+    n = _count(d, "num_layers")
+    start, end = int(layers[0]), int(layers[1])
+    if not 0 <= start < end <= n:
+        raise ProtocolError("advert model layer range is outside the model")
+    return ModelAdvert(
+        name=_str(d, "name"),
+        num_layers=n,
+        layer_start=start,
+        layer_end=end,
+        prefill_tps=_num(d, "prefill_tps"),
+        decode_tps=_num(d, "decode_tps"),
+        free_kv_tokens=_count(d, "free_kv_tokens"),
+        hidden_size=_count(d, "hidden_size"),
+    )
+
+
+def decode_advert(body: bytes) -> Advert:
+    """Schema-check an advert body. Raises only ``ProtocolError``."""
+    d = unpack(body, MAX_ADVERT_BYTES)
+    if not isinstance(d, dict):
+        raise ProtocolError("advert body must be a map")
+    v = _get(d, "v", int)
+    if v < 1:
+        raise ProtocolError("advert version must be >= 1")
+    labels = _get(d, "labels", dict, {})
+    if len(labels) > 32 or not all(
+        isinstance(k, str) and isinstance(x, str) and len(k) < 64 and len(x) < 256
+        for k, x in labels.items()
+    ):
+        raise ProtocolError("advert labels must be a small map of strings")
+    roles = _get(d, "roles", list, [])
+    addrs = _get(d, "addrs", list, [])
+    if len(addrs) > MAX_ADDRS or not all(isinstance(a, str) and len(a) < 256 for a in addrs):
+        raise ProtocolError("advert addrs must be a short list of strings")
+    if len(roles) > 16 or not all(isinstance(r, str) and len(r) < 64 for r in roles):
+        raise ProtocolError("advert roles must be a short list of strings")
+    models = _get(d, "models", list, [])
+    if len(models) > MAX_MODELS:
+        raise ProtocolError("advert lists too many models")
+    hw = _get(d, "hw", dict, {})
+    coord = _get(d, "coord", dict, {})
+    vec = _get(coord, "vec", list, [])
+    if len(vec) > 16 or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in vec
+    ):
+        raise ProtocolError("advert coordinate must be a short list of finite numbers")
+    seq = _count(d, "seq")
+    ts = _num(d, "ts")
+    return Advert(
+        peer_id=_str(d, "peer_id", cap=128),
+        name=_str(d, "name", cap=128),
+        seq=seq,
+        ts=ts,
+        region=_str(d, "region", "", cap=64),
+        labels={str(k): str(x) for k, x in labels.items()},
+        roles=tuple(roles),
+        addrs=tuple(addrs),
+        hardware=hw,
+        models=tuple(_model(m) for m in models),
+        queue_depth=_count(d, "queue"),
+        in_flight=_count(d, "inflight"),
+        max_concurrency=max(1, _count(d, "slots", 1)),
+        max_queue=_count(d, "max_queue", 64),
+        prefill_tps=_num(d, "prefill_tps"),
+        decode_tps=_num(d, "decode_tps"),
+        cost_per_hour=_num(d, "cost_per_hour"),
+        coord=tuple(float(x) for x in vec),
+        coord_height=_num(coord, "h", 0.0),
+        coord_error=_num(coord, "e", 1.0),
+        coord_adjustment=_num(coord, "a", 0.0, lo=-1e6),
+    )
+
+
+def signing_payload(body: bytes) -> bytes:
+    return SIGN_CONTEXT + body

@@ -1,0 +1,329 @@
+"""The message registry: every message meshd sends, by type id. ONLY APPEND.
+
+Type ids and field names are the wire contract written down in ``proto/messages.md`` and
+``proto/registry.toml`` (a test checks that the three agree). A new field is added as optional
+with a ``since`` version; an id is never reused and a field never changes its type. Unknown
+fields are ignored by decoders (so a newer peer can add optional fields); missing required
+fields and wrong types are a ``ProtocolError``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from meshd.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+
+# libp2p protocol ids and the gossip topics.
+REQUEST_PROTOCOL = "/meshd/req/1.0.0"
+STAGE_PROTOCOL = "/meshd/stage/1.0.0"
+ADVERT_TOPIC = "meshd/adverts/1"
+REVOCATION_TOPIC = "meshd/revocations/1"
+CONTROL_VERSION = 1
+
+
+class MessageType(enum.IntEnum):
+    # Control socket (meshd CLI <-> local daemon)
+    HELLO = 1
+    HELLO_OK = 2
+    SUBMIT = 3
+    TOKENS = 4
+    DONE = 5
+    ERROR = 6
+    STATUS_REQ = 7
+    STATUS = 8
+    PEERS_REQ = 9
+    PEERS = 10
+    EXPLAIN_REQ = 11
+    EXPLAIN = 12
+    CANCEL = 13
+    ROUTE = 14
+    PUSH_REVOCATION = 15
+    OK = 16
+    # Peer request protocol (entry node <-> serving node), multiplexed by request id
+    REQ = 20
+    PING = 22
+    PONG = 23
+    # Stage protocol (layer-wise pipelines)
+    STAGE_OPEN = 30
+    STAGE_STEP = 31
+    STAGE_FREE = 32
+    STAGE_OUT = 33
+    # Gossip payloads
+    ADVERT = 40
+    REVOCATION = 41
+
+
+class F(enum.Enum):
+    """Field kinds."""
+
+    INT = "int"
+    NUM = "num"  # int or float
+    STR = "str"
+    BIN = "bin"
+    BOOL = "bool"
+    LIST = "list"
+    MAP = "map"
+    INTS = "ints"  # list of ints
+    STRS = "strs"  # list of strs
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    name: str
+    kind: F
+    required: bool = True
+    nullable: bool = False
+    since: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSpec:
+    type_id: int
+    name: str
+    fields: tuple[Field, ...]
+    doc: str
+
+
+def _ok(kind: F, v: Any) -> bool:
+    if kind is F.INT:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind is F.NUM:
+        return isinstance(v, int | float) and not isinstance(v, bool)
+    if kind is F.STR:
+        return isinstance(v, str)
+    if kind is F.BIN:
+        return isinstance(v, bytes)
+    if kind is F.BOOL:
+        return isinstance(v, bool)
+    if kind is F.LIST:
+        return isinstance(v, list)
+    if kind is F.MAP:
+        return isinstance(v, dict)
+    if kind is F.INTS:
+        return isinstance(v, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in v
+        )
+    if kind is F.STRS:
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
+    return False  # pragma: no cover
+
+
+def check_fields(spec: MessageSpec, msg: dict[str, Any]) -> None:
+    for f in spec.fields:
+        if f.name not in msg:
+            if f.required:
+                raise ProtocolError(f"{spec.name} lacks required field '{f.name}'")
+            continue
+        v = msg[f.name]
+        if v is None and f.nullable:
+            continue
+        if not _ok(f.kind, v):
+            raise ProtocolError(f"{spec.name}.{f.name} must be {f.kind.value}")
+
+
+def _m(t: MessageType, doc: str, *fields: Field) -> MessageSpec:
+    return MessageSpec(int(t), t.name, fields, doc)
+
+
+def _opt(name: str, kind: F, nullable: bool = True) -> Field:
+    return Field(name, kind, required=False, nullable=nullable)
+
+
+_GEN = (
+    _opt("max_tokens", F.INT),
+    _opt("temperature", F.NUM),
+    _opt("top_k", F.INT),
+    _opt("top_p", F.NUM),
+    _opt("repetition_penalty", F.NUM),
+    _opt("seed", F.INT),
+    _opt("stop", F.STRS),
+)
+
+SPECS: tuple[MessageSpec, ...] = (
+    _m(MessageType.HELLO, "client greets the daemon", Field("v", F.INT), _opt("client", F.STR)),
+    _m(
+        MessageType.HELLO_OK,
+        "daemon accepts the control version",
+        Field("v", F.INT),
+        Field("node", F.STR),
+        Field("peer_id", F.STR),
+    ),
+    _m(
+        MessageType.SUBMIT,
+        "submit a prompt through the local daemon",
+        Field("rid", F.STR),
+        Field("prompt", F.STR),
+        _opt("model", F.STR),
+        _opt("residency", F.STR),
+        _opt("strategy", F.STR),
+        _opt("client", F.STR),
+        _opt("chat", F.BOOL, nullable=False),
+        _opt("pipeline", F.STR),
+        *_GEN,
+    ),
+    _m(
+        MessageType.TOKENS,
+        "tokens of a request, coalesced",
+        Field("rid", F.STR),
+        Field("ids", F.INTS),
+        _opt("text", F.STR),
+    ),
+    _m(MessageType.DONE, "a request ended well", Field("rid", F.STR), _opt("stats", F.MAP)),
+    _m(
+        MessageType.ERROR,
+        "a request or a frame failed; code from proto/errors.md",
+        _opt("rid", F.STR),
+        Field("code", F.STR),
+        Field("message", F.STR),
+    ),
+    _m(MessageType.STATUS_REQ, "ask the node's status"),
+    _m(MessageType.STATUS, "the node's status", Field("data", F.MAP)),
+    _m(MessageType.PEERS_REQ, "ask the peer table"),
+    _m(MessageType.PEERS, "the peer table", Field("peers", F.LIST)),
+    _m(MessageType.EXPLAIN_REQ, "ask why a request went where it did", Field("rid", F.STR)),
+    _m(MessageType.EXPLAIN, "the routing record of a request", Field("record", F.MAP, nullable=True)),
+    _m(MessageType.CANCEL, "cancel a request", Field("rid", F.STR)),
+    _m(
+        MessageType.ROUTE,
+        "where a request is being served (sent before its first tokens, again on failover)",
+        Field("rid", F.STR),
+        Field("served_by", F.STR),
+        Field("route", F.STRS),
+    ),
+    _m(
+        MessageType.PUSH_REVOCATION,
+        "hand a CA-signed revocation list to the daemon, which applies and gossips it",
+        Field("crl", F.BIN),
+    ),
+    _m(MessageType.OK, "a control request succeeded", _opt("data", F.MAP)),
+    _m(
+        MessageType.REQ,
+        "an entry node asks a peer to serve a request",
+        Field("rid", F.STR),
+        Field("model", F.STR),
+        Field("prompt_ids", F.INTS),
+        _opt("prompt", F.STR),
+        _opt("chat", F.BOOL, nullable=False),
+        _opt("resume_ids", F.INTS),
+        Field("deadline_ms", F.INT),
+        Field("hops", F.INT),
+        _opt("origin", F.STR),
+        *_GEN,
+    ),
+    _m(MessageType.PING, "heartbeat and RTT probe", Field("n", F.INT)),
+    _m(MessageType.PONG, "answer to PING", Field("n", F.INT), _opt("queue", F.INT)),
+    _m(
+        MessageType.STAGE_OPEN,
+        "open a stage session for a request's layer range",
+        Field("rid", F.STR),
+        Field("model", F.STR),
+        Field("layer_start", F.INT),
+        Field("layer_end", F.INT),
+        Field("deadline_ms", F.INT),
+        _opt("next", F.LIST),
+        _opt("gen", F.MAP),
+    ),
+    _m(
+        MessageType.STAGE_STEP,
+        "run a stage on activations (or token ids) for some positions",
+        Field("rid", F.STR),
+        Field("step", F.INT),
+        Field("pos", F.INTS),
+        Field("dtype", F.STR),
+        Field("shape", F.INTS),
+        Field("data", F.BIN),
+    ),
+    _m(MessageType.STAGE_FREE, "free a stage session", Field("rid", F.STR)),
+    _m(
+        MessageType.STAGE_OUT,
+        "the last stage's output for one step: the next token",
+        Field("rid", F.STR),
+        Field("step", F.INT),
+        Field("ids", F.INTS),
+        _opt("stats", F.MAP),
+    ),
+    _m(
+        MessageType.ADVERT,
+        "a node's signed advert (gossip)",
+        Field("body", F.BIN),
+        Field("sig", F.BIN),
+        Field("cert", F.BIN),
+    ),
+    _m(MessageType.REVOCATION, "a CA-signed revocation list (gossip)", Field("crl", F.BIN)),
+)
+
+REGISTRY: dict[int, MessageSpec] = {s.type_id: s for s in SPECS}
+
+CONTROL_TYPES = frozenset(
+    int(t)
+    for t in (
+        MessageType.HELLO,
+        MessageType.SUBMIT,
+        MessageType.STATUS_REQ,
+        MessageType.PEERS_REQ,
+        MessageType.EXPLAIN_REQ,
+        MessageType.CANCEL,
+        MessageType.PUSH_REVOCATION,
+    )
+)
+CONTROL_REPLY_TYPES = frozenset(
+    int(t)
+    for t in (
+        MessageType.HELLO_OK,
+        MessageType.TOKENS,
+        MessageType.DONE,
+        MessageType.ERROR,
+        MessageType.STATUS,
+        MessageType.PEERS,
+        MessageType.EXPLAIN,
+        MessageType.ROUTE,
+        MessageType.OK,
+    )
+)
+REQUEST_TYPES = frozenset(
+    int(t)
+    for t in (
+        MessageType.REQ,
+        MessageType.TOKENS,
+        MessageType.DONE,
+        MessageType.ERROR,
+        MessageType.CANCEL,
+        MessageType.PING,
+        MessageType.PONG,
+        MessageType.ROUTE,
+    )
+)
+STAGE_TYPES = frozenset(
+    int(t)
+    for t in (
+        MessageType.STAGE_OPEN,
+        MessageType.STAGE_STEP,
+        MessageType.STAGE_FREE,
+        MessageType.STAGE_OUT,
+        MessageType.ERROR,
+        MessageType.PING,
+        MessageType.PONG,
+    )
+)
+
+# Error codes (proto/errors.md). ONLY APPEND.
+ERROR_CODES = {
+    "malformed": "the frame could not be decoded or broke the schema",
+    "too_large": "a frame or payload exceeded its size limit",
+    "unsupported": "the protocol version or message type is not supported",
+    "unattested": "the peer failed attestation",
+    "busy": "the node's queue is full; try another",
+    "no_model": "the node does not serve the requested model or layers",
+    "no_route": "no node may serve the request under its constraints",
+    "deadline": "the request's deadline passed",
+    "hops": "the request exceeded its hop limit",
+    "cancelled": "the request was cancelled",
+    "peer_gone": "the serving peer died or stalled",
+    "bad_tensor": "an activation tensor was malformed or not finite",
+    "quota": "the client's quota is exhausted",
+    "internal": "a bug in meshd; the node logged it",
+}

@@ -1,0 +1,174 @@
+"""The request protocol's client side: one long-lived stream per peer, multiplexed by request id.
+
+Opening a libp2p stream costs ~10 ms in py-libp2p 0.8.1, so an entry node keeps one stream
+per peer and tags every frame with its request id. A reader task routes incoming frames to the
+request that waits for them; a pinger measures RTT and declares the peer stalled when nothing
+comes back for ``stall_timeout_s`` (a SIGSTOPped peer never closes its socket).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import trio
+
+from meshd.core.messages import MessageType
+from meshd.core.wire import Message
+from meshd.errors import PeerGoneError, ProtocolError
+from meshd.net.framed import FramedStream
+
+log = logging.getLogger(__name__)
+
+REQUEST_BUFFER = 1024
+
+
+class PeerChannel:
+    def __init__(
+        self,
+        peer_id: str,
+        framed: FramedStream,
+        *,
+        ping_interval_s: float,
+        stall_timeout_s: float,
+        on_rtt: Callable[[str, float], None] | None = None,
+        on_dead: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.peer_id = peer_id
+        self.framed = framed
+        self._ping_interval = ping_interval_s
+        self._stall_timeout = stall_timeout_s
+        self._on_rtt = on_rtt
+        self._on_dead = on_dead
+        self._waiting: dict[str, trio.MemorySendChannel[Message | Exception]] = {}
+        self._pings: dict[int, float] = {}
+        self._ping_n = 0
+        self._last_heard = trio.current_time()
+        self.dead: str | None = None
+        self.rtt_ms: float = math.nan
+        self.peer_queue: int | None = None
+        self._cancel: trio.CancelScope | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Read and ping until the stream ends or the peer stalls; then fail what waits."""
+        reason = "closed"
+        with trio.CancelScope() as scope:
+            self._cancel = scope
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._pinger, nursery.cancel_scope)
+                    task_status.started()
+                    reason = await self._reader()
+                    nursery.cancel_scope.cancel()
+            except (PeerGoneError, ProtocolError) as e:
+                reason = str(e)
+        if scope.cancelled_caught and reason == "closed":
+            reason = self.dead or "stalled"
+        self._fail_all(reason)
+        await self.framed.reset()
+
+    def close(self, reason: str) -> None:
+        if self.dead is None:
+            self.dead = reason
+        if self._cancel is not None:
+            self._cancel.cancel()
+
+    async def _reader(self) -> str:
+        while True:
+            msg = await self.framed.recv()
+            if msg is None:
+                return "stream closed"
+            self._last_heard = trio.current_time()
+            t = msg["t"]
+            if t == MessageType.PONG:
+                sent = self._pings.pop(msg["n"], None)
+                if sent is not None:
+                    self.rtt_ms = (trio.current_time() - sent) * 1000.0
+                    if self._on_rtt:
+                        self._on_rtt(self.peer_id, self.rtt_ms)
+                q = msg.get("queue")
+                if isinstance(q, int):
+                    self.peer_queue = q
+                continue
+            if t == MessageType.PING:
+                await self.framed.send(MessageType.PONG, {"n": msg["n"]})
+                continue
+            rid = msg.get("rid")
+            chan = self._waiting.get(rid) if isinstance(rid, str) else None
+            if chan is None:
+                continue  # a late frame of a request we gave up on
+            try:
+                chan.send_nowait(msg)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                self._waiting.pop(rid, None)  # type: ignore[arg-type]
+
+    async def _pinger(self, scope: trio.CancelScope) -> None:
+        while True:
+            now = trio.current_time()
+            if now - self._last_heard > self._stall_timeout:
+                self.dead = f"stalled: no answer for {now - self._last_heard:.1f} s"
+                log.warning("peer stalled peer=%s", self.peer_id)
+                scope.cancel()
+                return
+            self._ping_n += 1
+            self._pings[self._ping_n] = now
+            if len(self._pings) > 16:
+                self._pings.pop(min(self._pings))
+            try:
+                with trio.fail_after(self._stall_timeout):
+                    await self.framed.send(MessageType.PING, {"n": self._ping_n})
+            except (PeerGoneError, trio.TooSlowError) as e:
+                self.dead = f"ping failed: {e}"
+                scope.cancel()
+                return
+            await trio.sleep(self._ping_interval)
+
+    def _fail_all(self, reason: str) -> None:
+        if self.dead is None:
+            self.dead = reason
+        if self._on_dead:
+            self._on_dead(self.peer_id, self.dead)
+        for chan in list(self._waiting.values()):
+            try:
+                chan.send_nowait(PeerGoneError(f"peer {self.peer_id[-8:]} gone: {self.dead}"))
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        self._waiting.clear()
+
+    async def request(self, fields: dict[str, Any]) -> AsyncIterator[Message]:
+        """Send a REQ and yield the frames answering it until DONE or ERROR (inclusive).
+
+        Raises ``PeerGoneError`` if the peer dies or stalls first. Leaving the iterator early
+        (the client went away) sends CANCEL so the peer stops working on it.
+        """
+        if self.dead is not None:
+            raise PeerGoneError(f"peer {self.peer_id[-8:]} is gone: {self.dead}")
+        rid = fields["rid"]
+        send, recv = trio.open_memory_channel[Message | Exception](REQUEST_BUFFER)
+        self._waiting[rid] = send
+        finished = False
+        try:
+            await self.framed.send(MessageType.REQ, fields)
+            async with recv:
+                async for item in recv:
+                    if isinstance(item, Exception):
+                        raise item
+                    if item["t"] in (MessageType.DONE, MessageType.ERROR):
+                        finished = True
+                    yield item
+                    if finished:
+                        return
+        finally:
+            self._waiting.pop(rid, None)
+            if not finished and self.dead is None:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    try:
+                        await self.framed.send(MessageType.CANCEL, {"rid": rid})
+                    except PeerGoneError:
+                        pass

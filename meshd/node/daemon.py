@@ -1,0 +1,115 @@
+"""Assemble a node from its config and run it until SIGTERM/SIGINT: the body of `meshd run`."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from meshd.config import Config
+from meshd.errors import KeyFileError, ModelError
+from meshd.net.identity import load_identity, load_revocation_list
+from meshd.node.runner import Runner, Served
+
+log = logging.getLogger(__name__)
+
+
+def load_runner(cfg: Config) -> Runner:
+    from meshd import engine
+
+    runner = Runner()
+    for i, m in enumerate(cfg.models):
+        path = engine.default_model_path() if m.path == "default" else cfg.path(m.path)
+        if not Path(path).exists():
+            raise ModelError(f"[[models]][{i}].path: model directory {path} does not exist")
+        layers = None if m.layers in ("all", "auto") else m.layers
+        model = engine.load_model(path, providers=None if cfg.engine.providers == "auto" else [cfg.engine.providers],
+                                  layers=layers)
+        n = int(model.num_layers)
+        start, end = (0, n) if layers is None else layers
+        if end > n:
+            raise ModelError(f"[[models]][{i}].layers: [{start}, {end}) is outside the model's {n} layers")
+        name = m.name or model.manifest.name
+        runner.add(Served(name=name, model=EngineModel(model), layer_start=start, layer_end=end,
+                          num_layers=n, max_concurrency=m.max_concurrency, max_queue=m.max_queue))
+        log.info("model loaded name=%s layers=%d-%d provider=%s", name, start, end,
+                 getattr(model, "provider", "?"))
+    return runner
+
+
+class EngineModel:
+    """Adapts ``meshd.engine.Model`` to what the runner needs."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.num_layers = model.num_layers
+        self.hidden_size = model.hidden_size
+
+    def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
+        return list(self.model.encode_prompt(text, chat=chat))
+
+    def generate(self, prompt: list[int], cfg: Any) -> Any:
+        return self.model.generate(prompt, cfg)
+
+
+def build_node(cfg: Config) -> Any:
+    from meshd.node.node import Node
+
+    keys_dir = cfg.path(".")
+    identity = load_identity(
+        keys_dir,
+        now=time.time(),
+        key_file=cfg.path(cfg.keys.identity),
+        cert_file=cfg.path(cfg.keys.certificate),
+        ca_file=cfg.path(cfg.keys.ca),
+    )
+    revocation = None
+    data_dir = cfg.path(cfg.node.data_dir)
+    persisted = data_dir / "revocations.bin"
+    for p in ([cfg.path(cfg.keys.revocations)] if cfg.keys.revocations else []) + [persisted]:
+        if p.exists():
+            _, data = load_revocation_list(p, ca_public_key=identity.ca_public_key)
+            revocation = data if revocation is None else revocation
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KeyFileError(f"cannot create data_dir {data_dir}: {e.strerror}") from None
+    runner = load_runner(cfg)
+    from meshd.telemetry import read_hardware
+
+    hardware = read_hardware()
+    store = open_store(data_dir / "meshd.db")
+    return Node(cfg, identity, runner, store=store, hardware=hardware, revocation=revocation)
+
+
+def open_store(path: Path) -> Any:
+    from meshd.store import AsyncStore
+
+    return AsyncStore(path)
+
+
+async def run_daemon(node: Any) -> None:
+    from meshd.node.sdnotify import notify
+
+    async with trio.open_nursery() as nursery:
+        if getattr(node.store, "run", None) is not None:
+            await nursery.start(node.store.run)
+        await nursery.start(node.run)
+        notify("READY=1")
+        print(f"meshd: node {node.node_name} ready, peer id {node.peer_id}", flush=True)
+        print(f"meshd: listening on {', '.join(node.addrs)}", flush=True)
+        print(f"meshd: control socket {node.socket_path()}", flush=True)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for sig in signals:
+                log.warning("shutting down signal=%s", signal.Signals(sig).name)
+                notify("STOPPING=1")
+                break
+        with trio.move_on_after(5) as scope:
+            scope.shield = True
+            if getattr(node.store, "aclose", None) is not None:
+                await node.store.aclose()
+        nursery.cancel_scope.cancel()

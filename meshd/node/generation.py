@@ -1,0 +1,29 @@
+"""Generation parameters: from wire fields to the engine's ``GenerationConfig``, and back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GEN_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
+DEFAULT_MAX_TOKENS = 64
+MAX_MAX_TOKENS = 4096
+
+
+def gen_fields(msg: dict[str, Any]) -> dict[str, Any]:
+    """The generation fields present (and not None) in a message."""
+    return {k: msg[k] for k in GEN_FIELDS if msg.get(k) is not None}
+
+
+def gen_config_from(msg: dict[str, Any], *, already: int = 0) -> Any:
+    """The engine config for a REQ/SUBMIT, with ``already`` tokens generated elsewhere."""
+    from meshd.engine import GenerationConfig
+
+    f = gen_fields(msg)
+    max_tokens = min(int(f.get("max_tokens", DEFAULT_MAX_TOKENS)), MAX_MAX_TOKENS)
+    kwargs: dict[str, Any] = {"max_tokens": max(0, max_tokens - already)}
+    for k in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
+        if k in f:
+            kwargs[k] = f[k]
+    if "stop" in f:
+        kwargs["stop"] = tuple(f["stop"])
+    return GenerationConfig(**kwargs)

@@ -1,0 +1,424 @@
+"""The meshd node: owns the libp2p host, gossip, the peer table, links to peers, the local
+runner and the control socket, and wires them together. ``Node.run`` is the root of the
+daemon's nursery tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import multiaddr
+import trio
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from libp2p.peer.id import ID
+
+from meshd.config import Config
+from meshd.control.server import ControlServer
+from meshd.core.advert import Advert, ModelAdvert, decode_advert, signing_payload
+from meshd.core.messages import (
+    ADVERT_TOPIC,
+    REQUEST_PROTOCOL,
+    REQUEST_TYPES,
+    REVOCATION_TOPIC,
+    MessageType,
+)
+from meshd.core.peertable import PeerTable, Verdict
+from meshd.core.snapshot import Policy
+from meshd.core.vivaldi import Coord, update
+from meshd.core.wire import MAX_ADVERT_BYTES, MAX_REQUEST_FRAME, Message, decode_message, encode_message
+from meshd.errors import MeshdError, ProtocolError
+from meshd.net.attest import Attestor, apply_revocation, make_host
+from meshd.net.framed import FramedStream
+from meshd.net.gossip import Gossip, open_gossip
+from meshd.net.identity import NodeIdentity
+from meshd.node.control import ControlMixin
+from meshd.node.links import Links
+from meshd.node.runner import Runner
+from meshd.node.serve import RequestServer
+from meshd.node.view import build_snapshot, coord_of
+
+log = logging.getLogger(__name__)
+
+VALIDATED_CACHE = 2048
+
+
+class Node(ControlMixin):
+    def __init__(
+        self,
+        config: Config,
+        identity: NodeIdentity,
+        runner: Runner,
+        *,
+        store: Any = None,
+        hardware: Any = None,
+        revocation: bytes | None = None,
+    ) -> None:
+        self.config = config
+        self.identity = identity
+        self.runner = runner
+        self.store = store
+        self.hardware = hardware
+        self.peer_id = identity.peer_id.to_base58()
+        self.node_name = config.node.name or identity.name
+        self.labels = dict(identity.certificate.labels)
+        self.region = self.labels.get("region", "")
+        g = config.gossip
+        self.table = PeerTable(self.peer_id, expiry_s=g.advert_interval_s * g.expiry_intervals)
+        self.attestor = Attestor(identity.ca_public_key)
+        self.revocation_bytes = revocation
+        if revocation is not None:
+            self.attestor.offer_revocation_list(revocation)
+        self.coord = Coord.origin()
+        self.seq = int(time.time() * 1000)
+        self.started_at = time.time()
+        self.started_mono = trio.current_time() if _in_trio() else 0.0
+        self.rng = random.Random()
+        self.rr_index = 0
+        self.policy = Policy(
+            strategy=config.routing.strategy,
+            lwsq_alpha=config.routing.lwsq_alpha,
+            lwsq_beta=config.routing.lwsq_beta,
+            sample_d=config.routing.sample_d,
+            model_allow=frozenset(config.routing.model_allow),
+            client_quota=dict(config.routing.quotas),
+            max_hops=config.routing.max_hops,
+        )
+        self.client_in_flight: dict[str, int] = {}
+        self.server = RequestServer(runner, self.node_name, max_hops=config.routing.max_hops)
+        self.host: Any = None
+        self.gossip: Gossip | None = None
+        self.links: Links | None = None
+        self._validated: dict[bytes, Advert] = {}
+        self.ready = trio.Event()
+        self.stats: dict[str, int] = {
+            "adverts_published": 0,
+            "adverts_accepted": 0,
+            "adverts_rejected": 0,
+            "adverts_replayed": 0,
+            "requests_submitted": 0,
+            "requests_failed": 0,
+            "requests_local": 0,
+            "requests_forwarded": 0,
+            "handler_errors": 0,
+        }
+        self.rejections: dict[str, int] = {}
+        self.addrs: list[str] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def socket_path(self) -> Path:
+        if self.config.node.socket:
+            return self.config.path(self.config.node.socket)
+        return self.config.path(self.config.node.data_dir) / "meshd.sock"
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        cfg = self.config
+        self.started_mono = trio.current_time()
+        listen = [multiaddr.Multiaddr(a) for a in cfg.node.listen]
+        self.host = make_host(self.identity, self.attestor)
+        async with self.host.run(listen):
+            self.addrs = [str(a) for a in cfg.node.announce] or [
+                str(a) for a in self.host.get_addrs()
+            ]
+            async with open_gossip(
+                self.host,
+                degree=cfg.gossip.degree,
+                heartbeat_interval_s=cfg.gossip.heartbeat_interval_s,
+            ) as gossip:
+                self.gossip = gossip
+                gossip.set_validator(ADVERT_TOPIC, self._validate_advert)
+                gossip.set_validator(REVOCATION_TOPIC, self._validate_revocation)
+                adverts = await gossip.subscribe(ADVERT_TOPIC)
+                revocations = await gossip.subscribe(REVOCATION_TOPIC)
+                self.host.set_stream_handler(REQUEST_PROTOCOL, self._guarded(self._on_request_stream))
+                async with trio.open_nursery() as nursery:
+                    self.links = Links(self, nursery)
+                    self.host.get_network().register_notifee(self.links.notifee())
+                    await nursery.start(ControlServer(self.socket_path(), self).run)
+                    nursery.start_soon(self._receive_adverts, adverts)
+                    nursery.start_soon(self._receive_revocations, revocations)
+                    nursery.start_soon(self._advert_loop)
+                    nursery.start_soon(self._expiry_loop)
+                    nursery.start_soon(self.links.bootstrap_loop, list(cfg.node.bootstrap))
+                    self.ready.set()
+                    log.info("node ready name=%s peer_id=%s addrs=%s", self.node_name, self.peer_id,
+                             ",".join(self.addrs))
+                    task_status.started()
+                    await trio.sleep_forever()
+
+    def _guarded(self, handler: Any) -> Any:
+        """Any exception escaping a libp2p stream handler kills the host: contain it here."""
+
+        async def guarded(stream: Any) -> None:
+            try:
+                await handler(stream)
+            except Exception:
+                self.stats["handler_errors"] += 1
+                log.exception("stream handler failed")
+                with trio.move_on_after(1):
+                    try:
+                        await stream.reset()
+                    except Exception:
+                        pass
+
+        return guarded
+
+    async def _on_request_stream(self, stream: Any) -> None:
+        peer = stream.muxed_conn.peer_id.to_base58()
+        framed = FramedStream(stream, MAX_REQUEST_FRAME, REQUEST_TYPES)
+        await self.server.serve_stream(framed, peer)
+
+    # ------------------------------------------------------------------ adverts
+
+    def local_advert(self) -> Advert:
+        models = []
+        for s in self.runner.models.values():
+            models.append(
+                ModelAdvert(
+                    name=s.name,
+                    num_layers=s.num_layers,
+                    layer_start=s.layer_start,
+                    layer_end=s.layer_end,
+                    prefill_tps=round(s.prefill_tps, 1),
+                    decode_tps=round(s.decode_tps, 1),
+                    free_kv_tokens=0,
+                    hidden_size=int(getattr(s.model, "hidden_size", 0) or 0),
+                )
+            )
+        served = list(self.runner.models.values())
+        prefill = max((s.prefill_tps for s in served), default=0.0)
+        decode = max((s.decode_tps for s in served), default=0.0)
+        return Advert(
+            peer_id=self.peer_id,
+            name=self.node_name,
+            seq=self.seq,
+            ts=time.time(),
+            region=self.region,
+            labels=self.labels,
+            roles=tuple(self.identity.certificate.roles),
+            addrs=tuple(self.addrs[:8]),
+            hardware=self.hardware.to_dict() if self.hardware is not None else {},
+            models=tuple(models),
+            queue_depth=self.runner.queue_depth(),
+            in_flight=self.runner.in_flight(),
+            max_concurrency=sum(s.max_concurrency for s in served) or 1,
+            max_queue=sum(s.max_queue for s in served),
+            prefill_tps=round(prefill, 1),
+            decode_tps=round(decode, 1),
+            cost_per_hour=self.config.node.cost_per_hour,
+            coord=self.coord.vec,
+            coord_height=self.coord.height,
+            coord_error=self.coord.error,
+            coord_adjustment=self.coord.adjustment,
+        )
+
+    async def publish_advert(self) -> None:
+        assert self.gossip is not None
+        self.seq = max(self.seq + 1, int(time.time() * 1000))
+        adv = self.local_advert()
+        body = adv.encode()
+        sig = self.identity.key_pair.private_key.sign(signing_payload(body))
+        data = encode_message(
+            MessageType.ADVERT, {"body": body, "sig": sig, "cert": self.identity.certificate_bytes}
+        )
+        try:
+            with trio.fail_after(5):
+                await self.gossip.publish(ADVERT_TOPIC, data)
+            self.stats["adverts_published"] += 1
+        except Exception as e:
+            log.warning("advert publish failed error=%r", e)
+
+    async def _advert_loop(self) -> None:
+        g = self.config.gossip
+        last = -1e9
+        published_load: tuple[int, int] = (-1, -1)
+        while True:
+            now = trio.current_time()
+            load = (self.runner.queue_depth(), self.runner.in_flight())
+            due = now - last >= g.advert_interval_s
+            significant = _significant(published_load, load) and now - last >= g.min_advert_gap_s
+            if due or significant:
+                await self.publish_advert()
+                last = trio.current_time()
+                published_load = load
+            wait = max(0.05, min(g.advert_interval_s - (trio.current_time() - last), g.advert_interval_s))
+            with trio.move_on_after(wait):
+                await self.runner.changed.wait()
+                # let a burst of changes settle before deciding
+                await trio.sleep(g.min_advert_gap_s / 4)
+
+    def _reject(self, reason: str) -> bool:
+        self.stats["adverts_rejected"] += 1
+        self.rejections[reason] = self.rejections.get(reason, 0) + 1
+        return False
+
+    def _validate_advert(self, author: str, data: bytes) -> bool:
+        """Gossip validator: attested author, valid signature, schema, not a replay. Sync."""
+        try:
+            msg = decode_message(data, MAX_ADVERT_BYTES + 2048, frozenset({int(MessageType.ADVERT)}))
+        except ProtocolError as e:
+            log.info("advert rejected author=%s reason=%s", author, e)
+            return self._reject("malformed")
+        try:
+            cert = self.attestor.check(msg["cert"], author, time.time())
+        except MeshdError as e:
+            return self._reject(f"unattested:{getattr(e, 'reason', 'certificate')}")
+        try:
+            Ed25519PublicKey.from_public_bytes(cert.public_key).verify(
+                msg["sig"], signing_payload(msg["body"])
+            )
+        except (InvalidSignature, ValueError):
+            return self._reject("bad_signature")
+        try:
+            adv = decode_advert(msg["body"])
+        except ProtocolError as e:
+            log.info("advert rejected author=%s reason=%s", author, e)
+            return self._reject("malformed")
+        if adv.peer_id != author:
+            return self._reject("author_mismatch")
+        last = self.table.last_seq.get(author, -1)
+        if author != self.peer_id and adv.seq <= last:
+            self.stats["adverts_replayed"] += 1
+            return self._reject("replay")
+        # Labels and region come from the certificate, never from the advert's own claims.
+        trusted = Advert(**{**_fields(adv), "labels": dict(cert.labels),
+                            "region": cert.labels.get("region", ""), "name": cert.name})
+        if len(self._validated) > VALIDATED_CACHE:
+            self._validated.clear()
+        self._validated[bytes(data)] = trusted
+        return True
+
+    async def _receive_adverts(self, sub: Any) -> None:
+        while True:
+            msg = await sub.get()
+            data = bytes(msg.data)
+            adv = self._validated.pop(data, None)
+            if adv is None:
+                continue  # our own advert, or one that failed validation
+            now = trio.current_time()
+            verdict = self.table.apply(adv, now, time.time())
+            if verdict in (Verdict.NEW, Verdict.UPDATED):
+                self.stats["adverts_accepted"] += 1
+                if self.links is not None:
+                    self.links.on_advert(adv, new=verdict is Verdict.NEW)
+                if verdict is Verdict.NEW:
+                    log.info("peer joined name=%s peer_id=%s", adv.name, adv.peer_id)
+                    if self.revocation_bytes is not None and self.links is not None:
+                        self.links.schedule_revocation_gossip()
+            elif verdict in (Verdict.REPLAY, Verdict.STALE):
+                self.stats["adverts_replayed"] += 1
+                self._reject(verdict.value)
+
+    async def _expiry_loop(self) -> None:
+        while True:
+            await trio.sleep(min(1.0, self.config.gossip.advert_interval_s / 2))
+            for pid in self.table.expire(trio.current_time()):
+                log.info("peer expired peer_id=%s", pid)
+
+    # ------------------------------------------------------------------ revocations
+
+    def _validate_revocation(self, author: str, data: bytes) -> bool:
+        if self.attestor.certificate_of(author) is None and author != self.peer_id:
+            # only attested peers may spread lists (the CA signature is what counts)
+            pass
+        try:
+            msg = decode_message(data, 300_000, frozenset({int(MessageType.REVOCATION)}))
+            from meshd.core.cert import verify_revocation_list
+
+            verify_revocation_list(msg["crl"], ca_public_key=self.identity.ca_public_key)
+        except MeshdError:
+            return self._reject("bad_revocation")
+        return True
+
+    async def apply_revocation_bytes(self, crl: bytes, *, gossip: bool) -> list[str]:
+        assert self.host is not None
+        before = self.attestor.revocation_list
+        doomed = await apply_revocation(self.host, self.attestor, crl)
+        changed = self.attestor.revocation_list is not before
+        if changed:
+            self.revocation_bytes = crl
+            self._persist_revocation(crl)
+            log.warning("revocation list applied version=%s disconnected=%d",
+                        self.attestor.revocation_list.version if self.attestor.revocation_list else 0,
+                        len(doomed))
+        gone = [p.to_base58() for p in doomed]
+        # also drop any peer (connected or heard through gossip) whose serial is now revoked
+        revoked = self.attestor.revoked
+        for pid, e in list(self.table.entries.items()):
+            cert = self.attestor.certificate_of(pid)
+            if pid in gone or (cert is not None and cert.serial in revoked):
+                self.table.drop(pid)
+        for pid in list(self.table.entries):
+            if pid in gone:
+                self.table.drop(pid)
+        self.revoked_peer_ids.update(gone)
+        if changed and gossip and self.gossip is not None:
+            await self.gossip.publish(REVOCATION_TOPIC, encode_message(MessageType.REVOCATION, {"crl": crl}))
+        return gone
+
+    revoked_peer_ids: set[str] = set()
+
+    def _persist_revocation(self, crl: bytes) -> None:
+        try:
+            d = self.config.path(self.config.node.data_dir)
+            d.mkdir(parents=True, exist_ok=True)
+            tmp = d / "revocations.bin.tmp"
+            tmp.write_bytes(crl)
+            tmp.replace(d / "revocations.bin")
+        except OSError as e:
+            log.warning("cannot persist revocation list error=%s", e)
+
+    async def _receive_revocations(self, sub: Any) -> None:
+        while True:
+            msg = await sub.get()
+            try:
+                m = decode_message(bytes(msg.data), 300_000, frozenset({int(MessageType.REVOCATION)}))
+                await self.apply_revocation_bytes(m["crl"], gossip=False)
+            except MeshdError as e:
+                log.info("revocation ignored error=%s", e)
+
+    # ------------------------------------------------------------------ RTT / Vivaldi
+
+    def on_rtt(self, peer_id: str, rtt_ms: float) -> None:
+        self.table.record_rtt(peer_id, rtt_ms, trio.current_time())
+        e = self.table.get(peer_id)
+        remote = coord_of(e.advert) if e is not None else None
+        if remote is not None and len(remote.vec) == len(self.coord.vec):
+            self.coord = update(self.coord, remote, rtt_ms, rng=self.rng)
+
+    def snapshot(self) -> Any:
+        return build_snapshot(self.local_advert(), self.table.live(), self.coord, trio.current_time())
+
+    def new_request_id(self) -> str:
+        return uuid.uuid4().hex[:16]
+
+
+def _significant(old: tuple[int, int], new: tuple[int, int]) -> bool:
+    """A load change worth an early advert: any change from idle, or a change of 2+ requests."""
+    if old == new:
+        return False
+    if old[0] < 0:
+        return True
+    return abs(new[0] - old[0]) + abs(new[1] - old[1]) >= 2 or (sum(new) == 0) != (sum(old) == 0)
+
+
+def _fields(adv: Advert) -> dict[str, Any]:
+    return {f: getattr(adv, f) for f in adv.__dataclass_fields__}
+
+
+def _in_trio() -> bool:
+    try:
+        trio.lowlevel.current_task()
+        return True
+    except RuntimeError:
+        return False
+
+
+def _unused(_: Message | ID | Path) -> None:  # keep imports honest for type checkers
+    pass

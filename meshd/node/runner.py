@@ -1,0 +1,168 @@
+"""The local model runner: the models this node serves, their queues and measured speeds.
+
+It admits a request only while the model's queue has room (else ``BusyError``: the entry node
+tries another), runs at most ``max_concurrency`` generations at once, and keeps exponentially
+weighted averages of prefill and decode speed that go into the node's adverts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import trio
+
+from meshd.errors import BusyError, ModelError, RemoteError
+
+log = logging.getLogger(__name__)
+
+EWMA = 0.3
+
+
+@dataclass(slots=True)
+class Token:
+    """One generated token: its id and the text it adds."""
+
+    id: int
+    text: str
+
+
+class ModelLike(Protocol):
+    """What the runner needs of an engine model (``meshd.engine.Model`` conforms)."""
+
+    num_layers: int
+    hidden_size: int
+
+    def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]: ...
+
+    def generate(self, prompt: list[int], cfg: Any) -> AsyncIterator[Any]: ...
+
+
+@dataclass(slots=True)
+class Served:
+    name: str
+    model: Any  # meshd.engine.Model (or a fake in unit tests)
+    layer_start: int
+    layer_end: int
+    num_layers: int
+    max_concurrency: int
+    max_queue: int
+    limiter: trio.CapacityLimiter = field(init=False)
+    waiting: int = 0
+    running: int = 0
+    served: int = 0
+    failed: int = 0
+    busy_refusals: int = 0
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.limiter = trio.CapacityLimiter(self.max_concurrency)
+
+    @property
+    def whole(self) -> bool:
+        return self.layer_start == 0 and self.layer_end == self.num_layers
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "layers": [self.layer_start, self.layer_end],
+            "num_layers": self.num_layers,
+            "queue_depth": self.waiting,
+            "in_flight": self.running,
+            "max_concurrency": self.max_concurrency,
+            "max_queue": self.max_queue,
+            "served": self.served,
+            "failed": self.failed,
+            "busy_refusals": self.busy_refusals,
+            "prefill_tps": round(self.prefill_tps, 1),
+            "decode_tps": round(self.decode_tps, 1),
+        }
+
+
+def _ewma(old: float, new: float) -> float:
+    return new if old <= 0 else (1 - EWMA) * old + EWMA * new
+
+
+class Runner:
+    def __init__(self) -> None:
+        self.models: dict[str, Served] = {}
+        self.changed = trio.Event()  # set when queue figures move (for early adverts)
+
+    def add(self, served: Served) -> None:
+        self.models[served.name] = served
+
+    def get(self, name: str) -> Served | None:
+        return self.models.get(name)
+
+    def whole(self, name: str) -> Served | None:
+        s = self.models.get(name)
+        return s if s is not None and s.whole else None
+
+    def default_model(self) -> str | None:
+        for s in self.models.values():
+            if s.whole:
+                return s.name
+        return next(iter(self.models), None)
+
+    def queue_depth(self) -> int:
+        return sum(s.waiting for s in self.models.values())
+
+    def in_flight(self) -> int:
+        return sum(s.running for s in self.models.values())
+
+    def _poke(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def encode(self, model: str, text: str, *, chat: bool = False) -> list[int]:
+        s = self.models.get(model)
+        if s is None:
+            raise ModelError(f"this node does not serve model {model!r}")
+        ids: list[int] = s.model.encode_prompt(text, chat=chat)
+        return ids
+
+    async def generate(
+        self, model: str, prompt_ids: list[int], gen: Any
+    ) -> AsyncIterator[Token]:
+        """Generate on the local model; raises ``BusyError`` at once if the queue is full."""
+        s = self.whole(model)
+        if s is None:
+            raise RemoteError(f"this node does not serve the whole of model {model!r}", "no_model")
+        if s.waiting >= s.max_queue and s.limiter.available_tokens == 0:
+            s.busy_refusals += 1
+            raise BusyError(f"queue of {model} is full ({s.waiting} waiting)")
+        s.waiting += 1
+        self._poke()
+        acquired = False
+        try:
+            await s.limiter.acquire()
+            acquired = True
+            s.waiting -= 1
+            s.running += 1
+            self._poke()
+            t0 = time.perf_counter()
+            first: float | None = None
+            n = 0
+            async for ev in s.model.generate(prompt_ids, gen):
+                if first is None:
+                    first = time.perf_counter()
+                    s.prefill_tps = _ewma(s.prefill_tps, len(prompt_ids) / max(first - t0, 1e-6))
+                n += 1
+                yield Token(int(ev.token_id), ev.text)
+            if first is not None and n > 1:
+                s.decode_tps = _ewma(s.decode_tps, (n - 1) / max(time.perf_counter() - first, 1e-6))
+            s.served += 1
+        except BaseException:
+            s.failed += 1
+            raise
+        finally:
+            if acquired:
+                s.running -= 1
+                s.limiter.release()
+            else:
+                s.waiting -= 1
+            self._poke()

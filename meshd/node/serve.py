@@ -1,0 +1,154 @@
+"""The request protocol's server side: serve REQs that arrive on a peer's long-lived stream.
+
+Each REQ runs in its own task with its own cancel scope (a CANCEL frame or the stream's end
+cancels it); tokens go back coalesced; every request ends with exactly one DONE or ERROR frame,
+because a SIGKILLed peer looks like a clean EOF and the other side must be able to tell.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import trio
+
+from meshd.core.messages import MessageType
+from meshd.core.wire import Message
+from meshd.errors import MeshdError, PeerGoneError, ProtocolError, RemoteError
+from meshd.net.framed import FramedStream
+from meshd.node.coalesce import pump_coalesced
+from meshd.node.generation import gen_config_from
+from meshd.node.runner import Runner, Token
+
+log = logging.getLogger(__name__)
+
+FLUSH_INTERVAL_S = 0.01
+
+
+class RequestServer:
+    def __init__(self, runner: Runner, node_name: str, *, max_hops: int) -> None:
+        self.runner = runner
+        self.node_name = node_name
+        self.max_hops = max_hops
+        self.stats = {"streams": 0, "requests": 0, "errors": 0, "malformed": 0, "cancelled": 0}
+
+    async def serve_stream(self, framed: FramedStream, peer_id: str) -> None:
+        """Read frames until the stream ends; never raises (a peer cannot crash the node)."""
+        self.stats["streams"] += 1
+        scopes: dict[str, trio.CancelScope] = {}
+        try:
+            async with trio.open_nursery() as nursery:
+                try:
+                    while True:
+                        msg = await framed.recv()
+                        if msg is None:
+                            break
+                        t = msg["t"]
+                        if t == MessageType.PING:
+                            await framed.send(
+                                MessageType.PONG, {"n": msg["n"], "queue": self.runner.queue_depth()}
+                            )
+                        elif t == MessageType.REQ:
+                            rid = msg["rid"]
+                            if rid in scopes:
+                                await _error(framed, rid, "malformed", "duplicate request id")
+                                continue
+                            scope = trio.CancelScope()
+                            scopes[rid] = scope
+                            nursery.start_soon(self._serve_one, framed, msg, scope, scopes, peer_id)
+                        elif t == MessageType.CANCEL:
+                            s = scopes.get(msg["rid"])
+                            if s is not None:
+                                self.stats["cancelled"] += 1
+                                s.cancel()
+                        # other frames (late PONGs) are ignored
+                except ProtocolError as e:
+                    self.stats["malformed"] += 1
+                    log.info("malformed request frame peer=%s error=%s", peer_id, e)
+                    await _error(framed, None, e.code, str(e))
+                except PeerGoneError:
+                    pass
+                nursery.cancel_scope.cancel()  # the stream is over: stop its requests
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("request stream failed peer=%s", peer_id)
+        finally:
+            await framed.reset()
+
+    async def _serve_one(
+        self,
+        framed: FramedStream,
+        msg: Message,
+        scope: trio.CancelScope,
+        scopes: dict[str, trio.CancelScope],
+        peer_id: str,
+    ) -> None:
+        rid = msg["rid"]
+        self.stats["requests"] += 1
+        try:
+            with scope:
+                scope.deadline = trio.current_time() + max(msg["deadline_ms"], 0) / 1000.0
+                await self._run(framed, msg)
+            if scope.cancelled_caught:
+                code = "deadline" if trio.current_time() >= scope.deadline else "cancelled"
+                await _error(framed, rid, code, f"request {code}")
+        except RemoteError as e:
+            await _error(framed, rid, e.code, str(e))
+        except MeshdError as e:
+            await _error(framed, rid, "internal", str(e))
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("serving request failed rid=%s peer=%s", rid, peer_id)
+            await _error(framed, rid, "internal", "internal error on the serving node")
+        finally:
+            scopes.pop(rid, None)
+
+    async def _run(self, framed: FramedStream, msg: Message) -> None:
+        rid = msg["rid"]
+        if msg["hops"] >= self.max_hops:
+            raise RemoteError(f"hop limit {self.max_hops} reached", "hops")
+        model = msg["model"]
+        ids = list(msg["prompt_ids"])
+        if not ids and msg.get("prompt"):
+            ids = self.runner.encode(model, msg["prompt"], chat=bool(msg.get("chat", False)))
+        if not ids:
+            raise ProtocolError("REQ has neither prompt_ids nor prompt")
+        resume = list(msg.get("resume_ids") or [])
+        gen = gen_config_from(msg, already=len(resume))
+        t0 = time.perf_counter()
+        first: list[float] = []
+        count = [0]
+
+        async def sink(batch: list[Token]) -> None:
+            if not first:
+                first.append(time.perf_counter())
+            count[0] += len(batch)
+            await framed.send(
+                MessageType.TOKENS,
+                {"rid": rid, "ids": [t.id for t in batch], "text": "".join(t.text for t in batch)},
+            )
+
+        if gen.max_tokens > 0:
+            source = self.runner.generate(model, ids + resume, gen)
+            await pump_coalesced(source, FLUSH_INTERVAL_S, sink)
+        end = time.perf_counter()
+        stats: dict[str, Any] = {
+            "served_by": self.node_name,
+            "tokens": count[0],
+            "prompt_tokens": len(ids),
+            "compute_ttft_ms": round(((first[0] if first else end) - t0) * 1000, 3),
+            "compute_ms": round((end - t0) * 1000, 3),
+        }
+        await framed.send(MessageType.DONE, {"rid": rid, "stats": stats})
+
+
+async def _error(framed: FramedStream, rid: str | None, code: str, message: str) -> None:
+    fields: dict[str, Any] = {"code": code, "message": message[:1000]}
+    if rid is not None:
+        fields["rid"] = rid
+    with trio.move_on_after(2):
+        try:
+            await framed.send(MessageType.ERROR, fields)
+        except Exception:
+            pass

@@ -1,0 +1,266 @@
+"""Start and stop a local mesh of real daemons (separate processes) on loopback.
+
+``up`` issues a fresh CA and one identity per node, writes each node's config, starts every
+daemon in the background, and returns once every node lists all the others. ``down`` stops
+them (SIGTERM, then SIGKILL after a deadline). State lives in one directory with a
+``testnet.json`` index; the last one started is remembered so `meshd submit` finds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from meshd.control.client import call
+from meshd.core.messages import MessageType
+from meshd.errors import LocalError, MeshdError
+from meshd.paths import remember_testnet
+
+READY_TIMEOUT_S = 90.0
+
+
+@dataclass
+class NodeSpec:
+    name: str
+    region: str = "local"
+    labels: dict[str, str] = field(default_factory=dict)
+    models: list[dict[str, Any]] = field(default_factory=lambda: [{"path": "default"}])
+    extra: dict[str, Any] = field(default_factory=dict)  # more config sections/keys
+    host: str = "127.0.0.1"
+    port: int = 0
+    netns: str | None = None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def write_toml(sections: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for name, body in sections.items():
+        if isinstance(body, list):
+            for item in body:
+                lines.append(f"[[{name}]]")
+                lines.extend(f"{k} = {_toml_value(v)}" for k, v in item.items())
+                lines.append("")
+        else:
+            lines.append(f"[{name}]")
+            lines.extend(f"{k} = {_toml_value(v)}" for k, v in body.items())
+            lines.append("")
+    return "\n".join(lines)
+
+
+def issue_keys(directory: Path, specs: list[NodeSpec]) -> dict[str, str]:
+    """A fresh CA and one identity per node (through `meshd keys`); returns name -> peer id."""
+    import contextlib
+    import io
+
+    from meshd.cli.main import main
+    from meshd.core.cert import decode_certificate
+
+    ca_dir = directory / "ca"
+    ids = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        if main(["keys", "init-ca", "--dir", str(ca_dir)]) != 0:
+            raise LocalError(f"cannot create a CA in {ca_dir}")
+        for s in specs:
+            argv = ["keys", "issue", s.name, "--dir", str(ca_dir), "--out", str(directory / s.name),
+                    "--days", "30", "--label", f"region={s.region}"]
+            for k, v in s.labels.items():
+                argv += ["--label", f"{k}={v}"]
+            if main(argv) != 0:
+                raise LocalError(f"cannot issue keys for {s.name}")
+            cert = decode_certificate((directory / s.name / "node.cert").read_bytes())
+            ids[s.name] = cert.peer_id
+    return ids
+
+
+def node_config(spec: NodeSpec, node_dir: Path, bootstrap: list[str], *,
+                advert_interval_s: float) -> dict[str, Any]:
+    node = {
+        "name": spec.name,
+        "data_dir": str(node_dir / "state"),
+        "socket": str(node_dir / "meshd.sock"),
+        "listen": [f"/ip4/{spec.host}/tcp/{spec.port}"],
+        "bootstrap": bootstrap,
+    }
+    sections: dict[str, Any] = {
+        "node": node,
+        "keys": {"identity": "node.key", "certificate": "node.cert", "ca": "ca.pub"},
+        "gossip": {"advert_interval_s": advert_interval_s},
+        "models": spec.models,
+    }
+    for k, v in spec.extra.items():
+        if isinstance(v, dict) and isinstance(sections.get(k), dict):
+            sections[k] = {**sections[k], **v}
+        else:
+            sections[k] = v
+    return sections
+
+
+def start_process(node_dir: Path, *, netns: str | None = None, env: dict[str, str] | None = None) -> int:
+    log = open(node_dir / "meshd.log", "ab")
+    cmd = [sys.executable, "-m", "meshd", "run", "--config", str(node_dir / "meshd.toml")]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    e = dict(os.environ)
+    e.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
+    e.update(env or {})
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, env=e)
+    (node_dir / "meshd.pid").write_text(str(proc.pid))
+    return proc.pid
+
+
+async def wait_mesh(sockets: dict[str, Path], pids: dict[str, int], expect: int,
+                    timeout_s: float = READY_TIMEOUT_S, node_dirs: dict[str, Path] | None = None) -> None:
+    """Return once every node lists ``expect`` peers; raise naming the laggards."""
+    deadline = trio.current_time() + timeout_s
+    seen: dict[str, int] = {}
+    while True:
+        pending = []
+        for name, sock in sockets.items():
+            if not _alive(pids[name]):
+                tail = ""
+                if node_dirs:
+                    tail = _tail(node_dirs[name] / "meshd.log")
+                raise LocalError(f"node {name} exited during start-up:\n{tail}")
+            try:
+                with trio.fail_after(2):
+                    reply = await call(str(sock), MessageType.PEERS_REQ, {})
+                seen[name] = len(reply["peers"])
+            except (MeshdError, trio.TooSlowError, OSError):
+                seen[name] = -1
+            if seen[name] < expect:
+                pending.append(name)
+        if not pending:
+            return
+        if trio.current_time() > deadline:
+            detail = ", ".join(f"{n} sees {max(seen[n], 0)}" for n in pending)
+            raise LocalError(f"mesh did not form within {timeout_s:.0f} s ({detail} of {expect} peers)")
+        await trio.sleep(0.2)
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0,
+       wait: bool = True, env_for: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    directory = directory.resolve()
+    if (directory / "testnet.json").exists():
+        existing = json.loads((directory / "testnet.json").read_text())
+        if any(_alive(n["pid"]) for n in existing.get("nodes", [])):
+            raise LocalError(f"a testnet is already running in {directory}; "
+                             f"stop it with `meshd testnet down --dir {directory}`")
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for s in specs:
+        if not s.port:
+            s.port = free_port(s.host)
+    ids = issue_keys(directory, specs)
+    first = specs[0]
+    boot = [f"/ip4/{first.host}/tcp/{first.port}/p2p/{ids[first.name]}"]
+    nodes = []
+    pids: dict[str, int] = {}
+    sockets: dict[str, Path] = {}
+    dirs: dict[str, Path] = {}
+    for i, s in enumerate(specs):
+        d = directory / s.name
+        cfg = node_config(s, d, [] if i == 0 else boot, advert_interval_s=advert_interval_s)
+        (d / "meshd.toml").write_text(write_toml(cfg))
+        pid = start_process(d, netns=s.netns, env=(env_for or {}).get(s.name))
+        pids[s.name] = pid
+        sockets[s.name] = d / "meshd.sock"
+        dirs[s.name] = d
+        nodes.append({"name": s.name, "peer_id": ids[s.name], "pid": pid, "socket": str(d / "meshd.sock"),
+                      "addr": f"/ip4/{s.host}/tcp/{s.port}/p2p/{ids[s.name]}", "region": s.region,
+                      "dir": str(d), "netns": s.netns})
+    index = {"dir": str(directory), "nodes": nodes, "started": time.time()}
+    (directory / "testnet.json").write_text(json.dumps(index, indent=2))
+    remember_testnet(directory)
+    if wait:
+        try:
+            trio.run(wait_mesh, sockets, pids, len(specs) - 1, READY_TIMEOUT_S, dirs)
+        except BaseException:
+            down(directory)
+            raise
+    return index
+
+
+def down(directory: Path, timeout_s: float = 10.0) -> list[str]:
+    try:
+        index = json.loads((directory / "testnet.json").read_text())
+    except (OSError, ValueError):
+        raise LocalError(f"no testnet in {directory}") from None
+    stopped = []
+    for n in index["nodes"]:
+        pid = n["pid"]
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            stopped.append(n["name"])
+    deadline = time.monotonic() + timeout_s
+    for n in index["nodes"]:
+        while _alive(n["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(n["pid"]):
+            try:
+                os.killpg(n["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap(n["pid"])
+    return stopped
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
