@@ -1,16 +1,197 @@
-"""`meshd model`: not built yet (placeholder so the command list is stable)."""
+"""`meshd model`: import a Hugging Face checkpoint, inspect a model directory, generate locally."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+from pathlib import Path
 from typing import Any
+
+from meshd.exitcodes import Exit
+
+DESCRIPTION = """\
+Work with meshd model directories (manifest.json, weights.bin, tokenizer.json, stage graphs).
+
+  meshd model import ./TinyLlama-1.1B-Chat --out ./tinyllama --stages 2 --dtype fp16
+  meshd model inspect ./tinyllama
+  meshd model generate default "Once upon a time" --max-tokens 40 --temperature 0
+
+DIR may be `default`: the small model that ships with meshd.
+"""
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("model", help="(not built yet)", description="Not built yet.")
-    p.set_defaults(func=run)
+    p = sub.add_parser("model", help="import, inspect and run model directories",
+                       description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=lambda args: _usage(p))
+    msub = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND")
+
+    imp = msub.add_parser("import", help="build a model directory from a Hugging Face one",
+                          description="Import a Llama / Qwen2 checkpoint directory (config.json, "
+                          "safetensors, tokenizer.json) into a meshd model directory.")
+    imp.add_argument("hf_dir", metavar="HF_DIR", type=Path)
+    imp.add_argument("--out", required=True, type=Path, metavar="DIR")
+    imp.add_argument("--stages", type=int, default=1, metavar="N",
+                     help="prebuild N stage graphs of near-equal layer counts (default 1); any "
+                     "other range is still built on demand at load time")
+    imp.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32",
+                     help="storage dtype of the weights (default fp32)")
+    imp.add_argument("--name", help="model name (default: the output directory's name)")
+    imp.add_argument("--model-version", default="1", help="model version string (default 1)")
+    imp.add_argument("--force", action="store_true", help="replace an existing model directory")
+    imp.set_defaults(func=cmd_import)
+
+    gen = msub.add_parser("generate", help="generate text locally (no daemon)",
+                          description="Run a model directory locally and stream its text.")
+    gen.add_argument("model", metavar="DIR", help="model directory, or `default`")
+    gen.add_argument("prompt", metavar="PROMPT")
+    gen.add_argument("--max-tokens", type=int, default=64, metavar="N")
+    gen.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                     help="0 is greedy (default 0.8)")
+    gen.add_argument("--top-k", type=int, default=40, metavar="K", help="0 is off (default 40)")
+    gen.add_argument("--top-p", type=float, default=0.95, metavar="P",
+                     help="1 is off (default 0.95)")
+    gen.add_argument("--repetition-penalty", type=float, default=1.1, metavar="R",
+                     help="1 is off (default 1.1)")
+    gen.add_argument("--seed", type=int, default=None, metavar="S")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="stop before this text (repeatable)")
+    gen.add_argument("--chat", action="store_true",
+                     help="wrap the prompt as a user message in the model's chat template")
+    gen.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads")
+    gen.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    gen.set_defaults(func=cmd_generate)
+
+    ins = msub.add_parser("inspect", help="show a model's manifest, files and memory needs")
+    ins.add_argument("model", metavar="DIR", help="model directory, or `default`")
+    ins.add_argument("--json", action="store_true")
+    ins.set_defaults(func=cmd_inspect)
 
 
-def run(args: argparse.Namespace) -> int:
-    print("meshd model: not built yet")
-    return 1
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return Exit.USAGE
+
+
+def _model_dir(text: str) -> Path:
+    from meshd.engine import default_model_path
+
+    path = Path(text)
+    if text == "default" and not path.exists():
+        return default_model_path()
+    return path
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from meshd.engine import import_hf
+
+    t0 = time.perf_counter()
+    m = import_hf(args.hf_dir, args.out, stages=args.stages, dtype=args.dtype, name=args.name,
+                  version=args.model_version, force=args.force)
+    a = m.arch
+    stages = ", ".join(f"[{s.start},{s.end})" for s in m.stages)
+    print(f"imported {m.name}: {a.arch}, {a.num_layers} layers, hidden {a.hidden_size}, "
+          f"{m.dtype}, {m.weights_bytes / 2**20:.1f} MiB weights, stages {stages} -> {args.out} "
+          f"({time.perf_counter() - t0:.1f} s)")
+    return Exit.OK
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from meshd.engine import GenerationConfig, load_model
+
+    cfg = GenerationConfig(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed,
+        stop=tuple(args.stop),
+    )
+    t0 = time.perf_counter()
+    model = load_model(_model_dir(args.model), threads=args.threads)
+    load_s = time.perf_counter() - t0
+    prompt_ids = model.encode_prompt(args.prompt, chat=args.chat)
+    pieces: list[str] = []
+    ids: list[int] = []
+    finish = None
+    t_start = time.perf_counter()
+    t_first = t_last = t_start
+    for ev in model.generate_sync(prompt_ids, cfg):
+        t_last = time.perf_counter()
+        if not ids:
+            t_first = t_last
+        ids.append(ev.token_id)
+        pieces.append(ev.text)
+        finish = ev.finish_reason
+        if not args.json and ev.text:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+    decode_s = t_last - t_first
+    stats: dict[str, Any] = {
+        "model": model.manifest.name,
+        "provider": model.provider,
+        "prompt_tokens": len(prompt_ids),
+        "generated_tokens": len(ids),
+        "finish_reason": finish,
+        "load_ms": round(load_s * 1e3, 1),
+        "ttft_ms": round((t_first - t_start) * 1e3, 2),
+        "tokens_per_s": round((len(ids) - 1) / decode_s, 1) if len(ids) > 1 and decode_s > 0
+        else None,
+    }
+    if args.json:
+        print(json.dumps({"text": "".join(pieces), "token_ids": ids, **stats}))
+    else:
+        sys.stdout.write("\n")
+        print(f"[{stats['generated_tokens']} tokens, {finish}; ttft {stats['ttft_ms']} ms, "
+              f"{stats['tokens_per_s']} tokens/s, {stats['provider']}]", file=sys.stderr)
+    return Exit.OK
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from meshd.engine import read_manifest
+    from meshd.engine.planning import stage_memory
+
+    directory = _model_dir(args.model)
+    m = read_manifest(directory)
+    files = {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
+    ctx = m.arch.max_position_embeddings
+    ranges = [(s.start, s.end) for s in m.stages]
+    if (0, m.arch.num_layers) not in ranges:
+        ranges.insert(0, (0, m.arch.num_layers))
+    memory = []
+    for start, end in ranges:
+        est = stage_memory(m.arch, start, end)
+        memory.append({"layers": [start, end], **est.to_json(),
+                       "bytes_at_context": est.total(ctx)})
+    if args.json:
+        print(json.dumps({"path": str(directory), "manifest": m.to_json(), "files": files,
+                          "total_bytes": sum(files.values()), "context_tokens": ctx,
+                          "stage_memory": memory}))
+        return Exit.OK
+    a = m.arch
+    print(f"{m.name} (version {m.version}) at {directory}")
+    print(f"  content sha256  {m.weights_sha256}")
+    print(f"  architecture    {a.arch}: {a.num_layers} layers, hidden {a.hidden_size}, "
+          f"mlp {a.intermediate_size}, heads {a.num_heads} (kv {a.num_kv_heads}, dim "
+          f"{a.head_dim}), vocab {a.vocab_size}, context {ctx}")
+    print(f"  rope            theta {a.rope_theta:g}, scaling {a.rope_scaling or 'none'}; "
+          f"rms_norm_eps {a.rms_norm_eps:g}; tied embeddings {a.tie_word_embeddings}; "
+          f"qkv bias {a.qkv_bias}")
+    tok = m.tokenizer
+    print(f"  weights         {m.dtype}, {len(m.tensors)} tensors; bos {tok.bos_token_id}, "
+          f"eos {list(tok.eos_token_ids)}; chat template {'yes' if tok.chat_template else 'no'}")
+    print(f"  files           {_mib(sum(files.values()))} in all")
+    for name, size in files.items():
+        print(f"    {name:<24} {size:>12,d} bytes")
+    print(f"  memory per stage (float32 compute; KV per token; total at {ctx} tokens)")
+    for entry in memory:
+        s, e = entry["layers"]
+        prebuilt = " (prebuilt)" if any((x.start, x.end) == (s, e) for x in m.stages) else ""
+        print(f"    layers [{s}, {e}){prebuilt}: weights {_mib(entry['weights_bytes'])}, "
+              f"KV {entry['kv_bytes_per_token']:,d} B/token, "
+              f"total {_mib(entry['bytes_at_context'])}")
+    return Exit.OK

@@ -191,7 +191,9 @@ def decode_advert(body: bytes) -> Advert:
         isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in vec
     ):
         raise ProtocolError("advert coordinate must be a short list of finite numbers")
-    seq = _count(d, "seq")
+    seq = _get(d, "seq", int)
+    if not 0 <= seq <= 1 << 62:
+        raise ProtocolError("advert field 'seq' is out of range")
     ts = _num(d, "ts")
     return Advert(
         peer_id=_str(d, "peer_id", cap=128),

@@ -9,6 +9,9 @@ decisions. Everything here is immutable and carries no clock: ages are given in 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from meshd.core.vivaldi import Coord
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,10 @@ class Serving:
     num_layers: int
     layer_start: int
     layer_end: int
+    # Per-layer compute speed of this range on this node, measured and gossiped (0: unknown, then
+    # derived from the node's whole-model speeds as 1000 / (tps * num_layers)).
+    prefill_ms_per_layer_token: float = 0.0  # ms to run one prompt token through one layer
+    decode_ms_per_layer: float = 0.0  # ms to run one generated token through one layer
 
     @property
     def whole(self) -> bool:
@@ -57,6 +64,11 @@ class NodeView:
     cost_per_hour: float = 0.0
     free_kv_tokens: int = 1 << 30
     is_local: bool = False
+    # Requests per second the node completes when saturated, measured (0: unknown, then derived
+    # from prefill_tps/decode_tps and the request's own sizes).
+    service_rate_rps: float = 0.0
+    # The node's gossiped Vivaldi coordinate; the planner estimates hop-to-hop RTTs from these.
+    coord: Coord | None = None
 
     def serves(self, model: str) -> Serving | None:
         """The whole-model serving entry for ``model``, if this node has one."""
@@ -96,6 +108,16 @@ class Policy:
     model_allow: frozenset[str] = frozenset()  # empty: any model
     client_quota: dict[str, int] = field(default_factory=dict)  # client -> max in flight
     max_hops: int = 4
+    # meshd strategy knobs (docs/routing.md explains each).
+    pool_slack_ms: float = 25.0  # candidates within this of the best score form the sample pool
+    pool_slack_frac: float = 0.25  # ... or within this fraction of the best score, if larger
+    cost_weight_ms: float = 10.0  # ms of predicted TTFT that a node at the mean price costs
+    stale_relax_factor: float = 1.0  # advert staleness correction time scale (0: no correction)
+    # Decision size and hedging.
+    max_fallbacks: int = 8  # peers after the chosen one in RouteDecision.order
+    explain_limit: int = 32  # candidates listed in a decision (the rest are counted)
+    hedge_factor: float = 2.0  # hedge when no first token by factor * predicted TTFT (0: never)
+    hedge_min_ms: float = 25.0  # ... but never sooner than this after sending
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +127,8 @@ class MeshSnapshot:
     local_peer_id: str
     nodes: tuple[NodeView, ...]
     client_in_flight: dict[str, int] = field(default_factory=dict)
+    # Memo of per-model indexes built by the router (meshd.core.routing); never compared.
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def by_id(self, peer_id: str) -> NodeView | None:
         for n in self.nodes:

@@ -35,7 +35,7 @@ class ControlMixin:
             await out.send(MessageType.PEERS, {"peers": self.peers_listing()})
         elif t == MessageType.EXPLAIN_REQ:
             record = await self.store.explain(msg["rid"]) if self.store is not None else None
-            await out.send(MessageType.EXPLAIN, {"record": record})
+            await out.send(MessageType.EXPLAIN, {"record": flatten_explain(record)})
         elif t == MessageType.PUSH_REVOCATION:
             gone = await self.apply_revocation_bytes(msg["crl"], gossip=True)
             rl = self.attestor.revocation_list
@@ -252,27 +252,44 @@ class ControlMixin:
         def journal(kind: str, payload: dict[str, Any]) -> None:
             log.debug("request event rid=%s kind=%s %s", rid, kind, payload)
             if self.store is not None:
-                self.store.record_event_nowait(rid, kind, self.node_name, payload)
+                self.store.record_event(rid, kind, node=self.node_name, payload=payload)
 
         return journal
 
     async def _record_decision(self: Node, rid: str, decision: Any, req: RouteRequest) -> None:  # type: ignore[misc]
         if self.store is None:
             return
-        await self.store.record_decision(rid, decision_record(decision, req))
+        rec = decision_record(decision, req)
+        names = {c["peer_id"]: c["name"] for c in rec["candidates"]}
+        self.store.record_decision(
+            rid,
+            strategy=rec["strategy"],
+            candidates=rec["candidates"],
+            constraints={"applied": rec["constraints"], "model": req.model,
+                         "residency": req.residency, "client": req.client,
+                         "prompt_tokens": req.prompt_tokens},
+            chosen=names.get(decision.chosen, decision.chosen),
+            order=[names.get(p, p) for p in rec["order"]],
+        )
 
     async def _record_failure(self: Node, rid: str, strategy: str, snap: Any, error: str) -> None:  # type: ignore[misc]
         if self.store is None:
             return
-        await self.store.record_outcome(rid, {"error": error, "tokens": 0, "route": [], "served_by": None,
-                                              "ttft_ms": None, "tokens_per_s": None, "retries": 0, "hedges": 0})
+        self.store.record_event(rid, "failed", node=self.node_name, payload={"error": error})
+        self.store.record_outcome(rid, ttft_ms=None, tokens=0, tokens_per_s=None, served_by=None,
+                                  route=[], error=error)
 
     async def _record_outcome(self: Node, rid: str, outcome: Any) -> None:  # type: ignore[misc]
         if self.store is None:
             return
         s = outcome.stats()
-        await self.store.record_outcome(rid, {**s, "error": outcome.error, "retry_list": outcome.retries,
-                                              "hedge_list": outcome.hedges})
+        self.store.record_event(rid, "failed" if outcome.error else "done", node=self.node_name,
+                                payload={"error": outcome.error, "tokens": s["tokens"],
+                                         "retries": outcome.retries, "hedges": outcome.hedges})
+        self.store.record_outcome(rid, ttft_ms=s["ttft_ms"], tokens=s["tokens"],
+                                  tokens_per_s=s["tokens_per_s"], served_by=s["served_by"] or None,
+                                  route=s["route"], error=outcome.error, retries=s["retries"],
+                                  hedges=s["hedges"])
 
 
 def _target(n: Any) -> Target:
@@ -305,4 +322,18 @@ def decision_record(decision: Any, req: RouteRequest) -> dict[str, Any]:
     }
 
 
-__all__ = ["ControlMixin", "decision_record", "MeshdError", "trio"]
+def flatten_explain(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The store's record with the decision's headline fields lifted to the top level."""
+    if record is None:
+        return None
+    d = record.get("decision") or {}
+    return {
+        **record,
+        "strategy": d.get("strategy"),
+        "candidates": d.get("candidates") or [],
+        "chosen": d.get("chosen"),
+        "constraints": d.get("constraints"),
+    }
+
+
+__all__ = ["ControlMixin", "decision_record", "flatten_explain", "MeshdError", "trio"]

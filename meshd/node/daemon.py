@@ -17,18 +17,26 @@ from meshd.node.runner import Runner, Served
 
 log = logging.getLogger(__name__)
 
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+
 
 def load_runner(cfg: Config) -> Runner:
     from meshd import engine
 
     runner = Runner()
     for i, m in enumerate(cfg.models):
-        path = engine.default_model_path() if m.path == "default" else cfg.path(m.path)
+        path = default_model_dir() if m.path == "default" else cfg.path(m.path)
         if not Path(path).exists():
             raise ModelError(f"[[models]][{i}].path: model directory {path} does not exist")
         layers = None if m.layers in ("all", "auto") else m.layers
-        model = engine.load_model(path, providers=None if cfg.engine.providers == "auto" else [cfg.engine.providers],
-                                  layers=layers)
+        providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
+        model = engine.load_model(path, providers=providers, layers=layers,
+                                  threads=cfg.engine.threads or None,
+                                  max_concurrent_runs=cfg.engine.workers)
         n = int(model.num_layers)
         start, end = (0, n) if layers is None else layers
         if end > n:
@@ -39,6 +47,16 @@ def load_runner(cfg: Config) -> Runner:
         log.info("model loaded name=%s layers=%d-%d provider=%s", name, start, end,
                  getattr(model, "provider", "?"))
     return runner
+
+
+def default_model_dir() -> Path:
+    """The shipped model, unless $MESHD_DEFAULT_MODEL names another model directory."""
+    import os
+
+    from meshd import engine
+
+    env = os.environ.get("MESHD_DEFAULT_MODEL")
+    return Path(env) if env else engine.default_model_path()
 
 
 class EngineModel:
@@ -87,9 +105,9 @@ def build_node(cfg: Config) -> Any:
 
 
 def open_store(path: Path) -> Any:
-    from meshd.store import AsyncStore
+    from meshd.store import AsyncStore, Store
 
-    return AsyncStore(path)
+    return AsyncStore(Store(path))
 
 
 async def run_daemon(node: Any) -> None:
@@ -110,6 +128,6 @@ async def run_daemon(node: Any) -> None:
                 break
         with trio.move_on_after(5) as scope:
             scope.shield = True
-            if getattr(node.store, "aclose", None) is not None:
-                await node.store.aclose()
+            await node.store.flush()
         nursery.cancel_scope.cancel()
+    node.store.close()

@@ -156,7 +156,7 @@ async def _race(
 
     async with trio.open_nursery() as nursery:
         await nursery.start(launch, 0, primary)
-        journal("forwarded" if not primary.is_local else "serving_locally",
+        journal("forwarded" if not primary.is_local else "routed",
                 {"target": primary.name, "resume_tokens": len(resume)})
         route_sent = False
         deadline_first = trio.current_time() + first_token_timeout_s

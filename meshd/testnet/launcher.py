@@ -27,6 +27,7 @@ from meshd.errors import LocalError, MeshdError
 from meshd.paths import remember_testnet
 
 READY_TIMEOUT_S = 90.0
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 @dataclass
@@ -62,7 +63,7 @@ def _toml_value(v: Any) -> str:
 
 
 def write_toml(sections: dict[str, Any]) -> str:
-    lines: list[str] = []
+    lines: list[str] = [f"{name} = []" for name, body in sections.items() if body == []]
     for name, body in sections.items():
         if isinstance(body, list):
             for item in body:
@@ -125,15 +126,16 @@ def node_config(spec: NodeSpec, node_dir: Path, bootstrap: list[str], *,
 
 
 def start_process(node_dir: Path, *, netns: str | None = None, env: dict[str, str] | None = None) -> int:
-    log = open(node_dir / "meshd.log", "ab")
     cmd = [sys.executable, "-m", "meshd", "run", "--config", str(node_dir / "meshd.toml")]
     if netns:
         cmd = ["ip", "netns", "exec", netns, *cmd]
     e = dict(os.environ)
     e.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
     e.update(env or {})
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=e)
+    with open(node_dir / "meshd.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=e)
+    _CHILDREN[proc.pid] = proc  # reaped by down(); keeps Popen from warning while it runs
     (node_dir / "meshd.pid").write_text(str(proc.pid))
     return proc.pid
 
@@ -260,6 +262,14 @@ def down(directory: Path, timeout_s: float = 10.0) -> list[str]:
 
 
 def _reap(pid: int) -> None:
+    proc = _CHILDREN.pop(pid, None)
+    if proc is not None:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:

@@ -1,0 +1,250 @@
+"""Build the ONNX graph of any contiguous layer range (a *stage*) of a Llama-family model.
+
+The graph holds no weights: every initializer points into the model's single weights file by
+offset (ONNX external data), so a graph for any range can be made at load time in a few
+milliseconds and nothing is stored twice. All arithmetic is float32; float16 weights are widened
+by a ``Cast`` that onnxruntime folds once when the session is built.
+
+Stage interface (batch 1; ``T`` new tokens, ``C`` cache slots, ``K`` logit rows):
+
+- inputs: ``input_ids`` int64 [T] (first stage) or ``hidden_in`` float32 [T, H];
+  ``positions`` int64 [T], which must be ``P, P+1, ...`` where ``P`` is the number of tokens
+  already cached; ``logit_rows`` int64 [K] (last stage: which of the T rows to project to
+  logits); per layer ``i`` of the range ``past_key.i`` and ``past_value.i`` float32
+  [kv_heads, C, head_dim], of which only the first ``P`` slots are read (the rest is masked).
+- outputs: ``hidden_out`` float32 [T, H] or ``logits`` float32 [K, V]; per layer
+  ``new_key.i`` and ``new_value.i`` [kv_heads, T, head_dim], the keys (after RoPE) and values of
+  the new tokens, which the caller writes into its cache at slots ``P..P+T-1``.
+
+Attention scores the cached keys and the new keys separately and joins only the small score
+matrices, so a decode step reads the cache in place and copies nothing of size ``C``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from meshd.engine.arch import Arch, rope_inv_freq
+from meshd.engine.manifest import TensorEntry
+from meshd.engine.planning import EMBED, FINAL_NORM, LM_HEAD, check_range
+
+OPSET = 17
+IR_VERSION = 8
+INPUT_IDS, HIDDEN_IN, POSITIONS, LOGIT_ROWS = "input_ids", "hidden_in", "positions", "logit_rows"
+HIDDEN_OUT, LOGITS = "hidden_out", "logits"
+_ONNX_DTYPE = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
+
+
+def past_key(i: int) -> str:
+    return f"past_key.{i}"
+
+
+def past_value(i: int) -> str:
+    return f"past_value.{i}"
+
+
+def new_key(i: int) -> str:
+    return f"new_key.{i}"
+
+
+def new_value(i: int) -> str:
+    return f"new_value.{i}"
+
+
+class _Builder:
+    def __init__(self, tensors: Mapping[str, TensorEntry], weights_file: str) -> None:
+        self.tensors = tensors
+        self.weights_file = weights_file
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: dict[str, TensorProto] = {}
+        self.fp32: dict[str, str] = {}
+        self.count = 0
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, out: str | None = None,
+           **attrs: Any) -> Any:
+        self.count += 1
+        if out is not None:
+            outputs = [out]
+        else:
+            outputs = [f"{op_type.lower()}_{self.count}_{k}" for k in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outputs,
+                                           name=f"{op_type}_{self.count}", **attrs))
+        return outputs[0] if n_out == 1 else outputs
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        if name not in self.inits:
+            self.inits[name] = numpy_helper.from_array(value, name)
+        return name
+
+    def raw(self, name: str) -> tuple[str, str]:
+        """The stored tensor (external data) and its dtype."""
+        entry = self.tensors[name]
+        if name not in self.inits:
+            t = TensorProto()
+            t.name = name
+            t.data_type = _ONNX_DTYPE[entry.dtype]
+            t.dims.extend(entry.shape)
+            t.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", self.weights_file), ("offset", str(entry.offset)),
+                               ("length", str(entry.nbytes))):
+                kv = t.external_data.add()
+                kv.key, kv.value = key, value
+            self.inits[name] = t
+        return name, entry.dtype
+
+    def weight(self, name: str) -> str:
+        """The tensor as float32 (a Cast for float16 storage, folded by onnxruntime)."""
+        if name not in self.fp32:
+            raw, dtype = self.raw(name)
+            self.fp32[name] = raw if dtype == "fp32" else self.op(
+                "Cast", [raw], to=TensorProto.FLOAT)
+        return self.fp32[name]
+
+
+def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int, end: int,
+                      weights_file: str = "weights.bin") -> onnx.ModelProto:
+    """The ONNX model of layers ``[start, end)``; weights are external references into
+    ``weights_file`` (resolved by onnxruntime relative to the model directory)."""
+    check_range(arch.num_layers, start, end)
+    first, last = start == 0, end == arch.num_layers
+    b = _Builder(tensors, weights_file)
+    h_dim, d, kvh, g = arch.hidden_size, arch.head_dim, arch.num_kv_heads, arch.group_size
+    i64 = np.int64
+
+    inputs = [helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["T"])]
+    if first:
+        inputs.insert(0, helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["T"]))
+        raw, dtype = b.raw(EMBED)
+        x = b.op("Gather", [raw, INPUT_IDS])
+        if dtype != "fp32":
+            x = b.op("Cast", [x], to=TensorProto.FLOAT)
+    else:
+        inputs.insert(0, helper.make_tensor_value_info(HIDDEN_IN, TensorProto.FLOAT,
+                                                       ["T", h_dim]))
+        x = HIDDEN_IN
+    if last:
+        inputs.append(helper.make_tensor_value_info(LOGIT_ROWS, TensorProto.INT64, ["K"]))
+    outputs = []
+    for i in range(start, end):
+        for name in (past_key(i), past_value(i)):
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [kvh, "C", d]))
+        for name in (new_key(i), new_value(i)):
+            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [kvh, "T", d]))
+
+    # Shared by every layer: RoPE tables and the attention mask.
+    c = b.const
+    inv = c("rope_inv_freq", rope_inv_freq(arch))
+    pos_f = b.op("Cast", [POSITIONS], to=TensorProto.FLOAT)
+    freqs = b.op("Mul", [b.op("Unsqueeze", [pos_f, c("axes_1", np.array([1], i64))]), inv])
+    sin_half = b.op("Sin", [freqs])
+    cos = b.op("Cos", [b.op("Concat", [freqs, freqs], axis=1)])
+    sin = b.op("Concat", [b.op("Neg", [sin_half]), sin_half], axis=1)  # rotate_half's signs
+    scale = c("attn_scale", np.array(1.0 / np.sqrt(d), np.float32))
+    cos_q, sin_q = b.op("Mul", [cos, scale]), b.op("Mul", [sin, scale])
+
+    t_len = b.op("Shape", [POSITIONS])  # [1]
+    c_len = b.op("Slice", [b.op("Shape", [past_key(start)]), c("one", np.array([1], i64)),
+                           c("two", np.array([2], i64))])
+    zero_s, one_s = c("zero_s", np.array(0, i64)), c("one_s", np.array(1, i64))
+    axes0 = c("axes_0", np.array([0], i64))
+    p_len = b.op("Slice", [POSITIONS, c("zero", np.array([0], i64)), c("one", np.array([1], i64))])
+    j_past = b.op("Range", [zero_s, b.op("Squeeze", [c_len, axes0]), one_s])
+    past_bad = b.op("GreaterOrEqual", [j_past, p_len])  # [C]: slot j holds no token yet
+    t_idx = b.op("Range", [zero_s, b.op("Squeeze", [t_len, axes0]), one_s])
+    new_bad = b.op("Greater", [b.op("Unsqueeze", [t_idx, axes0]),
+                               b.op("Unsqueeze", [t_idx, c("axes_1", np.array([1], i64))])])
+    past_bad = b.op("Expand", [b.op("Unsqueeze", [past_bad, axes0]),
+                               b.op("Concat", [t_len, c_len], axis=0)])
+    bad = b.op("Concat", [past_bad, new_bad], axis=1)  # [T, C+T]
+    mask = b.op("Where", [bad, c("neg_inf", np.array(-np.inf, np.float32)),
+                          c("zero_f", np.array(0.0, np.float32))])
+    if g > 1:
+        mask = b.op("Tile", [mask, c("tile_g", np.array([g, 1], i64))])  # [g*T, C+T]
+    split_sizes = b.op("Concat", [c_len, t_len], axis=0)
+
+    for i in range(start, end):
+        x = _layer(b, arch, i, x, cos, sin, cos_q, sin_q, mask, split_sizes)
+
+    if last:
+        x = b.op("Gather", [x, LOGIT_ROWS], axis=0)
+        x = _rms_norm(b, x, b.weight(FINAL_NORM), arch.rms_norm_eps)
+        head = EMBED if arch.tie_word_embeddings else LM_HEAD
+        b.op("Gemm", [x, b.weight(head)], out=LOGITS, transB=1)
+        outputs.insert(0, helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT,
+                                                        ["K", arch.vocab_size]))
+    else:
+        b.op("Identity", [x], out=HIDDEN_OUT)
+        outputs.insert(0, helper.make_tensor_value_info(HIDDEN_OUT, TensorProto.FLOAT,
+                                                        ["T", h_dim]))
+
+    graph = helper.make_graph(b.nodes, f"layers_{start}_{end}", inputs, outputs,
+                              initializer=list(b.inits.values()))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="meshd")
+    model.ir_version = IR_VERSION
+    return model
+
+
+def _rms_norm(b: _Builder, x: str, w: str, eps: float) -> str:
+    sq = b.op("Pow", [x, b.const("two_f", np.array(2.0, np.float32))])
+    ms = b.op("ReduceMean", [sq], axes=[-1], keepdims=1)
+    r = b.op("Sqrt", [b.op("Add", [ms, b.const(f"eps_{eps!r}", np.array(eps, np.float32))])])
+    return b.op("Mul", [b.op("Div", [x, r]), w])
+
+
+def _linear(b: _Builder, x: str, prefix: str, bias: bool) -> str:
+    ins = [x, b.weight(prefix + ".weight")]
+    if bias:
+        ins.append(b.weight(prefix + ".bias"))
+    return b.op("Gemm", ins, transB=1)
+
+
+def _rope(b: _Builder, x: str, cos: str, sin: str, half: str) -> str:
+    x1, x2 = b.op("Split", [x, half], n_out=2, axis=-1)
+    return b.op("Add", [b.op("Mul", [x, cos]),
+                        b.op("Mul", [b.op("Concat", [x2, x1], axis=-1), sin])])
+
+
+def _layer(b: _Builder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_q: str, sin_q: str,
+           mask: str, split_sizes: str) -> str:
+    p = f"model.layers.{i}."
+    c = b.const
+    d, nh, kvh = arch.head_dim, arch.num_heads, arch.num_kv_heads
+    half = c(f"half_{d}", np.array([d // 2, d // 2], np.int64))
+    perm = {"perm": [1, 0, 2]}
+
+    h = _rms_norm(b, x, b.weight(p + "input_layernorm.weight"), arch.rms_norm_eps)
+    q = _linear(b, h, p + "self_attn.q_proj", arch.qkv_bias)
+    k = _linear(b, h, p + "self_attn.k_proj", arch.qkv_bias)
+    v = _linear(b, h, p + "self_attn.v_proj", arch.qkv_bias)
+    q = b.op("Transpose", [b.op("Reshape", [q, c(f"shape_q", np.array([-1, nh, d]))])], **perm)
+    k = b.op("Transpose", [b.op("Reshape", [k, c(f"shape_kv", np.array([-1, kvh, d]))])], **perm)
+    b.op("Transpose", [b.op("Reshape", [v, c("shape_kv", np.array([-1, kvh, d]))])],
+         out=new_value(i), **perm)
+    q = _rope(b, q, cos_q, sin_q, half)  # [nh, T, d], already scaled by 1/sqrt(d)
+    _rope_k = _rope(b, k, cos, sin, half)
+    k = b.op("Identity", [_rope_k], out=new_key(i))  # [kvh, T, d]
+    v = new_value(i)
+
+    # Grouped-query attention without repeating K/V: heads of one group share a kv head.
+    qg = b.op("Reshape", [q, c("shape_qg", np.array([kvh, -1, d]))])  # [kvh, g*T, d]
+    s_past = b.op("MatMul", [qg, b.op("Transpose", [past_key(i)], perm=[0, 2, 1])])
+    s_new = b.op("MatMul", [qg, b.op("Transpose", [k], perm=[0, 2, 1])])
+    s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=-1), mask])
+    probs = b.op("Softmax", [s], axis=-1)
+    p_past, p_new = b.op("Split", [probs, split_sizes], n_out=2, axis=-1)
+    o = b.op("Add", [b.op("MatMul", [p_past, past_value(i)]), b.op("MatMul", [p_new, v])])
+    o = b.op("Reshape", [o, c("shape_heads", np.array([nh, -1, d]))])
+    o = b.op("Reshape", [b.op("Transpose", [o], **perm), c("shape_flat", np.array([-1, nh * d]))])
+    x = b.op("Add", [x, _linear(b, o, p + "self_attn.o_proj", arch.o_bias)])
+
+    h = _rms_norm(b, x, b.weight(p + "post_attention_layernorm.weight"), arch.rms_norm_eps)
+    gate = _linear(b, h, p + "mlp.gate_proj", arch.mlp_bias)
+    up = _linear(b, h, p + "mlp.up_proj", arch.mlp_bias)
+    act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])
+    return b.op("Add", [x, _linear(b, act, p + "mlp.down_proj", arch.mlp_bias)])

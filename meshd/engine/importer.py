@@ -1,0 +1,210 @@
+"""``meshd model import``: a Hugging Face checkpoint directory in, a meshd model directory out.
+
+Reads ``config.json``, ``model.safetensors`` (or shards with their index), ``tokenizer.json`` and
+``tokenizer_config.json``; writes ``manifest.json``, ``weights.bin``, ``tokenizer.json`` and one
+ONNX graph per requested stage. The output is built in a temporary sibling directory and renamed
+into place, so a failed import leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meshd import __version__
+from meshd.engine.arch import Arch, parse_hf_config
+from meshd.engine.graph import build_stage_graph
+from meshd.engine.manifest import MANIFEST, Manifest, StageEntry, TokenizerInfo
+from meshd.engine.planning import LM_HEAD, model_tensors, plan_stages, stage_memory
+from meshd.engine.safetensors_io import Checkpoint
+from meshd.engine.weights import WeightsWriter
+from meshd.errors import LocalError, ModelError
+
+log = logging.getLogger(__name__)
+WEIGHTS_FILE = "weights.bin"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def stage_file_name(start: int, end: int) -> str:
+    return f"layers-{start}-{end}.onnx"
+
+
+def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
+              name: str | None = None, version: str = "1", force: bool = False) -> Manifest:
+    """Import the checkpoint in ``hf_dir`` into a new model directory ``out``."""
+    hf_dir, out = Path(hf_dir), Path(out)
+    if dtype not in ("fp32", "fp16"):
+        raise LocalError(f"dtype={dtype!r} is not supported (fp32, fp16)")
+    if not hf_dir.is_dir():
+        raise ModelError(f"{hf_dir}: no such directory")
+    _check_out(out, force)
+    cfg = _read_json(hf_dir / "config.json")
+    arch = parse_hf_config(cfg)
+    ranges = plan_stages(arch.num_layers, stages)
+    ckpt = Checkpoint(hf_dir)
+    tok_info = _tokenizer_info(hf_dir, cfg, arch)
+
+    tmp = out.parent / f".{out.name}.importing-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        with (tmp / WEIGHTS_FILE).open("wb") as f:
+            writer = WeightsWriter(f)
+            source_dtypes = set()
+            for tname, shape in model_tensors(arch):
+                array = _read_tensor(ckpt, tname, shape)
+                source_dtypes.add(ckpt.info(tname).dtype)
+                if dtype == "fp16" and array.dtype != np.float16:
+                    with np.errstate(over="ignore"):
+                        array = array.astype(np.float16)
+                    if not np.isfinite(array).all():
+                        raise ModelError(
+                            f"{ckpt.source_of(tname)}: tensor {tname!r} overflows float16; "
+                            "import with --dtype fp32"
+                        )
+                writer.add(tname, array, dtype)
+        shutil.copyfile(hf_dir / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+        tok_info = replace(tok_info, sha256=_sha256(tmp / TOKENIZER_FILE))
+        entries = {e.name: e for e in writer.entries}
+        stage_entries = []
+        for start, end in ranges:
+            data = build_stage_graph(arch, entries, start, end, WEIGHTS_FILE).SerializeToString()
+            fname = stage_file_name(start, end)
+            (tmp / fname).write_bytes(data)
+            stage_entries.append(StageEntry(start, end, fname, hashlib.sha256(data).hexdigest(),
+                                            stage_memory(arch, start, end).to_json()))
+        manifest = Manifest(
+            name=name or out.name,
+            version=version,
+            arch=arch,
+            dtype=dtype,
+            weights_file=WEIGHTS_FILE,
+            weights_bytes=writer.nbytes,
+            weights_sha256=writer.sha256,
+            tensors=tuple(writer.entries),
+            tokenizer=tok_info,
+            stages=tuple(stage_entries),
+            source={"architectures": cfg.get("architectures"), "model_type":
+                    cfg.get("model_type"), "dtypes": sorted(source_dtypes)},
+            created_by=f"meshd {__version__}",
+        )
+        manifest.write(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("model imported name=%s layers=%d dtype=%s out=%s", manifest.name,
+             arch.num_layers, dtype, out)
+    return manifest
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise LocalError(f"{out}: exists and is not a directory")
+    if not any(out.iterdir()):
+        out.rmdir()
+        return
+    if not force:
+        raise LocalError(f"{out}: already exists (use --force to replace a meshd model)")
+    if not (out / MANIFEST).is_file():
+        raise LocalError(f"{out}: refusing to replace a directory that is not a meshd model")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"{path.parent}: {path.name} is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelError(f"{path.name}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{path.name}: expected a JSON object")
+    return data
+
+
+def _read_tensor(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    if name not in ckpt:
+        hint = " (config.json has tie_word_embeddings=false)" if name == LM_HEAD else ""
+        raise ModelError(f"checkpoint: tensor {name!r} is missing{hint}")
+    info = ckpt.info(name)
+    if info.shape != shape:
+        raise ModelError(
+            f"{ckpt.source_of(name)}: tensor {name!r} has shape {list(info.shape)}, "
+            f"config.json implies {list(shape)}"
+        )
+    return ckpt.read(name)
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _tokenizer_info(hf_dir: Path, cfg: dict[str, Any], arch: Arch) -> TokenizerInfo:
+    from tokenizers import Tokenizer as _HfTokenizer
+
+    path = hf_dir / TOKENIZER_FILE
+    if not path.is_file():
+        raise ModelError(f"{hf_dir}: {TOKENIZER_FILE} is missing (only fast tokenizers work)")
+    try:
+        tok = _HfTokenizer.from_file(str(path))
+    except Exception as err:
+        raise ModelError(f"{TOKENIZER_FILE}: cannot load ({str(err).splitlines()[0]})") from None
+    n_tokens = tok.get_vocab_size(with_added_tokens=True)
+    if n_tokens > arch.vocab_size:
+        raise ModelError(f"{TOKENIZER_FILE}: {n_tokens} tokens but config.json has "
+                         f"vocab_size={arch.vocab_size}")
+    tcfg_path = hf_dir / "tokenizer_config.json"
+    tcfg = _read_json(tcfg_path) if tcfg_path.is_file() else {}
+    bos, eos = _token_text(tcfg.get("bos_token")), _token_text(tcfg.get("eos_token"))
+    template = tcfg.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    jinja = hf_dir / "chat_template.jinja"
+    if not template and jinja.is_file():
+        template = jinja.read_text()
+    gen_path = hf_dir / "generation_config.json"
+    gen = _read_json(gen_path) if gen_path.is_file() else {}
+
+    bos_ids = _ids(cfg.get("bos_token_id"))
+    if not bos_ids and bos is not None and tok.token_to_id(bos) is not None:
+        bos_ids = [tok.token_to_id(bos)]
+    eos_ids = _ids(cfg.get("eos_token_id")) + _ids(gen.get("eos_token_id"))
+    if eos is not None and tok.token_to_id(eos) is not None:
+        eos_ids.append(tok.token_to_id(eos))
+    eos_ids = sorted(set(eos_ids))
+    for i in [*bos_ids, *eos_ids]:
+        if not 0 <= i < arch.vocab_size:
+            raise ModelError(f"config.json: special token id {i} is outside the vocabulary")
+    return TokenizerInfo(
+        file=TOKENIZER_FILE, sha256="", bos_token_id=bos_ids[0] if bos_ids else None,
+        eos_token_ids=tuple(eos_ids), bos_token=bos, eos_token=eos,
+        chat_template=template if isinstance(template, str) and template else None,
+    )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,0 +1,184 @@
+"""``manifest.json`` of a meshd model directory: read, validate, write.
+
+The format is documented in docs/model-format.md; bump ``FORMAT_VERSION`` for any change that an
+older reader would misread.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshd.engine.arch import Arch
+from meshd.errors import ModelError
+
+FORMAT = "meshd-model"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DTYPES = {"fp32": 4, "fp16": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One tensor in the weights file: stored in Hugging Face layout and naming."""
+
+    name: str
+    dtype: str  # "fp32" or "fp16"
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
+                "offset": self.offset, "nbytes": self.nbytes, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class StageEntry:
+    """A prebuilt stage graph: layers ``[start, end)`` in ``file``."""
+
+    start: int
+    end: int
+    file: str
+    sha256: str
+    memory: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layers": [self.start, self.end], "file": self.file, "sha256": self.sha256,
+                "memory": self.memory}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerInfo:
+    file: str
+    sha256: str
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    bos_token: str | None = None
+    eos_token: str | None = None
+    chat_template: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "sha256": self.sha256, "bos_token_id": self.bos_token_id,
+                "eos_token_ids": list(self.eos_token_ids), "bos_token": self.bos_token,
+                "eos_token": self.eos_token, "chat_template": self.chat_template}
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    name: str
+    version: str
+    arch: Arch
+    dtype: str
+    weights_file: str
+    weights_bytes: int
+    weights_sha256: str
+    tensors: tuple[TensorEntry, ...]
+    tokenizer: TokenizerInfo
+    stages: tuple[StageEntry, ...] = ()
+    source: dict[str, Any] = field(default_factory=dict)
+    created_by: str = ""
+
+    @property
+    def content_hash(self) -> str:
+        """The identity of the weights: the sha256 of the weights file."""
+        return self.weights_sha256
+
+    def tensor(self, name: str) -> TensorEntry:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise ModelError(f"{MANIFEST}: tensor {name!r} is not listed")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "version": self.version,
+            "created_by": self.created_by,
+            "source": self.source,
+            "architecture": self.arch.to_json(),
+            "dtype": self.dtype,
+            "weights": {"file": self.weights_file, "bytes": self.weights_bytes,
+                        "sha256": self.weights_sha256,
+                        "tensors": [t.to_json() for t in self.tensors]},
+            "tokenizer": self.tokenizer.to_json(),
+            "stages": [s.to_json() for s in self.stages],
+        }
+
+    def write(self, directory: Path) -> None:
+        text = json.dumps(self.to_json(), indent=1, sort_keys=False)
+        (directory / MANIFEST).write_text(text + "\n")
+
+
+def read_manifest(directory: Path) -> Manifest:
+    path = directory / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"{directory}: not a meshd model directory (no {MANIFEST})") from None
+    except OSError as err:
+        raise ModelError(f"{path}: cannot read ({err.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelError(f"{path}: not valid JSON ({err})") from None
+    return parse_manifest(data, str(path))
+
+
+def parse_manifest(data: Any, source: str = MANIFEST) -> Manifest:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ModelError(f"{source}: not a meshd model manifest (field 'format')")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise ModelError(
+            f"{source}: format_version={data.get('format_version')!r} is not supported "
+            f"(this meshd reads {FORMAT_VERSION})"
+        )
+    try:
+        w, tok = data["weights"], data["tokenizer"]
+        dtype = data["dtype"]
+        if dtype not in DTYPES:
+            raise ModelError(f"{source}: dtype={dtype!r} is not supported (fp32, fp16)")
+        tensors = tuple(
+            TensorEntry(t["name"], t["dtype"], tuple(int(s) for s in t["shape"]),
+                        int(t["offset"]), int(t["nbytes"]), str(t["sha256"]))
+            for t in w["tensors"]
+        )
+        stages = tuple(
+            StageEntry(int(s["layers"][0]), int(s["layers"][1]), str(s["file"]),
+                       str(s["sha256"]), dict(s.get("memory", {})))
+            for s in data.get("stages", [])
+        )
+        manifest = Manifest(
+            name=str(data["name"]),
+            version=str(data["version"]),
+            arch=Arch.from_json(data["architecture"], source),
+            dtype=dtype,
+            weights_file=str(w["file"]),
+            weights_bytes=int(w["bytes"]),
+            weights_sha256=str(w["sha256"]),
+            tensors=tensors,
+            tokenizer=TokenizerInfo(
+                file=str(tok["file"]), sha256=str(tok["sha256"]),
+                bos_token_id=tok.get("bos_token_id"),
+                eos_token_ids=tuple(int(i) for i in tok.get("eos_token_ids", [])),
+                bos_token=tok.get("bos_token"), eos_token=tok.get("eos_token"),
+                chat_template=tok.get("chat_template"),
+            ),
+            stages=stages,
+            source=dict(data.get("source", {})),
+            created_by=str(data.get("created_by", "")),
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise ModelError(f"{source}: malformed manifest ({type(err).__name__}: {err})") from None
+    for t in manifest.tensors:
+        if t.dtype not in DTYPES:
+            raise ModelError(f"{source}: tensor {t.name!r} has unsupported dtype {t.dtype!r}")
+        if t.offset < 0 or t.offset + t.nbytes > manifest.weights_bytes:
+            raise ModelError(f"{source}: tensor {t.name!r} lies outside {manifest.weights_file}")
+    for name in (manifest.weights_file, manifest.tokenizer.file, *(s.file for s in stages)):
+        if "/" in name or "\\" in name or name.startswith("."):
+            raise ModelError(f"{source}: file name {name!r} must be a plain name in the directory")
+    return manifest

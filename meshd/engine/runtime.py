@@ -1,0 +1,394 @@
+"""The onnxruntime adapter: load a model directory, build stage sessions, run steps.
+
+``load_model`` checks the weights it will use against the manifest's hashes and builds the
+session of the loaded layer range. ``Model.stage`` builds (and caches) the session of any
+contiguous sub-range on demand. A ``StageSession`` owns one request's KV cache for its layers:
+plain numpy buffers that onnxruntime reads in place, grown in chunks, so a decode step copies
+nothing the size of the cache. Foreign (onnxruntime) errors become meshd errors here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from meshd.engine import graph as g
+from meshd.engine import planning
+from meshd.engine.manifest import Manifest, StageEntry, read_manifest
+from meshd.engine.generation import TokenEvent
+from meshd.engine.planning import StageMemory, check_range, stage_memory, stage_tensor_names
+from meshd.engine.run import generate_async, generate_sync
+from meshd.engine.sampling import GenerationConfig
+from meshd.engine.tokenizer import Tokenizer
+from meshd.engine.weights import verify_weights
+from meshd.errors import LocalError, ModelError
+
+log = logging.getLogger(__name__)
+
+# Chosen automatically, best first, when the caller names no providers. TensorRT is used only
+# when asked for: the cache grows every step, and TensorRT rebuilds engines for new shapes.
+AUTO_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
+CACHE_CHUNK_TOKENS = 128
+PREFILL_CHUNK_TOKENS = planning.PREFILL_CHUNK_TOKENS
+_EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
+
+
+def choose_providers(requested: list[str] | tuple[str, ...] | None = None) -> list[str]:
+    available = ort.get_available_providers()
+    if requested:
+        for name in requested:
+            if name not in available:
+                raise LocalError(f"execution provider {name} is not available "
+                                 f"(available: {', '.join(available)})")
+        chosen = list(requested)
+    else:
+        chosen = [p for p in AUTO_PROVIDERS if p in available]
+    if "CPUExecutionProvider" not in chosen:
+        chosen.append("CPUExecutionProvider")
+    return chosen
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[-1] if text else type(err).__name__
+
+
+class Stage:
+    """The compiled graph of layers ``[start, end)``; shared by every session opened on it."""
+
+    def __init__(self, model: Model, start: int, end: int, session: ort.InferenceSession) -> None:
+        self.model = model
+        self.start, self.end = start, end
+        self.is_first = start == 0
+        self.is_last = end == model.num_layers
+        self.memory: StageMemory = stage_memory(model.manifest.arch, start, end)
+        self._session = session
+        self.provider: str = session.get_providers()[0]
+        self._device = "cuda" if self.provider in ("CUDAExecutionProvider",
+                                                   "TensorrtExecutionProvider") else "cpu"
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    @property
+    def num_layers(self) -> int:
+        return self.end - self.start
+
+    def open_session(self, max_tokens: int | None = None) -> StageSession:
+        """A new KV cache for one request, holding at most ``max_tokens`` tokens (default: the
+        model's context length)."""
+        ctx = self.model.manifest.arch.max_position_embeddings
+        if max_tokens is None:
+            max_tokens = ctx
+        if not 1 <= max_tokens <= ctx:
+            raise LocalError(f"max_tokens={max_tokens} must be in [1, {ctx}] (the context)")
+        return StageSession(self, max_tokens)
+
+    def _run(self, binding: ort.IOBinding) -> list[np.ndarray]:
+        try:
+            self._session.run_with_iobinding(binding)
+        except Exception as err:  # onnxruntime raises its own Fail/InvalidArgument types
+            raise ModelError(
+                f"stage [{self.start}, {self.end}): onnxruntime failed: {_first_line(err)}"
+            ) from None
+        return list(binding.copy_outputs_to_cpu())
+
+    def __repr__(self) -> str:
+        return f"Stage({self.model.manifest.name!r}, [{self.start}, {self.end}), {self.provider})"
+
+
+class StageSession:
+    """One request's state on one stage. Not thread-safe: one ``step`` at a time.
+
+    ``step(x, positions)`` runs ``T`` new tokens: ``x`` is int64 token ids [T] on a first stage,
+    float32 hidden states [T, H] otherwise; ``positions`` must be ``length .. length+T-1``. It
+    returns hidden states [T, H], or on the last stage logits [T, V] (only the last row,
+    [1, V], with ``last_only=True``).
+    """
+
+    def __init__(self, stage: Stage, max_tokens: int) -> None:
+        arch = stage.model.manifest.arch
+        self.stage = stage
+        self.max_tokens = max_tokens
+        self.length = 0
+        self._shape = (arch.num_kv_heads, arch.head_dim)
+        self._hidden = arch.hidden_size
+        self._vocab = arch.vocab_size
+        self._keys: list[np.ndarray] = []
+        self._values: list[np.ndarray] = []
+        self._binding: ort.IOBinding | None = stage._session.io_binding()
+        self._capacity = 0
+        self._freed = False
+
+    @property
+    def capacity(self) -> int:
+        """Cache slots allocated now (grows in chunks up to ``max_tokens``)."""
+        return self._capacity
+
+    def memory_bytes(self) -> int:
+        """Bytes held by this session's KV cache."""
+        return sum(a.nbytes for a in self._keys) + sum(a.nbytes for a in self._values)
+
+    def free(self) -> None:
+        """Drop the cache; the session cannot be used afterwards."""
+        self._keys, self._values = [], []
+        self._binding = None
+        self._capacity = 0
+        self._freed = True
+
+    def step(self, x: np.ndarray, positions: np.ndarray, *, last_only: bool = False) -> np.ndarray:
+        if self._freed or self._binding is None:
+            raise LocalError("stage session was freed")
+        positions = np.asarray(positions)
+        if positions.ndim != 1 or positions.shape[0] < 1 or positions.dtype.kind not in "iu":
+            raise LocalError("positions must be a non-empty 1-D integer array")
+        t = int(positions.shape[0])
+        if positions[0] != self.length or (t > 1 and np.any(np.diff(positions) != 1)):
+            raise LocalError(f"positions must run {self.length}..{self.length + t - 1} "
+                             f"(this session holds {self.length} tokens)")
+        if self.length + t > self.max_tokens:
+            raise LocalError(f"session is full: {self.length} + {t} tokens > max_tokens="
+                             f"{self.max_tokens}")
+        x = self._check_input(x, t)
+        self._ensure_capacity(self.length + t)
+        if t <= PREFILL_CHUNK_TOKENS:
+            return self._run_chunk(x, t, last_only)
+        # Long inputs run in chunks: the attention scores of a chunk are [heads, chunk, cache],
+        # so peak memory stays bounded whatever the prompt length.
+        outs = []
+        for a in range(0, t, PREFILL_CHUNK_TOKENS):
+            b = min(t, a + PREFILL_CHUNK_TOKENS)
+            out = self._run_chunk(x[a:b], b - a, last_only)
+            if not last_only or b == t:
+                outs.append(out)
+        return outs[0] if len(outs) == 1 else np.concatenate(outs)
+
+    def _run_chunk(self, x: np.ndarray, t: int, last_only: bool) -> np.ndarray:
+        stage = self.stage
+        assert self._binding is not None
+        b = self._binding
+        b.bind_cpu_input(g.INPUT_IDS if stage.is_first else g.HIDDEN_IN, x)
+        p = self.length
+        b.bind_cpu_input(g.POSITIONS, np.arange(p, p + t, dtype=np.int64))
+        if stage.is_last:
+            rows = np.array([t - 1], np.int64) if last_only else np.arange(t, dtype=np.int64)
+            b.bind_cpu_input(g.LOGIT_ROWS, rows)
+        b.clear_binding_outputs()
+        for name in stage.output_names:
+            b.bind_output(name, stage._device)
+        outs = stage._run(b)
+        for j in range(len(self._keys)):
+            self._keys[j][:, p:p + t] = outs[1 + 2 * j]
+            self._values[j][:, p:p + t] = outs[2 + 2 * j]
+        self.length += t
+        return outs[0]
+
+    def _check_input(self, x: np.ndarray, t: int) -> np.ndarray:
+        x = np.asarray(x)
+        if self.stage.is_first:
+            if x.shape != (t,) or x.dtype.kind not in "iu":
+                raise LocalError(f"a first stage takes token ids of shape [{t}], got "
+                                 f"{x.dtype}{list(x.shape)}")
+            if x.min() < 0 or x.max() >= self._vocab:
+                raise LocalError(f"token id outside the vocabulary [0, {self._vocab})")
+            return np.ascontiguousarray(x, dtype=np.int64)
+        if x.shape != (t, self._hidden) or x.dtype.kind != "f":
+            raise LocalError(f"stage [{self.stage.start}, {self.stage.end}) takes hidden states "
+                             f"[{t}, {self._hidden}], got {x.dtype}{list(x.shape)}")
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+    def _ensure_capacity(self, need: int) -> None:
+        if need <= self._capacity:
+            return
+        grown = max(need, self._capacity + max(CACHE_CHUNK_TOKENS, self._capacity // 4))
+        cap = min(self.max_tokens, -(-grown // CACHE_CHUNK_TOKENS) * CACHE_CHUNK_TOKENS)
+        kvh, d = self._shape
+        keep = self.length
+        keys, values = [], []
+        for j in range(self.stage.num_layers):
+            k = np.zeros((kvh, cap, d), np.float32)
+            v = np.zeros((kvh, cap, d), np.float32)
+            if keep:
+                k[:, :keep] = self._keys[j][:, :keep]
+                v[:, :keep] = self._values[j][:, :keep]
+            keys.append(k)
+            values.append(v)
+        self._keys, self._values, self._capacity = keys, values, cap
+        b = self._binding
+        assert b is not None
+        for j, layer in enumerate(range(self.stage.start, self.stage.end)):
+            b.bind_ortvalue_input(g.past_key(layer), ort.OrtValue.ortvalue_from_numpy(keys[j]))
+            b.bind_ortvalue_input(g.past_value(layer),
+                                  ort.OrtValue.ortvalue_from_numpy(values[j]))
+
+
+class Model:
+    """A loaded model directory (all layers, or the range given to ``load_model``)."""
+
+    def __init__(self, path: Path, manifest: Manifest, tokenizer: Tokenizer,
+                 providers: list[str], layers: tuple[int, int], threads: int | None,
+                 max_concurrent_runs: int) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.tokenizer = tokenizer
+        self.providers = providers
+        self.layers = layers
+        self.threads = threads
+        self.max_concurrent_runs = max_concurrent_runs
+        self._stages: dict[tuple[int, int], Stage] = {}
+        self._lock = threading.Lock()
+        self._limiter: Any = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.manifest.arch.num_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.manifest.arch.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest.arch.vocab_size
+
+    @property
+    def context_length(self) -> int:
+        return self.manifest.arch.max_position_embeddings
+
+    @property
+    def provider(self) -> str:
+        """The execution provider that runs the loaded range (e.g. ``CPUExecutionProvider``)."""
+        return self.stage(*self.layers).provider
+
+    @property
+    def limiter(self) -> Any:
+        """The ``trio.CapacityLimiter`` bounding concurrent onnxruntime runs of this model."""
+        if self._limiter is None:
+            import trio
+
+            self._limiter = trio.CapacityLimiter(self.max_concurrent_runs)
+        return self._limiter
+
+    def stage(self, start: int, end: int) -> Stage:
+        """The stage of layers ``[start, end)`` (inside the loaded range), built on first use."""
+        lo, hi = self.layers
+        check_range(self.num_layers, start, end)
+        if not (lo <= start and end <= hi):
+            raise LocalError(f"layers [{start}, {end}) are not loaded (loaded: [{lo}, {hi}))")
+        with self._lock:
+            stage = self._stages.get((start, end))
+            if stage is None:
+                stage = Stage(self, start, end, self._build_session(start, end))
+                self._stages[(start, end)] = stage
+            return stage
+
+    def close(self) -> None:
+        """Drop every built stage session (open stage sessions must not be used afterwards)."""
+        with self._lock:
+            self._stages.clear()
+
+    def _session_options(self, start: int, end: int) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        weights = stage_memory(self.manifest.arch, start, end).weights_bytes
+        so.intra_op_num_threads = self.threads or planning.default_threads(weights)
+        return so
+
+    def _build_session(self, start: int, end: int) -> ort.InferenceSession:
+        so = self._session_options(start, end)
+        prebuilt = _prebuilt(self.manifest.stages, start, end)
+        source: str | bytes
+        if prebuilt is not None:
+            path = self.path / prebuilt.file
+            try:
+                data = path.read_bytes()
+            except OSError as err:
+                raise ModelError(f"{path}: cannot read stage graph ({err.strerror})") from None
+            if hashlib.sha256(data).hexdigest() != prebuilt.sha256:
+                raise ModelError(f"{prebuilt.file}: hash mismatch (corrupt stage graph)")
+            source = str(path)
+        else:
+            arch, tensors = self.manifest.arch, {t.name: t for t in self.manifest.tensors}
+            source = g.build_stage_graph(arch, tensors, start, end,
+                                         self.manifest.weights_file).SerializeToString()
+            so.add_session_config_entry(_EXTERNAL_FOLDER, str(self.path))
+        t0 = time.perf_counter()
+        try:
+            sess = ort.InferenceSession(source, so, providers=self.providers)
+        except Exception as err:
+            raise ModelError(f"{self.manifest.name} layers [{start}, {end}): onnxruntime "
+                             f"cannot build the session: {_first_line(err)}") from None
+        log.info("stage built model=%s layers=%d-%d provider=%s build_ms=%.1f",
+                 self.manifest.name, start, end, sess.get_providers()[0],
+                 (time.perf_counter() - t0) * 1e3)
+        return sess
+
+    def encode_prompt(self, prompt: str | list[int], *, chat: bool = False) -> list[int]:
+        """Token ids of a prompt: ids pass through, text is encoded (as one user message
+        through the chat template when ``chat`` is true)."""
+        if isinstance(prompt, str):
+            if chat:
+                return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+            return self.tokenizer.encode(prompt)
+        ids = [int(i) for i in prompt]
+        if any(not 0 <= i < self.vocab_size for i in ids):
+            raise LocalError(f"prompt token id outside the vocabulary [0, {self.vocab_size})")
+        return ids
+
+    def generate(self, prompt: str | list[int], cfg: GenerationConfig | None = None, *,
+                 chat: bool = False, limiter: Any = None) -> AsyncIterator[TokenEvent]:
+        """Stream ``TokenEvent``s from trio: ``async for ev in model.generate(prompt, cfg)``.
+        Each onnxruntime step runs in a worker thread under ``limiter`` (default: the model's
+        own, ``max_concurrent_runs`` wide); leaving the loop early frees the KV cache."""
+        return generate_async(self, prompt, cfg, chat=chat, limiter=limiter)
+
+    def generate_sync(self, prompt: str | list[int], cfg: GenerationConfig | None = None, *,
+                      chat: bool = False) -> Iterator[TokenEvent]:
+        """The same stream, computed in the calling thread (for the CLI and scripts)."""
+        return generate_sync(self, prompt, cfg, chat=chat)
+
+
+def _prebuilt(stages: tuple[StageEntry, ...], start: int, end: int) -> StageEntry | None:
+    for s in stages:
+        if (s.start, s.end) == (start, end):
+            return s
+    return None
+
+
+def load_model(path: str | Path, *, providers: list[str] | tuple[str, ...] | None = None,
+               layers: tuple[int, int] | None = None, threads: int | None = None,
+               max_concurrent_runs: int = 1) -> Model:
+    """Load a meshd model directory, checking the hashes of the weights it needs, and build the
+    session of ``layers`` (half open; default: every layer)."""
+    t0 = time.perf_counter()
+    path = Path(path)
+    manifest = read_manifest(path)
+    n = manifest.arch.num_layers
+    span = (0, n) if layers is None else (int(layers[0]), int(layers[1]))
+    check_range(n, *span)
+    if max_concurrent_runs < 1:
+        raise LocalError("max_concurrent_runs must be >= 1")
+    # Every sub-range of the span reads a subset of the span's tensors.
+    verify_weights(path, manifest, stage_tensor_names(manifest.arch, *span))
+    tok_path = path / manifest.tokenizer.file
+    try:
+        tok_bytes = tok_path.read_bytes()
+    except OSError:
+        raise ModelError(f"{path}: {manifest.tokenizer.file} is missing") from None
+    if hashlib.sha256(tok_bytes).hexdigest() != manifest.tokenizer.sha256:
+        raise ModelError(f"{manifest.tokenizer.file}: hash mismatch (not this model's tokenizer)")
+    tokenizer = Tokenizer(tok_path, manifest.tokenizer)
+    model = Model(path, manifest, tokenizer, choose_providers(providers), span, threads,
+                  max_concurrent_runs)
+    stage = model.stage(*span)
+    log.info("model loaded name=%s layers=%d-%d provider=%s load_ms=%.1f", manifest.name,
+             span[0], span[1], stage.provider, (time.perf_counter() - t0) * 1e3)
+    return model
+

@@ -1,0 +1,449 @@
+"""The discrete-event loop: arrivals, routing by the real router, serving, gossip, failures.
+
+Events are plain tuples ``(time, seq, kind, a, b)`` on one ``heapq``; ``seq`` breaks ties in
+insertion order, so a run is a pure function of the scenario, the strategy and the seed.
+Every routing decision is ``meshd.core.routing.route`` (and, for models no node holds whole,
+``meshd.core.planner.plan``) called on the ``MeshSnapshot`` the entry node would have built
+(``meshd.sim.views``); the engine only carries the result out.
+
+Serving model: a node has ``concurrency`` slots, each running one request at the node's
+per-stream prefill and decode speeds (continuous batching at a fixed per-stream speed), and a
+FIFO queue of at most ``max_queue``; a request finding the queue full is answered busy and its
+entry node tries the next peer of the decision's order. Time to first token, seen at the entry
+node, is the request's trip there, its queueing, its prefill and the first token's trip back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import random
+from collections.abc import Callable
+from typing import Any
+
+from meshd.core import routing
+from meshd.core.snapshot import RouteRequest
+from meshd.core.vivaldi import update
+from meshd.errors import RoutingError
+from meshd.sim import pipeline
+from meshd.sim.metrics import Metrics, summarise
+from meshd.sim.request import SimRequest
+from meshd.sim.scenario import Scenario
+from meshd.sim.views import Views, stats
+from meshd.sim.workload import ArrivalStream, mean_length
+from meshd.sim.world import VIVALDI, SimNode, World
+
+ARRIVAL, AT_SERVER, DONE, BUSY, DEAD, ADVERT, SUMMARY, SCENARIO_EVENT, PURGE, STAGE, EARLY = range(11)
+
+Progress = Callable[[float], None]
+
+
+class Engine:
+    """One run of one strategy over one scenario."""
+
+    def __init__(self, scenario: Scenario, strategy: str, *, seed: int | None = None) -> None:
+        sc = scenario
+        self.sc = sc
+        self.seed = sc.run.seed if seed is None else seed
+        self.strategy = strategy
+        self.world = World(sc, self.seed)
+        self.nominal = _nominal(sc)
+        self.views = Views(self.world, sc, self.seed, self.nominal)
+        self.policy = dataclasses.replace(sc.policy, strategy=strategy)
+        self.route_rng = random.Random(self.seed * 7 + 1)
+        self.net_rng = random.Random(self.seed * 13 + 2)
+        self.event_rng = random.Random(self.seed * 19 + 4)
+        self.streams = [ArrivalStream(a, i, self.seed) for i, a in enumerate(sc.arrivals)]
+        self.m = Metrics()
+        self.heap: list[tuple[float, int, int, Any, Any]] = []
+        self._seq = 0
+        self.now = 0.0
+        self.outstanding = 0
+        self.rid = 0
+        self.active_streams = 0
+        self.whole = {m for n in self.world.nodes for m in n.whole_models}
+        self.stop_s = sc.run.duration_s + sc.run.drain_s
+        self.last_event_s = 0.0
+        self.events = 0
+        self.early = sc.gossip.early_adverts
+        self.gap = sc.gossip.min_advert_gap_s
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (t, self._seq, kind, a, b))
+
+    def _start(self) -> None:
+        sc = self.sc
+        interval = sc.gossip.advert_interval_s
+        phase_rng = random.Random(self.seed * 23 + 6)
+        for node in self.world.nodes:
+            phase = phase_rng.random() * interval
+            self.views.publish_advert(node, phase - interval)
+            self.push(phase, ADVERT, node)
+        for s in self.streams:
+            t = s.next_time()
+            if t <= sc.run.duration_s:
+                self.active_streams += 1
+                self.push(t, ARRIVAL, s)
+        if sc.gossip.probes and len(self.world.cells) > 1:
+            self.push(0.0, SUMMARY)
+        for i, ev in enumerate(sc.events):
+            self.push(ev.at_s, SCENARIO_EVENT, i)
+
+    def run(self, progress: Progress | None = None) -> dict[str, Any]:
+        self._start()
+        heap = self.heap
+        pop = heapq.heappop
+        stop = self.stop_s
+        n = 0
+        tick = 4096
+        while heap:
+            t, _, kind, a, b = pop(heap)
+            if t > stop:
+                break
+            self.now = t
+            n += 1
+            if kind == AT_SERVER:
+                self._at_server(a, b, t)
+            elif kind == DONE:
+                self._done(a, b, t)
+            elif kind == ARRIVAL:
+                self._arrival(a, t)
+            elif kind == ADVERT:
+                self._periodic_advert(a, t)
+            elif kind == EARLY:
+                a.adv_pending = False
+                if a.alive and t - a.adv_last >= self.gap and significant_change(
+                    a.adv_load, (len(a.queue), a.running)
+                ):
+                    self.views.publish_advert(a, t)
+            elif kind == BUSY:
+                if b == a.gen:
+                    self._retry(a, t, "busy")
+            elif kind == DEAD:
+                if b == a.gen:
+                    self.world.nodes[a.entry].known_dead.add(a.server)
+                    self.world.nodes[a.entry].measured.pop(a.server, None)
+                    self._retry(a, t, "dead")
+            elif kind == STAGE:
+                pipeline.at_stage(self, a, b, t)
+            elif kind == SUMMARY:
+                self.views.publish_summaries(t)
+                if t + self.sc.gossip.summary_interval_s <= stop:
+                    self.push(t + self.sc.gossip.summary_interval_s, SUMMARY)
+            elif kind == SCENARIO_EVENT:
+                self._scenario_event(a, t)
+            elif kind == PURGE:
+                self.world.purge(a)
+            if n >= tick:
+                tick += 4096
+                if progress is not None:
+                    progress(min(t / self.sc.run.duration_s, 1.0))
+                if self.active_streams == 0 and self.outstanding == 0:
+                    break
+            self.last_event_s = t
+        self.events = n
+        for r in self._leftovers():
+            self._fail(r, "unfinished")
+        if progress is not None:
+            progress(1.0)
+        return self.summary()
+
+    def _periodic_advert(self, node: SimNode, now: float) -> None:
+        interval = self.sc.gossip.advert_interval_s
+        if not node.alive:
+            return
+        if now - node.adv_last >= interval - 1e-9:
+            self.views.publish_advert(node, now)
+        nxt = node.adv_last + interval
+        if nxt <= self.stop_s:
+            self.push(nxt, ADVERT, node)
+
+    def load_changed(self, t: SimNode, now: float) -> None:
+        """The daemon advertises early when its load changed significantly (node.py)."""
+        if (
+            self.early
+            and not t.adv_pending
+            and now - t.adv_last >= self.gap
+            and significant_change(t.adv_load, (len(t.queue), t.running))
+        ):
+            t.adv_pending = True
+            self.push(now + self.sc.gossip.advert_settle_s, EARLY, t)
+
+    def _leftovers(self) -> list[SimRequest]:
+        seen: dict[int, SimRequest] = {}
+        for node in self.world.nodes:
+            for r in list(node.queue) + list(node.active):
+                seen[r.rid] = r
+        for _, _, kind, a, b in self.heap:
+            if kind in (AT_SERVER, DONE, BUSY, DEAD, STAGE) and a.gen == b:
+                seen[a.rid] = a
+        return [seen[k] for k in sorted(seen)]
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _arrival(self, s: ArrivalStream, t: float) -> None:
+        nxt = s.next_time()
+        if nxt <= self.sc.run.duration_s:
+            self.push(nxt, ARRIVAL, s)
+        else:
+            self.active_streams -= 1
+        spec = s.spec
+        regions = self.world.region_names
+        if spec.region == "*":
+            ri = s.rng.randrange(len(regions))
+        else:
+            ri = regions.index(spec.region)
+        alive = self.world.region_alive[ri]
+        entry = alive[s.rng.randrange(len(alive))] if alive else -1
+        prompt, output = s.sizes()
+        self.rid += 1
+        measured = t >= self.sc.run.warmup_s
+        r = SimRequest(self.rid, t, entry, spec.model, prompt, output, spec.residency, measured)
+        if measured:
+            self.m.arrived += 1
+        self.outstanding += 1
+        if entry < 0:
+            self._fail(r, "no_entry")
+            return
+        self._decide(r, t)
+
+    def _decide(self, r: SimRequest, now: float) -> None:
+        w = self.world
+        e = w.nodes[r.entry]
+        snap = self.views.snapshot(e, now, r.model)
+        exclude = frozenset(w.nodes[j].peer_id for j in r.tried) if r.tried else frozenset()
+        req = RouteRequest(
+            request_id=str(r.rid), model=r.model, prompt_tokens=r.effective_prompt,
+            max_tokens=r.remaining_output, residency=r.residency, exclude=exclude,
+        )  # fmt: skip
+        if r.model not in self.whole:
+            pipeline.plan_and_send(self, r, req, snap, now)
+            return
+        try:
+            dec = routing.route(req, snap, self.policy, self.route_rng, e.rr)
+        except RoutingError:
+            self._fail(r, "no_route")
+            return
+        e.rr += 1
+        by_peer = w.by_peer
+        r.order = [by_peer[p] for p in dec.order]
+        r.pos = 0
+        self._send(r, now)
+
+    def _send(self, r: SimRequest, now: float) -> None:
+        j = r.order[r.pos]
+        r.tried.add(j)
+        r.server = j
+        if j == r.entry:
+            r.rtt_s = 0.0
+            self._at_server(r, r.gen, now)
+            return
+        e = self.world.nodes[r.entry]
+        r.rtt_s = self.world.latency.sample_ms(r.entry, j, self.net_rng) / 1000.0
+        self.views.note_sent(e, j, now)
+        self.push(now + r.rtt_s / 2.0, AT_SERVER, r, r.gen)
+
+    def _at_server(self, r: SimRequest, gen: int, now: float) -> None:
+        if gen != r.gen:
+            return
+        t = self.world.nodes[r.server]
+        if not t.alive:
+            # No answer: the entry node notices after failure_detect_s and tries elsewhere.
+            self.push(now + self.sc.run.failure_detect_s, DEAD, r, r.gen)
+        elif t.running < t.slots:
+            self._serve(t, r, now)
+        elif len(t.queue) < t.max_queue:
+            t.queue.append(r)
+            self.load_changed(t, now)
+        else:
+            self.push(now + r.rtt_s / 2.0, BUSY, r, r.gen)
+
+    def _serve(self, t: SimNode, r: SimRequest, now: float) -> None:
+        prefill = r.effective_prompt / t.prefill_tps
+        decode = (r.remaining_output - 1) / t.decode_tps
+        r.start_s = now
+        r.first_s = now + prefill
+        r.end_s = now + prefill + decode
+        t.running += 1
+        t.active.add(r)
+        self.push(r.end_s, DONE, r, r.gen)
+        self.load_changed(t, now)
+
+    def _next(self, t: SimNode, now: float) -> None:
+        if not t.alive:
+            return
+        q = t.queue
+        timeout = self.sc.run.timeout_s
+        while q and t.running < t.slots:
+            r = q.popleft()
+            if now - r.arrival > timeout:
+                self._fail(r, "timeout")
+                continue
+            if r.stages is not None:
+                pipeline.slot_granted(self, t, r, now)
+            else:
+                self._serve(t, r, now)
+
+    def _done(self, r: SimRequest, gen: int, now: float) -> None:
+        if gen != r.gen:
+            return
+        if r.stages is not None:
+            pipeline.finish(self, r, now)
+            return
+        w = self.world
+        t = w.nodes[r.server]
+        t.running -= 1
+        t.active.discard(r)
+        t.busy_s += now - r.start_s
+        half = r.rtt_s / 2.0
+        if r.ttft_s < 0.0:
+            r.ttft_s = r.first_s + half - r.arrival
+        if r.server != r.entry:
+            e = w.nodes[r.entry]
+            if e.alive:
+                rtt_ms = r.rtt_s * 1000.0
+                e.measured[r.server] = (rtt_ms, now)
+                e.coord = update(e.coord, t.coord, rtt_ms, VIVALDI, self.net_rng)
+            if e.cell != t.cell and r.measured:
+                self.m.cross_cell += 1
+        elif r.measured:
+            self.m.local += 1
+        if r.measured:
+            self.m.served_by_hardware[t.hw.name] += 1
+        self._complete(r, now + half)
+        self._next(t, now)
+        self.load_changed(t, now)
+
+    def _complete(self, r: SimRequest, at: float) -> None:
+        self.outstanding -= 1
+        if r.measured:
+            self.m.complete(r.ttft_s, at - r.arrival, r.prompt, r.output)
+
+    def _fail(self, r: SimRequest, reason: str) -> None:
+        self.outstanding -= 1
+        r.gen += 1
+        if r.held:
+            pipeline.release(self, r, self.now)
+        if r.measured:
+            self.m.fail(reason)
+
+    def _retry(self, r: SimRequest, now: float, reason: str) -> None:
+        if r.measured:
+            self.m.retries += 1
+        r.attempts += 1
+        if r.attempts >= self.sc.run.max_attempts or now - r.arrival > self.sc.run.timeout_s:
+            self._fail(r, reason)
+            return
+        e = self.world.nodes[r.entry]
+        r.pos += 1
+        while r.pos < len(r.order) and r.order[r.pos] in e.known_dead:
+            r.pos += 1
+        if r.stages is None and r.pos < len(r.order):
+            self._send(r, now)
+        else:
+            self._decide(r, now)
+
+    # -- failures and joins ------------------------------------------------------------------
+
+    def _scenario_event(self, i: int, now: float) -> None:
+        ev = self.sc.events[i]
+        w = self.world
+        if ev.action == "join":
+            ri = w.region_names.index(ev.region or "")
+            for _ in range(ev.count):
+                node = w.join(ri, self.sc.hardware[ev.hardware or ""], ev.serve, now)
+                self.views.set_rate(node)
+                self.views.publish_advert(node, now)
+                self.push(now + self.sc.gossip.advert_interval_s, ADVERT, node)
+                # (its periodic chain starts there; early adverts work from the start)
+            return
+        pool = [
+            n.idx for n in w.nodes
+            if n.alive
+            and (ev.region is None or n.region_name == ev.region)
+            and (ev.hardware is None or n.hw.name == ev.hardware)
+        ]  # fmt: skip
+        k = ev.count or int(round(ev.fraction * len(pool)))
+        victims = sorted(self.event_rng.sample(pool, min(k, len(pool))))
+        for j in victims:
+            self.kill(j, now)
+
+    def kill(self, j: int, now: float) -> None:
+        """Node ``j`` dies: its work is lost; each entry node notices after failure_detect_s."""
+        w = self.world
+        t = w.nodes[j]
+        w.kill(j, now)
+        detect = now + self.sc.run.failure_detect_s
+        for r in sorted(t.active, key=_rid):
+            if r not in t.active:
+                continue  # a pipelined request failed while we released another one's slots
+            if r.stages is not None:
+                pipeline.abort(self, r, now, j)
+            else:
+                t.busy_s += now - r.start_s
+                if now >= r.first_s:
+                    if r.ttft_s < 0.0:
+                        r.ttft_s = r.first_s + r.rtt_s / 2.0 - r.arrival
+                    streamed = 1 + int((now - r.first_s) * t.decode_tps)
+                    r.done_tokens = min(r.done_tokens + streamed, r.output - 1)
+            r.gen += 1
+            self.push(detect, DEAD, r, r.gen)
+        queued = list(t.queue)
+        t.queue.clear()
+        for r in queued:
+            if r.stages is not None:
+                r.server = j
+                r.tried.add(j)
+                pipeline.release(self, r, now)
+            r.gen += 1
+            self.push(detect, DEAD, r, r.gen)
+        t.active.clear()
+        t.running = 0
+        g = self.sc.gossip
+        ttl = g.advert_ttl_s or 3.0 * g.advert_interval_s
+        self.push(now + ttl + g.advert_delay_ms[1] / 1000.0 + 0.001, PURGE, j)
+
+    # -- results -----------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        w = self.world
+        end = max(self.last_event_s, self.sc.run.duration_s)
+        util: list[float] = []
+        cost = 0.0
+        for n in w.nodes:
+            until = n.died_s if n.died_s >= 0 else end
+            alive_slot_s = n.slots * max(until - n.born_s, 1e-9)
+            util.append(min(n.busy_s / alive_slot_s, 1.0))
+            cost += n.busy_s * n.cost_per_hour / n.slots / 3600.0
+        window = self.sc.run.duration_s - self.sc.run.warmup_s
+        extra = {"events": self.events, "nodes": len(w.nodes), "cells": len(w.cells)}
+        extra.update(stats(self.views))
+        return summarise(self.m, window_s=window, total_cost=cost, utilisation=util, extra=extra)
+
+
+def significant_change(old: tuple[int, int], new: tuple[int, int]) -> bool:
+    """A load change worth an early advert: any change from idle, or a change of 2+ requests.
+
+    The daemon's rule (``meshd.node.node._significant``), repeated here because it lives in the
+    node layer; it belongs in meshd.core so that both import it.
+    """
+    if old == new:
+        return False
+    if old[0] < 0:
+        return True
+    return abs(new[0] - old[0]) + abs(new[1] - old[1]) >= 2 or (sum(new) == 0) != (sum(old) == 0)
+
+
+def _rid(r: SimRequest) -> int:
+    return r.rid
+
+
+def _nominal(sc: Scenario) -> tuple[int, int]:
+    """Rate-weighted mean prompt and output lengths: the 'typical request' of summaries."""
+    total = sum(a.rate_per_s for a in sc.arrivals) or 1.0
+    p = sum(a.rate_per_s * mean_length(a.prompt_tokens, 4000) for a in sc.arrivals) / total
+    o = sum(a.rate_per_s * mean_length(a.output_tokens, 4000) for a in sc.arrivals) / total
+    return max(1, round(p)), max(1, round(o))

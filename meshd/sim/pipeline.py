@@ -1,0 +1,153 @@
+"""Requests for a model no node holds whole: planned by ``meshd.core.planner.plan``, run as a chain.
+
+The plan's hops are the stages. The request visits them in order: at each it waits for a slot
+(the stage's KV session), prefills its share of the layers, and sends the activations to the next
+stage directly. The last stage's prefill yields the first token, which goes back to the entry
+node. Each further token then goes round the chain once: per token, every stage's share of the
+decode plus every link's one-way delay, last stage back to the first included. A stage holds its
+slot until the request ends. A stage with a full queue answers busy; a dead stage is noticed
+after ``failure_detect_s``; both release every slot held and make the entry node plan again
+without that peer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from meshd.core.snapshot import MeshSnapshot, RouteRequest
+from meshd.errors import RoutingError
+
+if TYPE_CHECKING:
+    from meshd.sim.engine import Engine
+    from meshd.sim.request import SimRequest
+    from meshd.sim.world import SimNode
+
+
+def plan_and_send(eng: Engine, r: SimRequest, req: RouteRequest, snap: MeshSnapshot, now: float) -> None:
+    from meshd.core import planner  # the daemon's planner, imported as it is
+
+    w = eng.world
+    try:
+        plan = planner.plan(req, snap, eng.policy)
+    except RoutingError:
+        eng._fail(r, "no_route")
+        return
+    n_layers = w.models[r.model]
+    r.stages = [
+        (w.by_peer[h.peer_id], (h.layer_end - h.layer_start) / n_layers) for h in plan.hops
+    ]
+    r.stage_i = 0
+    r.held = []
+    e = w.nodes[r.entry]
+    for j, _ in r.stages:
+        if j != r.entry:
+            eng.views.note_sent(e, j, now)
+    first = r.stages[0][0]
+    r.server = first
+    delay = w.latency.sample_ms(r.entry, first, eng.net_rng) / 2000.0 if first != r.entry else 0.0
+    eng.push(now + delay, _stage_kind(), r, r.gen)
+
+
+def _stage_kind() -> int:
+    from meshd.sim.engine import STAGE
+
+    return STAGE
+
+
+def _oneway_s(eng: Engine, a: int, b: int) -> float:
+    if a == b:
+        return 0.0
+    return eng.world.latency.sample_ms(a, b, eng.net_rng) / 2000.0
+
+
+def at_stage(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
+    """The request (its activations) reached stage ``r.stage_i``."""
+    if gen != r.gen or r.stages is None:
+        return
+    from meshd.sim.engine import BUSY, DEAD
+
+    j = r.stages[r.stage_i][0]
+    t = eng.world.nodes[j]
+    r.server = j
+    if not t.alive:
+        r.tried.add(j)
+        release(eng, r, now)
+        eng.push(now + eng.sc.run.failure_detect_s, DEAD, r, r.gen)
+    elif t.running < t.slots:
+        slot_granted(eng, t, r, now)
+    elif len(t.queue) < t.max_queue:
+        t.queue.append(r)
+        eng.load_changed(t, now)
+    else:
+        r.tried.add(j)
+        release(eng, r, now)
+        eng.push(now + _oneway_s(eng, j, r.entry), BUSY, r, r.gen)
+
+
+def slot_granted(eng: Engine, t: SimNode, r: SimRequest, now: float) -> None:
+    """Stage ``r.stage_i`` took the request: prefill its layers, pass on (or emit a token)."""
+    assert r.stages is not None
+    from meshd.sim.engine import DONE, STAGE
+
+    t.running += 1
+    t.active.add(r)
+    r.held.append((t.idx, now))
+    eng.load_changed(t, now)
+    frac = r.stages[r.stage_i][1]
+    prefill = r.effective_prompt * frac / t.prefill_tps
+    r.stage_i += 1
+    if r.stage_i < len(r.stages):
+        nxt = r.stages[r.stage_i][0]
+        eng.push(now + prefill + _oneway_s(eng, t.idx, nxt), STAGE, r, r.gen)
+        return
+    nodes = eng.world.nodes
+    per_token = 0.0
+    for k, (j, f) in enumerate(r.stages):
+        per_token += f / nodes[j].decode_tps
+        per_token += _oneway_s(eng, j, r.stages[(k + 1) % len(r.stages)][0])
+    r.first_s = now + prefill
+    r.end_s = r.first_s + (r.remaining_output - 1) * per_token
+    r.rtt_s = 2.0 * _oneway_s(eng, t.idx, r.entry)
+    r.start_s = now
+    eng.push(r.end_s, DONE, r, r.gen)
+
+
+def release(eng: Engine, r: SimRequest, now: float, skip: int = -1) -> None:
+    """Free every slot the request holds (except on ``skip``, a node that just died)."""
+    held, r.held = r.held, []
+    nodes = eng.world.nodes
+    for j, since in held:
+        t = nodes[j]
+        if j == skip:
+            t.busy_s += now - since
+            continue
+        if r in t.active:
+            t.active.discard(r)
+            t.running -= 1
+            t.busy_s += now - since
+            eng._next(t, now)
+            eng.load_changed(t, now)
+
+
+def finish(eng: Engine, r: SimRequest, now: float) -> None:
+    half = r.rtt_s / 2.0
+    if r.ttft_s < 0.0:
+        r.ttft_s = r.first_s + half - r.arrival
+    if r.measured:
+        eng.m.pipelined += 1
+    release(eng, r, now)
+    eng._complete(r, now + half)
+
+
+def abort(eng: Engine, r: SimRequest, now: float, dead: int) -> None:
+    """Stage ``dead`` died while the request held a slot there."""
+    assert r.stages is not None
+    if r.stage_i >= len(r.stages) and now >= r.first_s:
+        if r.ttft_s < 0.0:
+            r.ttft_s = r.first_s + r.rtt_s / 2.0 - r.arrival
+        per_token = (r.end_s - r.first_s) / max(r.remaining_output - 1, 1)
+        streamed = 1 + int((now - r.first_s) / per_token) if per_token > 0 else r.output
+        r.done_tokens = min(r.done_tokens + streamed, r.output - 1)
+    r.server = dead
+    r.tried.add(dead)
+    release(eng, r, now, skip=dead)

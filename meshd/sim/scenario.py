@@ -1,0 +1,232 @@
+"""Simulation scenarios: what ``testnet/scenarios/*.toml`` may say, read strictly.
+
+A scenario names hardware classes, models, regions with groups of nodes, a latency model,
+arrival streams, failures and joins, and the gossip and routing settings. ``load_scenario``
+returns a frozen ``Scenario``; unknown keys and wrong types raise ``ConfigError`` naming the key
+and the file. ``docs/sim.md`` documents every key; the defaults below are the documented ones.
+
+A file may start with ``base = "other.toml"``: it is read first and this file's tables are laid
+over it key by key (arrays of tables are replaced whole), which is how sensitivity variants stay
+a few lines long.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshd.core.snapshot import Policy
+from meshd.errors import ConfigError
+from meshd.sim.toml_table import Table, deep_merge
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    duration_s: float = 60.0
+    drain_s: float = 60.0  # after the last arrival, how long in-flight work may finish
+    seed: int = 1
+    timeout_s: float = 30.0  # a request not started this long after arrival is dropped
+    max_attempts: int = 3  # peers tried (busy answers, dead peers) before a request fails
+    failure_detect_s: float = 1.0  # how long an entry node takes to notice a dead peer
+    warmup_s: float = 0.0  # requests arriving before this are served but not measured
+
+
+@dataclass(frozen=True)
+class GossipSettings:
+    advert_interval_s: float = 2.0  # periodic advert
+    early_adverts: bool = True  # also advertise early on a significant load change (as the daemon)
+    min_advert_gap_s: float = 1.0  # never two adverts of a node closer than this
+    advert_settle_s: float = 0.25  # the daemon lets a burst of changes settle this long
+    advert_delay_ms: tuple[float, float] = (20.0, 80.0)  # propagation through the cell
+    advert_loss: float = 0.0  # chance that one receiver misses one advert
+    advert_ttl_s: float = 0.0  # 0: three advert intervals
+    cell_size: int = 256  # nodes sharing full adverts; a region splits into equal cells
+    summary_interval_s: float = 5.0
+    summary_delay_ms: float = 200.0
+    summary_top_k: int = 4  # least-loaded nodes each cell summary names
+    probes: int = 2  # remote candidates an entry node keeps probed
+    probe_interval_s: float = 1.0
+    advert_bytes: int = 240
+    summary_bytes: int = 420
+    probe_bytes: int = 160  # one probe and its answer
+    gossip_degree: int = 6  # gossipsub mesh degree: copies of each message a node relays
+
+
+@dataclass(frozen=True)
+class VivaldiSettings:
+    mode: str = "vivaldi"  # or "oracle": every node knows every true RTT
+    warmup_rounds: int = 16  # RTT samples per node before the run (a mesh already running)
+    measured_ttl_s: float = 30.0  # a measured RTT overrides the estimate this long
+
+
+@dataclass(frozen=True)
+class LatencySettings:
+    intra_region_ms: tuple[float, float] = (5.0, 20.0)
+    access_ms: tuple[float, float] = (0.2, 2.0)  # per node, added to each RTT it is in
+    jitter_ms: float = 1.0  # mean of exponential jitter on each RTT sample
+    default_inter_region_ms: float = 100.0
+    inter_region_ms: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    prefill_tps: float
+    decode_tps: float  # per stream
+    concurrency: int
+    max_queue: int
+    cost_per_hour: float
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    num_layers: int
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    model: str
+    layer_start: int
+    layer_end: int
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    hardware: str
+    count: int
+    serve: tuple[ServeSpec, ...]
+    labels: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class RegionSpec:
+    name: str
+    groups: tuple[NodeGroup, ...]
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    dist: str  # "fixed", "uniform" or "lognormal"
+    mean: float = 0.0
+    sigma: float = 0.0
+    low: int = 1
+    high: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class ArrivalSpec:
+    region: str
+    model: str
+    process: str  # "poisson", "bursty" or "diurnal"
+    rate_per_s: float  # long-run mean
+    prompt_tokens: LengthDist
+    output_tokens: LengthDist
+    residency: str | None = None
+    burst_factor: float = 4.0
+    burst_mean_s: float = 5.0
+    calm_mean_s: float = 30.0
+    period_s: float = 120.0
+    amplitude: float = 0.5
+    phase_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    at_s: float
+    action: str  # "fail" or "join"
+    fraction: float = 0.0
+    count: int = 0
+    region: str | None = None
+    hardware: str | None = None
+    serve: tuple[ServeSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    file: str
+    run: RunSettings
+    gossip: GossipSettings
+    vivaldi: VivaldiSettings
+    latency: LatencySettings
+    policy: Policy
+    hardware: dict[str, Hardware]
+    models: dict[str, ModelSpec]
+    regions: tuple[RegionSpec, ...]
+    arrivals: tuple[ArrivalSpec, ...]
+    events: tuple[EventSpec, ...] = ()
+
+    @property
+    def node_count(self) -> int:
+        return sum(g.count for r in self.regions for g in r.groups)
+
+    def with_overrides(
+        self,
+        *,
+        duration_s: float | None = None,
+        seed: int | None = None,
+        advert_interval_s: float | None = None,
+        fail_fraction: float | None = None,
+    ) -> Scenario:
+        """A copy with the command line's overrides applied."""
+        s = self
+        if duration_s is not None:
+            s = dataclasses.replace(s, run=dataclasses.replace(s.run, duration_s=duration_s))
+        if seed is not None:
+            s = dataclasses.replace(s, run=dataclasses.replace(s.run, seed=seed))
+        if advert_interval_s is not None:
+            gap = min(s.gossip.min_advert_gap_s, advert_interval_s)
+            g = dataclasses.replace(
+                s.gossip, advert_interval_s=advert_interval_s, min_advert_gap_s=gap,
+                advert_settle_s=min(s.gossip.advert_settle_s, gap / 4.0),
+            )  # fmt: skip
+            s = dataclasses.replace(s, gossip=g)
+        if fail_fraction:
+            ev = EventSpec(at_s=s.run.duration_s / 2, action="fail", fraction=fail_fraction)
+            s = dataclasses.replace(s, events=(*s.events, ev))
+        return s
+
+
+def _read(path: Path, depth: int = 0) -> dict[str, Any]:
+    if depth > 4:
+        raise ConfigError(f"{path}: 'base' chain is too deep")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such scenario file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: 'base' must be a file name")
+    return deep_merge(_read(path.parent / base, depth + 1), data)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and check one scenario file (following its ``base`` chain)."""
+    from meshd.sim.scenario_parse import parse_scenario
+
+    p = Path(path)
+    root = Table(_read(p), "", p)
+    return parse_scenario(root, p)
+
+
+def scenario_from_dict(data: dict[str, Any], file: str = "<dict>") -> Scenario:
+    """Build a scenario from an already-parsed TOML document (tests use this)."""
+    from meshd.sim.scenario_parse import parse_scenario
+
+    return parse_scenario(Table(dict(data), "", Path(file)), Path(file))
+
+
+_STRATEGY_FIELDS = frozenset({"strategy"})
+
+
+def policy_fields() -> dict[str, Any]:
+    """The ``[policy]`` keys a scenario may set: every ``Policy`` field but the strategy."""
+    return {f.name: f for f in dataclasses.fields(Policy) if f.name not in _STRATEGY_FIELDS}

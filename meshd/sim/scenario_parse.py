@@ -1,0 +1,329 @@
+"""From checked TOML tables to a ``Scenario`` (the key list lives here; docs/sim.md mirrors it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from meshd.core.snapshot import Policy
+from meshd.errors import ConfigError
+from meshd.sim.scenario import (
+    ArrivalSpec,
+    EventSpec,
+    GossipSettings,
+    Hardware,
+    LatencySettings,
+    LengthDist,
+    ModelSpec,
+    NodeGroup,
+    RegionSpec,
+    RunSettings,
+    Scenario,
+    ServeSpec,
+    VivaldiSettings,
+    policy_fields,
+)
+from meshd.sim.toml_table import Table
+
+PROCESSES = ("poisson", "bursty", "diurnal")
+DISTS = ("fixed", "uniform", "lognormal")
+ACTIONS = ("fail", "join")
+
+
+def parse_scenario(root: Table, path: Path) -> Scenario:
+    name = root.str("name", path.stem)
+    run = _run(root.table("sim"))
+    gossip = _gossip(root.table("gossip"))
+    viv = _vivaldi(root.table("vivaldi"))
+    hardware = _hardware(root.tables("hardware"))
+    models = _models(root.tables("model"))
+    regions = tuple(_region(t, hardware, models) for t in root.tables("region"))
+    if not regions:
+        raise ConfigError(f"{path}: a scenario needs at least one [[region]]")
+    region_names = [r.name for r in regions]
+    if len(set(region_names)) != len(region_names):
+        raise ConfigError(f"{path}: region names must be unique")
+    latency = _latency(root.table("latency"), set(region_names))
+    policy = _policy(root.table("policy"))
+    arrivals = tuple(_arrival(t, set(region_names), models) for t in root.tables("arrivals"))
+    if not arrivals:
+        raise ConfigError(f"{path}: a scenario needs at least one [[arrivals]] stream")
+    events = tuple(_event(t, set(region_names), hardware, models) for t in root.tables("events"))
+    root.done()
+    return Scenario(
+        name=name,
+        file=str(path),
+        run=run,
+        gossip=gossip,
+        vivaldi=viv,
+        latency=latency,
+        policy=policy,
+        hardware=hardware,
+        models=models,
+        regions=regions,
+        arrivals=arrivals,
+        events=events,
+    )
+
+
+def _run(t: Table) -> RunSettings:
+    d = RunSettings()
+    r = RunSettings(
+        duration_s=t.float("duration_s", d.duration_s, min_value=0.001),
+        drain_s=t.float("drain_s", d.drain_s, min_value=0.0),
+        seed=t.int("seed", d.seed),
+        timeout_s=t.float("timeout_s", d.timeout_s, min_value=0.001),
+        max_attempts=t.int("max_attempts", d.max_attempts, min_value=1),
+        failure_detect_s=t.float("failure_detect_s", d.failure_detect_s, min_value=0.0),
+        warmup_s=t.float("warmup_s", d.warmup_s, min_value=0.0),
+    )
+    t.done()
+    return r
+
+
+def _gossip(t: Table) -> GossipSettings:
+    d = GossipSettings()
+    g = GossipSettings(
+        advert_interval_s=t.float("advert_interval_s", d.advert_interval_s, min_value=0.01),
+        early_adverts=t.bool("early_adverts", d.early_adverts),
+        min_advert_gap_s=t.float("min_advert_gap_s", d.min_advert_gap_s, min_value=0.0),
+        advert_settle_s=t.float("advert_settle_s", d.advert_settle_s, min_value=0.0),
+        advert_delay_ms=t.range("advert_delay_ms", d.advert_delay_ms),
+        advert_loss=t.float("advert_loss", d.advert_loss, min_value=0.0),
+        advert_ttl_s=t.float("advert_ttl_s", d.advert_ttl_s, min_value=0.0),
+        cell_size=t.int("cell_size", d.cell_size, min_value=1),
+        summary_interval_s=t.float("summary_interval_s", d.summary_interval_s, min_value=0.01),
+        summary_delay_ms=t.float("summary_delay_ms", d.summary_delay_ms, min_value=0.0),
+        summary_top_k=t.int("summary_top_k", d.summary_top_k, min_value=0),
+        probes=t.int("probes", d.probes, min_value=0),
+        probe_interval_s=t.float("probe_interval_s", d.probe_interval_s, min_value=0.01),
+        advert_bytes=t.int("advert_bytes", d.advert_bytes, min_value=1),
+        summary_bytes=t.int("summary_bytes", d.summary_bytes, min_value=1),
+        probe_bytes=t.int("probe_bytes", d.probe_bytes, min_value=1),
+        gossip_degree=t.int("gossip_degree", d.gossip_degree, min_value=1),
+    )
+    if g.advert_loss >= 1.0:
+        raise t.error("advert_loss", "must be below 1")
+    t.done()
+    return g
+
+
+def _vivaldi(t: Table) -> VivaldiSettings:
+    d = VivaldiSettings()
+    v = VivaldiSettings(
+        mode=t.str("mode", d.mode),
+        warmup_rounds=t.int("warmup_rounds", d.warmup_rounds, min_value=0),
+        measured_ttl_s=t.float("measured_ttl_s", d.measured_ttl_s, min_value=0.0),
+    )
+    if v.mode not in ("vivaldi", "oracle"):
+        raise t.error("mode", f"must be 'vivaldi' or 'oracle', not {v.mode!r}")
+    t.done()
+    return v
+
+
+def _latency(t: Table, regions: set[str]) -> LatencySettings:
+    d = LatencySettings()
+    matrix: dict[tuple[str, str], float] = {}
+    m = t.table("inter_region_ms")
+    for key in m.keys():
+        a, sep, b = key.partition("/")
+        if not sep or a not in regions or b not in regions or a == b:
+            raise m.error(key, "must be 'regionA/regionB' naming two different regions")
+        ms = m.float(key, min_value=0.0)
+        matrix[(a, b)] = matrix[(b, a)] = ms
+    m.done()
+    lat = LatencySettings(
+        intra_region_ms=t.range("intra_region_ms", d.intra_region_ms),
+        access_ms=t.range("access_ms", d.access_ms),
+        jitter_ms=t.float("jitter_ms", d.jitter_ms, min_value=0.0),
+        default_inter_region_ms=t.float(
+            "default_inter_region_ms", d.default_inter_region_ms, min_value=0.0
+        ),
+        inter_region_ms=matrix,
+    )
+    t.done()
+    return lat
+
+
+def _policy(t: Table) -> Policy:
+    kwargs: dict[str, Any] = {}
+    fields = policy_fields()
+    for key in t.keys():
+        if key not in fields:
+            raise ConfigError(f"{t.file}: unknown key 'policy.{key}'")
+        default = getattr(Policy(), key)
+        if isinstance(default, bool):
+            kwargs[key] = t.bool(key)
+        elif isinstance(default, int):
+            kwargs[key] = t.int(key)
+        elif isinstance(default, float):
+            kwargs[key] = t.float(key)
+        elif isinstance(default, frozenset):
+            kwargs[key] = frozenset(t.str_list(key))
+        elif isinstance(default, str):
+            kwargs[key] = t.str(key)
+        elif isinstance(default, dict):
+            sub = t.table(key)
+            kwargs[key] = {k: sub.int(k) for k in sub.keys()}
+        else:
+            raise t.error(key, "cannot be set from a scenario")
+    return Policy(**kwargs)
+
+
+def _hardware(tables: list[Table]) -> dict[str, Hardware]:
+    out: dict[str, Hardware] = {}
+    for t in tables:
+        hw = Hardware(
+            name=t.str("name"),
+            prefill_tps=t.float("prefill_tps", min_value=0.001),
+            decode_tps=t.float("decode_tps", min_value=0.001),
+            concurrency=t.int("concurrency", 1, min_value=1),
+            max_queue=t.int("max_queue", 64, min_value=0),
+            cost_per_hour=t.float("cost_per_hour", 0.0, min_value=0.0),
+        )
+        if hw.name in out:
+            raise t.error("name", f"repeats hardware class {hw.name!r}")
+        t.done()
+        out[hw.name] = hw
+    if not out:
+        raise ConfigError("a scenario needs at least one [[hardware]] class")
+    return out
+
+
+def _models(tables: list[Table]) -> dict[str, ModelSpec]:
+    out: dict[str, ModelSpec] = {}
+    for t in tables:
+        m = ModelSpec(name=t.str("name"), num_layers=t.int("num_layers", min_value=1))
+        if m.name in out:
+            raise t.error("name", f"repeats model {m.name!r}")
+        t.done()
+        out[m.name] = m
+    if not out:
+        raise ConfigError("a scenario needs at least one [[model]]")
+    return out
+
+
+def parse_serve(t: Table, key: str, item: str, models: dict[str, ModelSpec]) -> ServeSpec:
+    """``"model"`` (whole) or ``"model:START-END"`` (layers START..END-1)."""
+    name, sep, rng = item.partition(":")
+    if name not in models:
+        raise t.error(key, f"names unknown model {name!r}")
+    n = models[name].num_layers
+    if not sep:
+        return ServeSpec(name, 0, n)
+    lo, dash, hi = rng.partition("-")
+    try:
+        start, end = int(lo), int(hi)
+    except ValueError:
+        start, end = -1, -1
+    if not dash or not 0 <= start < end <= n:
+        raise t.error(key, f"has bad layer range {item!r} (want 'model:START-END', END <= {n})")
+    return ServeSpec(name, start, end)
+
+
+def _region(t: Table, hardware: dict[str, Hardware], models: dict[str, ModelSpec]) -> RegionSpec:
+    name = t.str("name")
+    groups = []
+    for g in t.tables("nodes"):
+        hw = g.str("hardware")
+        if hw not in hardware:
+            raise g.error("hardware", f"names unknown hardware class {hw!r}")
+        serve = tuple(parse_serve(g, "serve", s, models) for s in g.str_list("serve"))
+        if not serve:
+            raise g.error("serve", "must name at least one model")
+        groups.append(
+            NodeGroup(
+                hardware=hw,
+                count=g.int("count", min_value=0),
+                serve=serve,
+                labels=frozenset(g.str_list("labels", ())),
+            )
+        )
+        g.done()
+    t.done()
+    return RegionSpec(name=name, groups=tuple(groups))
+
+
+def _length(t: Table) -> LengthDist:
+    dist = t.str("dist")
+    if dist not in DISTS:
+        raise t.error("dist", f"must be one of {', '.join(DISTS)}, not {dist!r}")
+    d = LengthDist(
+        dist=dist,
+        mean=t.float("mean", 0.0, min_value=0.0),
+        sigma=t.float("sigma", 0.0, min_value=0.0),
+        low=t.int("min", 1, min_value=1),
+        high=t.int("max", 1 << 20, min_value=1),
+    )
+    if d.low > d.high:
+        raise t.error("min", "must not exceed max")
+    if dist != "uniform" and d.mean < 1:
+        raise t.error("mean", "must be at least 1")
+    t.done()
+    return d
+
+
+def _arrival(t: Table, regions: set[str], models: dict[str, ModelSpec]) -> ArrivalSpec:
+    d = ArrivalSpec("", "", "poisson", 0.0, LengthDist("fixed", 1), LengthDist("fixed", 1))
+    region = t.str("region")
+    if region != "*" and region not in regions:
+        raise t.error("region", f"names unknown region {region!r}")
+    model = t.str("model")
+    if model not in models:
+        raise t.error("model", f"names unknown model {model!r}")
+    process = t.str("process", "poisson")
+    if process not in PROCESSES:
+        raise t.error("process", f"must be one of {', '.join(PROCESSES)}, not {process!r}")
+    a = ArrivalSpec(
+        region=region,
+        model=model,
+        process=process,
+        rate_per_s=t.float("rate_per_s", min_value=0.0),
+        prompt_tokens=_length(t.table("prompt_tokens")),
+        output_tokens=_length(t.table("output_tokens")),
+        residency=t.str("residency", None),
+        burst_factor=t.float("burst_factor", d.burst_factor, min_value=1.0),
+        burst_mean_s=t.float("burst_mean_s", d.burst_mean_s, min_value=0.001),
+        calm_mean_s=t.float("calm_mean_s", d.calm_mean_s, min_value=0.001),
+        period_s=t.float("period_s", d.period_s, min_value=0.001),
+        amplitude=t.float("amplitude", d.amplitude, min_value=0.0),
+        phase_s=t.float("phase_s", d.phase_s),
+    )
+    if a.amplitude > 1.0:
+        raise t.error("amplitude", "must be between 0 and 1")
+    t.done()
+    return a
+
+
+def _event(
+    t: Table, regions: set[str], hardware: dict[str, Hardware], models: dict[str, ModelSpec]
+) -> EventSpec:
+    action = t.str("action")
+    if action not in ACTIONS:
+        raise t.error("action", f"must be one of {', '.join(ACTIONS)}, not {action!r}")
+    region = t.str("region", None)
+    if region is not None and region not in regions:
+        raise t.error("region", f"names unknown region {region!r}")
+    hw = t.str("hardware", None)
+    if hw is not None and hw not in hardware:
+        raise t.error("hardware", f"names unknown hardware class {hw!r}")
+    serve = tuple(parse_serve(t, "serve", s, models) for s in t.str_list("serve", ()))
+    e = EventSpec(
+        at_s=t.float("at_s", min_value=0.0),
+        action=action,
+        fraction=t.float("fraction", 0.0, min_value=0.0),
+        count=t.int("count", 0, min_value=0),
+        region=region,
+        hardware=hw,
+        serve=serve,
+    )
+    if e.fraction > 1.0:
+        raise t.error("fraction", "must be between 0 and 1")
+    if action == "join" and (hw is None or region is None or not serve or e.count < 1):
+        raise ConfigError(
+            f"{t.file}: '{t.where}' a join needs region, hardware, serve and count >= 1"
+        )
+    if action == "fail" and e.count == 0 and e.fraction == 0.0:
+        raise ConfigError(f"{t.file}: '{t.where}' a fail needs count or fraction")
+    t.done()
+    return e

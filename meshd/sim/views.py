@@ -1,0 +1,307 @@
+"""What one entry node knows when it decides: the ``MeshSnapshot`` handed to the real router.
+
+The view is hierarchical (docs/gossip-at-scale.md):
+
+* **cell members**: every node of the entry's cell, from the newest advert of theirs that has
+  reached this entry (adverts are published every ``advert_interval_s``, spread through the cell
+  in ``advert_delay_ms``, and each receiver misses each one with ``advert_loss``), so queue
+  figures are as stale as they would be on a real node, plus the load this entry sent since;
+* **probes**: a few nodes of other cells, picked from the cell summaries (the least-loaded
+  nodes of the best-looking cells), whose load this entry asked for directly a moment ago.
+
+Adverts are not delivered one message per receiver: a node's last few adverts are kept with the
+instant each reached its cell, and a receiver's view is worked out when it decides. This is exact
+for the model (one delay per advert, independent loss per receiver) and costs O(cell) per
+decision instead of O(cell) per advert per receiver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import random
+from typing import Any
+
+from meshd.core import predict
+from meshd.core.snapshot import MeshSnapshot, NodeView
+from meshd.core.vivaldi import Coord, estimate_rtt_ms
+from meshd.sim.scenario import Scenario
+from meshd.sim.world import SimNode, World
+
+_EXPECTED_FIELDS = (
+    "peer_id", "name", "region", "labels", "serving", "queue_depth", "in_flight",
+    "max_concurrency", "max_queue", "prefill_tps", "decode_tps", "rtt_ms", "rtt_source",
+    "advert_age_s", "sent_since_advert", "cost_per_hour", "free_kv_tokens", "is_local",
+    "service_rate_rps", "coord",
+)  # fmt: skip
+_FIELDS = tuple(f.name for f in dataclasses.fields(NodeView))
+# NodeView is built positionally on the hot path (about 25% faster than by keyword).
+_POSITIONAL = _FIELDS[: len(_EXPECTED_FIELDS)] == _EXPECTED_FIELDS
+_FREE_KV = 1 << 30
+_NONE: frozenset[int] = frozenset()
+
+
+def make_view_factory(t: SimNode) -> None:
+    """Give ``t`` a constructor of its NodeView with the fields that never change filled in."""
+    if _POSITIONAL:
+        t.nv = functools.partial(NodeView, t.peer_id, t.name, t.region_name, t.labels, t.serving)
+        t.nv_tail = (t.slots, t.max_queue, t.prefill_tps, t.decode_tps)
+    else:
+        t.nv = None
+        t.nv_tail = ()
+
+
+def _view(
+    t: SimNode, q: int, inf: int, rtt: float, src: str, age: float, sent: int, local: bool,
+    coord: Coord,
+) -> NodeView:  # fmt: skip
+    if t.nv is not None:
+        return t.nv(q, inf, *t.nv_tail, rtt, src, age, sent, t.cost_per_hour, _FREE_KV, local, t.rate, coord)
+    return NodeView(
+        peer_id=t.peer_id, name=t.name, region=t.region_name, labels=t.labels,
+        serving=t.serving, queue_depth=q, in_flight=inf, max_concurrency=t.slots,
+        max_queue=t.max_queue, prefill_tps=t.prefill_tps, decode_tps=t.decode_tps, rtt_ms=rtt,
+        rtt_source=src, advert_age_s=age, sent_since_advert=sent,
+        cost_per_hour=t.cost_per_hour, is_local=local, service_rate_rps=t.rate, coord=coord,
+    )  # fmt: skip
+
+
+class Views:
+    """Advert and summary state of the whole mesh, and the snapshot builder."""
+
+    def __init__(self, world: World, scenario: Scenario, seed: int, nominal: tuple[int, int]) -> None:
+        g = scenario.gossip
+        self.world = world
+        self.g = g
+        self.ttl = g.advert_ttl_s or 3.0 * g.advert_interval_s
+        self.measured_ttl = scenario.vivaldi.measured_ttl_s
+        self.oracle = scenario.vivaldi.mode == "oracle"
+        self.rng = random.Random(seed * 17 + 3)
+        self.nominal = nominal  # (prompt, output) tokens of a typical request, for summaries
+        # Summaries: per cell, {model: [node idx, ...] best first}; the round in force and the
+        # round published but not yet heard.
+        self.summary: list[dict[str, list[int]]] = []
+        self.summary_score: list[float] = []
+        self.pending_summary: tuple[float, list[dict[str, list[int]]], list[float]] | None = None
+        self.ranked: dict[tuple[int, str], list[int]] = {}  # (region, model) -> best cells
+        self.probes_sent = 0
+        self.adverts_published = 0
+        self.decisions = 0
+        self.candidates_seen = 0
+        for node in world.nodes:
+            self.set_rate(node)
+
+    def set_rate(self, node: SimNode) -> None:
+        """The service rate a node measures on its own traffic (typical requests), gossiped."""
+        p, o = self.nominal
+        node.rate = predict.service_rate_rps(node.slots, p, o, node.prefill_tps, node.decode_tps)
+        make_view_factory(node)
+
+    # -- adverts -----------------------------------------------------------------------------
+
+    def publish_advert(self, node: SimNode, now: float) -> None:
+        """``node`` publishes its advert; it reaches its cell after a random delay, and each
+        receiver misses it with ``advert_loss`` (who misses it is drawn now)."""
+        rng = self.rng
+        lo, hi = self.g.advert_delay_ms
+        delay = (lo + (hi - lo) * rng.random()) / 1000.0
+        node.adv_seq += 1
+        lost: frozenset[int] = _NONE
+        p = self.g.advert_loss
+        if p > 0.0:
+            members = self.world.cells[node.cell]
+            # Geometric gaps between receivers that miss it: O(p * cell) draws, not O(cell).
+            picked = []
+            i = int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
+            while i < len(members):
+                picked.append(members[i])
+                i += 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
+            if picked:
+                lost = frozenset(picked)
+        load = (len(node.queue), node.running)
+        node.adv_last = now
+        node.adv_load = load
+        self.adverts_published += 1
+        node.adverts.append((node.adv_seq, now, now + delay, load[0], load[1], node.coord, lost))
+        if len(node.adverts) > 4:
+            del node.adverts[0]
+
+    # -- summaries and probes ------------------------------------------------------------------
+
+    def _wait_ms(self, t: SimNode, q: int, inf: int) -> float:
+        p, o = self.nominal
+        rate = predict.service_rate_rps(t.slots, p, o, t.prefill_tps, t.decode_tps)
+        load = predict.load(q, inf, 0)
+        return predict.queue_wait_ms(load, t.slots, rate) + predict.prefill_ms(p, t.prefill_tps)
+
+    def publish_summaries(self, now: float) -> None:
+        """Every cell summarises itself: its least-loaded nodes per model, best first."""
+        nodes = self.world.nodes
+        k = self.g.summary_top_k
+        tops: list[dict[str, list[int]]] = []
+        scores: list[float] = []
+        for members in self.world.cells:
+            per_model: dict[str, list[tuple[float, int]]] = {}
+            for j in members:
+                t = nodes[j]
+                if not t.alive:
+                    continue
+                w = self._wait_ms(t, len(t.queue), t.running)
+                for m in t.whole_models:
+                    per_model.setdefault(m, []).append((w, j))
+            top = {m: [j for _, j in sorted(v)[:k]] for m, v in per_model.items()}
+            best = min((min(v)[0] for v in per_model.values()), default=float("inf"))
+            tops.append(top)
+            scores.append(best)
+        self.pending_summary = (now + self.g.summary_delay_ms / 1000.0, tops, scores)
+
+    def _summaries_now(self, now: float) -> None:
+        p = self.pending_summary
+        if p is not None and p[0] <= now:
+            self.summary, self.summary_score = p[1], p[2]
+            self.pending_summary = None
+            self.ranked.clear()
+
+    def _best_cells(self, region: int, model: str) -> list[int]:
+        key = (region, model)
+        r = self.ranked.get(key)
+        if r is None:
+            lat = self.world.latency
+            cr = self.world.cell_region
+            scored = [
+                (lat.region_rtt_ms(region, cr[c]) + self.summary_score[c], c)
+                for c, top in enumerate(self.summary)
+                if top.get(model)
+            ]
+            r = [c for _, c in sorted(scored)[:4]]
+            self.ranked[key] = r
+        return r
+
+    def _probe(self, e: SimNode, now: float, model: str) -> None:
+        """Ask a few nodes of the best other cells for their load; answers come an RTT later."""
+        pend = [p for p in e.probe_pending if p[2] > now]
+        done = [p for p in e.probe_pending if p[2] <= now]
+        if done:
+            e.probes = done
+        e.probe_pending = pend
+        if now - e.probe_at < self.g.probe_interval_s or not self.summary:
+            return
+        e.probe_at = now
+        pool: list[int] = []
+        for c in self._best_cells(e.region, model):
+            if c != e.cell:
+                pool.extend(self.summary[c][model])
+                if len(pool) >= 2 * self.g.probes:
+                    break
+        if not pool:
+            return
+        picks = sorted(self.rng.sample(pool, min(self.g.probes, len(pool))))
+        nodes = self.world.nodes
+        for j in picks:
+            t = nodes[j]
+            self.probes_sent += 1
+            if not t.alive or j in e.known_dead:
+                continue
+            rtt = self.world.sample_rtt(e, t, self.rng)
+            e.measured[j] = (rtt, now + rtt / 1000.0)
+            e.probe_pending.append((j, now, now + rtt / 1000.0, len(t.queue), t.running, rtt))
+
+    # -- the snapshot --------------------------------------------------------------------------
+
+    def snapshot(self, e: SimNode, now: float, model: str) -> MeshSnapshot:
+        world = self.world
+        nodes = world.nodes
+        views: list[NodeView] = []
+        add = views.append
+        ttl = self.ttl
+        sent_map = e.sent
+        measured = e.measured
+        mttl = self.measured_ttl
+        dead = e.known_dead
+        ecoord = e.coord
+        eidx = e.idx
+        oracle = self.oracle
+        lat_rtt = world.latency.rtt_ms
+        est = estimate_rtt_ms
+        for j in world.cells[e.cell]:
+            t = nodes[j]
+            if model not in t.models_any:
+                continue
+            if j == eidx:
+                add(_view(e, len(e.queue), e.running, 0.0, "local", 0.0, 0, True, ecoord))
+                continue
+            if j in dead:
+                continue
+            advs = t.adverts
+            a = advs[-1]
+            if a[2] > now or eidx in a[6]:
+                k = len(advs) - 2
+                while k >= 0:
+                    a = advs[k]
+                    if a[2] <= now and eidx not in a[6]:
+                        break
+                    k -= 1
+                else:
+                    continue
+            heard = a[2]
+            if now - heard > ttl:
+                continue
+            n_sent = 0
+            s = sent_map.get(j)
+            if s:
+                for x in reversed(s):
+                    if x <= heard:
+                        break
+                    n_sent += 1
+            if oracle:
+                rtt, src = lat_rtt(eidx, j), "measured"
+            else:
+                m = measured.get(j)
+                if m is not None and now - m[1] <= mttl:
+                    rtt, src = m[0], "measured"
+                else:
+                    rtt, src = est(ecoord, a[5]), "vivaldi"
+            nv = t.nv
+            if nv is not None:
+                add(nv(a[3], a[4], *t.nv_tail, rtt, src, now - a[1], n_sent, t.cost_per_hour,
+                       _FREE_KV, False, t.rate, a[5]))  # fmt: skip
+            else:
+                add(_view(t, a[3], a[4], rtt, src, now - a[1], n_sent, False, a[5]))
+        if self.g.probes:
+            self._summaries_now(now)
+            self._probe(e, now, model)
+            for j, asked, _ready, q, inf, rtt in e.probes:
+                if j in dead or nodes[j].cell == e.cell:
+                    continue
+                s = sent_map.get(j)
+                n_sent = sum(1 for x in s if x > asked) if s else 0
+                views.append(
+                    _view(nodes[j], q, inf, rtt, "measured", now - asked, n_sent, False, nodes[j].coord)
+                )
+            views.sort(key=_peer_id)
+        self.decisions += 1
+        self.candidates_seen += len(views)
+        return MeshSnapshot(local_peer_id=e.peer_id, nodes=tuple(views))
+
+    def note_sent(self, e: SimNode, j: int, now: float) -> None:
+        s = e.sent.get(j)
+        if s is None:
+            e.sent[j] = [now]
+            return
+        s.append(now)
+        if len(s) > 64 or (len(s) > 8 and now - s[0] > 2 * self.ttl):
+            cut = now - 2 * self.ttl
+            e.sent[j] = [x for x in s if x > cut]
+
+
+def _peer_id(v: NodeView) -> str:
+    return v.peer_id
+
+
+def stats(views: Views) -> dict[str, Any]:
+    return {
+        "decisions": views.decisions,
+        "mean_candidates": views.candidates_seen / max(views.decisions, 1),
+        "probes_sent": views.probes_sent,
+    }

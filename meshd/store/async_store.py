@@ -1,0 +1,257 @@
+"""``AsyncStore``: the store for trio code, with one writer task that never loses a write to
+cancellation.
+
+How writes flow, and why nothing is lost on cancellation:
+
+* ``record_*`` are plain (non-async) methods: they validate, snapshot the values as JSON and
+  append the row to an in-memory queue. They never await, so a cancelled task, even one
+  recording its own failure in a ``finally`` block, cannot be interrupted half way.
+* ``run()`` is the single writer. It drains the queue in batches (one transaction each)
+  through ``trio.to_thread.run_sync`` with a ``CapacityLimiter(1)``. Each batch write is
+  shielded, so cancellation arrives only between batches. When ``run`` is cancelled (node
+  shutdown) it drains whatever is still queued, shielded, before it returns.
+* Before ``run`` starts and after it has returned, ``record_*`` write synchronously in the
+  calling thread instead (a short blocking write), so a late ``finally`` still gets recorded.
+* Reads (``explain`` and the rest) first ``flush()`` (wait until everything queued before the
+  call is written) and then run in a worker thread under the same limiter.
+
+What can still be lost: rows queued when the process is killed outright (SIGKILL, a power
+cut), rows refused because ``max_pending`` rows were already waiting (counted as ``dropped``),
+and rows SQLite refuses (counted as ``failed``, logged). Usage::
+
+    store = AsyncStore(Store(state_dir / "meshd.db"))
+    await nursery.start(store.run)
+    store.record_event(request_id, "received", node=name)
+    record = await store.explain(request_id)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import trio
+
+from meshd.store import rows
+from meshd.store.rows import Row
+from meshd.store.store import Store
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    running: bool
+    pending: int  # rows queued, not yet written
+    written: int
+    failed: int  # rows SQLite refused
+    dropped: int  # rows refused because the queue was full
+    batches: int
+
+
+class AsyncStore:
+    """Wraps a ``Store`` for trio code (see the module docstring)."""
+
+    def __init__(self, store: Store, *, max_batch: int = 256, max_pending: int = 10_000) -> None:
+        self.store = store
+        self._max_batch = max(1, max_batch)
+        self._max_pending = max(1, max_pending)
+        self._limiter = trio.CapacityLimiter(1)
+        self._pending: deque[Row] = deque()
+        self._state = "idle"  # "idle" -> "running" -> "closed"
+        self._wake = trio.Event()
+        self._progress = trio.Event()
+        self._enqueued = 0  # rows ever queued
+        self._done = 0  # rows taken off the queue and written (or refused)
+        self._written = 0
+        self._failed = 0
+        self._dropped = 0
+        self._batches = 0
+
+    # -- the writer -----------------------------------------------------------------------
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The single writer; start it with ``await nursery.start(store.run)``."""
+        if self._state != "idle":
+            raise RuntimeError("AsyncStore.run() may run only once")
+        self._state = "running"
+        task_status.started()
+        try:
+            while True:
+                if not self._pending:
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                await self._write_batch()
+        finally:
+            with trio.CancelScope(shield=True):
+                while self._pending:
+                    await self._write_batch()
+            # No await between the last emptiness check and this line: a row recorded from
+            # now on is written synchronously, so none can fall between queue and closing.
+            self._state = "closed"
+            self._progress.set()
+
+    async def _write_batch(self) -> None:
+        batch = [self._pending.popleft() for _ in range(min(self._max_batch, len(self._pending)))]
+        if not batch:
+            return
+        with trio.CancelScope(shield=True):
+            try:
+                results = await trio.to_thread.run_sync(
+                    self.store.write, batch, limiter=self._limiter
+                )
+            except Exception as err:  # the transaction itself failed (disk full, I/O error)
+                log.error("store batch failed rows=%d error=%r", len(batch), err)
+                results = [err] * len(batch)
+        self._count(results)
+        self._batches += 1
+        self._done += len(batch)
+        self._progress.set()
+        self._progress = trio.Event()
+
+    def _count(self, results: Sequence[BaseException | None]) -> None:
+        failed = sum(r is not None for r in results)
+        self._failed += failed
+        self._written += len(results) - failed
+
+    def _submit(self, row: Row) -> None:
+        if self._state != "running":
+            try:
+                self._count(self.store.write([row]))
+            except Exception as err:
+                log.error("store write failed table=%s error=%r", row.table, err)
+                self._failed += 1
+            return
+        if len(self._pending) >= self._max_pending:
+            self._dropped += 1
+            if self._dropped % 1000 == 1:
+                log.warning(
+                    "store queue full dropped=%d pending=%d", self._dropped, len(self._pending)
+                )
+            return
+        self._pending.append(row)
+        self._enqueued += 1
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Wait until every row recorded before this call has been written (or refused)."""
+        target = self._enqueued
+        while self._state == "running" and self._done < target:
+            await self._progress.wait()
+
+    # -- records (never await; see the module docstring) ------------------------------------
+
+    def record_event(
+        self,
+        request_id: str,
+        kind: str,
+        *,
+        node: str = "",
+        payload: Mapping[str, Any] | None = None,
+        ts: float | None = None,
+    ) -> None:
+        self._submit(rows.event_row(request_id, kind, node=node, payload=payload, ts=ts))
+
+    def record_decision(
+        self,
+        request_id: str,
+        *,
+        strategy: str,
+        candidates: Sequence[Mapping[str, Any]],
+        constraints: Mapping[str, Any],
+        chosen: str | None,
+        order: Sequence[str],
+        plan: Mapping[str, Any] | None = None,
+        ts: float | None = None,
+    ) -> None:
+        self._submit(
+            rows.decision_row(
+                request_id,
+                strategy=strategy,
+                candidates=candidates,
+                constraints=constraints,
+                chosen=chosen,
+                order=order,
+                plan=plan,
+                ts=ts,
+            )
+        )
+
+    def record_outcome(
+        self,
+        request_id: str,
+        *,
+        ttft_ms: float | None,
+        tokens: int,
+        tokens_per_s: float | None,
+        served_by: str | None,
+        route: Sequence[str],
+        error: str | None = None,
+        retries: int = 0,
+        hedges: int = 0,
+        ts: float | None = None,
+    ) -> None:
+        self._submit(
+            rows.outcome_row(
+                request_id,
+                ttft_ms=ttft_ms,
+                tokens=tokens,
+                tokens_per_s=tokens_per_s,
+                served_by=served_by,
+                route=route,
+                error=error,
+                retries=retries,
+                hedges=hedges,
+                ts=ts,
+            )
+        )
+
+    def record_audit(
+        self,
+        kind: str,
+        *,
+        peer_id: str,
+        reason: str,
+        detail: Mapping[str, Any] | None = None,
+        ts: float | None = None,
+    ) -> None:
+        self._submit(rows.audit_row(kind, peer_id=peer_id, reason=reason, detail=detail, ts=ts))
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        await self.flush()
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    async def explain(self, request_id: str) -> dict[str, Any] | None:
+        return await self._read(self.store.explain, request_id)
+
+    async def recent_requests(self, n: int = 20) -> list[dict[str, Any]]:
+        return await self._read(self.store.recent_requests, n)
+
+    async def audit_counts(self, since_ts: float | None = None) -> dict[str, int]:
+        return await self._read(self.store.audit_counts, since_ts)
+
+    async def recent_audit(self, n: int = 20) -> list[dict[str, Any]]:
+        return await self._read(self.store.recent_audit, n)
+
+    async def prune(self, before_ts: float) -> int:
+        return await self._read(self.store.prune, before_ts)
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            running=self._state == "running",
+            pending=len(self._pending),
+            written=self._written,
+            failed=self._failed,
+            dropped=self._dropped,
+            batches=self._batches,
+        )
+
+    def close(self) -> None:
+        """Close the underlying store; call after ``run`` has returned."""
+        self.store.close()

@@ -1,0 +1,64 @@
+"""Advert schema: round trip, caps, and rejection of malformed bodies."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshd.core.advert import Advert, ModelAdvert, decode_advert
+from meshd.core.wire import pack
+from meshd.errors import ProtocolError
+
+
+def make(**kw: object) -> Advert:
+    base: dict[str, object] = dict(
+        peer_id="12D3KooWtest", name="gw-1", seq=1_700_000_000_000, ts=1.7e9, region="eu",
+        labels={"region": "eu"}, addrs=("/ip4/127.0.0.1/tcp/1",),
+        hardware={"kind": "cpu", "cpu_cores": 2},
+        models=(ModelAdvert("tiny", 6, 0, 6, 500.0, 40.0, 1000, 192),),
+        queue_depth=3, in_flight=1, coord=(1.0, 2.0), coord_height=0.5, coord_error=0.2,
+    )
+    base.update(kw)
+    return Advert(**base)  # type: ignore[arg-type]
+
+
+def test_round_trip() -> None:
+    a = make()
+    assert decode_advert(a.encode()) == a
+
+
+def test_size_cap() -> None:
+    with pytest.raises(ProtocolError, match="exceeds"):
+        make(hardware={"blob": "x" * 9000}).encode()
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d.pop("seq"), "lacks 'seq'"),
+        (lambda d: d.update(seq=-1), "out of range"),
+        (lambda d: d.update(queue=True), "wrong type"),
+        (lambda d: d.update(models=[{"name": "m", "num_layers": 4, "layers": [3, 9]}]), "outside"),
+        (lambda d: d.update(prefill_tps=float("nan")), "out of range"),
+        (lambda d: d.update(coord={"vec": [float("inf")]}), "finite"),
+        (lambda d: d.update(labels={"a": 1}), "labels"),
+    ],
+)
+def test_rejects(mutate, match: str) -> None:  # type: ignore[no-untyped-def]
+    d = make().to_dict()
+    mutate(d)
+    with pytest.raises(ProtocolError, match=match):
+        decode_advert(pack(d))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["v", "peer_id", "name", "seq", "ts", "models", "labels",
+                                        "coord", "queue", "addrs", "hw", "slots"]),
+                       st.none() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=5) | st.lists(st.integers(0, 2**32), max_size=3)
+                       | st.dictionaries(st.text(max_size=3), st.integers(0, 2**32), max_size=2)))
+def test_garbage_raises_only_protocol_error(d: dict[str, object]) -> None:
+    try:
+        decode_advert(pack(d))
+    except ProtocolError:
+        pass

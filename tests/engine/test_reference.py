@@ -1,0 +1,102 @@
+"""Imported models against the independent NumPy reference (tests/engine/reference.py)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from meshd.engine import Model, import_hf, load_model
+
+from .hf_fixtures import make_checkpoint
+from .reference import Reference
+
+PROMPT = "Once upon a time the mesh said hello to the world."
+ATOL = 1e-4
+
+
+def full_logits(model: Model, ids: list[int]) -> np.ndarray:
+    session = model.stage(0, model.num_layers).open_session(len(ids))
+    return session.step(np.array(ids), np.arange(len(ids)))
+
+
+def test_logits_match_reference(arch_name: str, hf_dirs: dict[str, Path],
+                                models: dict[str, Model]) -> None:
+    model = models[arch_name]
+    ids = model.tokenizer.encode(PROMPT)
+    assert len(ids) > 10
+    expected = Reference(hf_dirs[arch_name]).logits(ids)
+    got = full_logits(model, ids)
+    assert got.shape == (len(ids), model.vocab_size)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL)
+    assert np.abs(expected).max() > 1.0  # the comparison is not between near-zero numbers
+
+
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
+    # name: (checkpoint options, import options, compare with fp16-rounded reference weights)
+    "sharded": ({"shards": 3, "layers": 2}, {}, False),
+    "fp16-checkpoint": ({"dtype": np.float16, "layers": 2, "tie": True}, {"dtype": "fp16"},
+                        False),
+    "fp32-to-fp16": ({"layers": 2}, {"dtype": "fp16"}, True),
+    "llama-attention-bias-linear-rope": (
+        {"attention_bias": True, "layers": 2, "kv_heads": 1,
+         "rope_scaling": {"type": "linear", "factor": 2.0}}, {}, False),
+    "head-dim-override-mha": ({"layers": 2, "heads": 2, "kv_heads": 2, "head_dim": 24}, {},
+                              False),
+    "qwen2-untied": ({"arch": "qwen2", "layers": 2, "kv_heads": 1}, {}, False),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variants_match_reference(variant: str, tmp_path: Path) -> None:
+    ckpt_opts, import_opts, rounded = VARIANTS[variant]
+    hf = make_checkpoint(tmp_path / "hf", seed=7, **ckpt_opts)
+    manifest = import_hf(hf, tmp_path / "out", **import_opts)
+    assert manifest.dtype == import_opts.get("dtype", "fp32")
+    model = load_model(tmp_path / "out")
+    ids = model.tokenizer.encode(PROMPT)
+    expected = Reference(hf, round_fp16=rounded).logits(ids)
+    np.testing.assert_allclose(full_logits(model, ids), expected, rtol=0, atol=ATOL)
+
+
+def _to_bf16_file(src: Path, dst: Path) -> None:
+    """Rewrite a float32 safetensors file as bfloat16 (by hand: numpy has no bfloat16)."""
+    raw = src.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    body, out_header, offset = [], {}, 0
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        bits = np.frombuffer(raw[8 + n + a:8 + n + b], np.uint32)
+        data = (bits >> 16).astype("<u2").tobytes()
+        out_header[name] = {"dtype": "BF16", "shape": meta["shape"],
+                            "data_offsets": [offset, offset + len(data)]}
+        body.append(data)
+        offset += len(data)
+    h = json.dumps(out_header).encode()
+    dst.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(body))
+
+
+def test_bf16_checkpoint_reads_like_its_fp32_twin(tmp_path: Path) -> None:
+    hf = make_checkpoint(tmp_path / "hf", layers=1)
+    # Truncate the fp32 weights to bf16 precision so both checkpoints hold the same values.
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(str(hf / "model.safetensors"))
+    truncated = {k: (v.view(np.uint32) & 0xFFFF0000).view(np.float32) for k, v in weights.items()}
+    save_file(truncated, str(hf / "model.safetensors"))
+    bf = tmp_path / "bf"
+    bf.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (bf / f).write_bytes((hf / f).read_bytes())
+    _to_bf16_file(hf / "model.safetensors", bf / "model.safetensors")
+    a = import_hf(hf, tmp_path / "a")
+    b = import_hf(bf, tmp_path / "b")
+    assert a.weights_sha256 == b.weights_sha256
+    assert b.source["dtypes"] == ["BF16"]
