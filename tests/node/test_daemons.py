@@ -59,7 +59,7 @@ def peers_of(sock: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[dict[str, Any]]:
     d = tmp_path_factory.mktemp("mesh5")
     specs = [NodeSpec(name=f"n{i + 1}") for i in range(5)]
     specs[4].models = [{"path": "default"}, {"path": "default", "name": SOLO_MODEL}]
