@@ -162,11 +162,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ranges = [(s.start, s.end) for s in m.stages]
     if (0, m.arch.num_layers) not in ranges:
         ranges.insert(0, (0, m.arch.num_layers))
-    memory = []
-    for start, end in ranges:
-        est = stage_memory(m.arch, start, end)
-        memory.append({"layers": [start, end], **est.to_json(),
-                       "bytes_at_context": est.total(ctx)})
+    estimates = [(start, end, stage_memory(m.arch, start, end)) for start, end in ranges]
+    memory = [{"layers": [s, e], **est.to_json(), "bytes_at_context": est.total(ctx)}
+              for s, e, est in estimates]
     if args.json:
         print(json.dumps({"path": str(directory), "manifest": m.to_json(), "files": files,
                           "total_bytes": sum(files.values()), "context_tokens": ctx,
@@ -188,10 +186,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for name, size in files.items():
         print(f"    {name:<24} {size:>12,d} bytes")
     print(f"  memory per stage (float32 compute; KV per token; total at {ctx} tokens)")
-    for entry in memory:
-        s, e = entry["layers"]
+    for s, e, est in estimates:
         prebuilt = " (prebuilt)" if any((x.start, x.end) == (s, e) for x in m.stages) else ""
-        print(f"    layers [{s}, {e}){prebuilt}: weights {_mib(entry['weights_bytes'])}, "
-              f"KV {entry['kv_bytes_per_token']:,d} B/token, "
-              f"total {_mib(entry['bytes_at_context'])}")
+        print(f"    layers [{s}, {e}){prebuilt}: weights {_mib(est.weights_bytes)}, "
+              f"KV {est.kv_bytes_per_token:,d} B/token, total {_mib(est.total(ctx))}")
     return Exit.OK

@@ -65,16 +65,22 @@ class _Builder:
         self.fp32: dict[str, str] = {}
         self.count = 0
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, out: str | None = None,
-           **attrs: Any) -> Any:
+    def ops(self, op_type: str, inputs: list[str], n_out: int, **attrs: Any) -> list[str]:
+        """Add a node; return its ``n_out`` output names."""
         self.count += 1
-        if out is not None:
-            outputs = [out]
-        else:
-            outputs = [f"{op_type.lower()}_{self.count}_{k}" for k in range(n_out)]
+        outputs = [f"{op_type.lower()}_{self.count}_{k}" for k in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outputs,
                                            name=f"{op_type}_{self.count}", **attrs))
-        return outputs[0] if n_out == 1 else outputs
+        return outputs
+
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
+        """Add a one-output node; its output is named ``out`` if given."""
+        if out is None:
+            return self.ops(op_type, inputs, 1, **attrs)[0]
+        self.count += 1
+        self.nodes.append(helper.make_node(op_type, inputs, [out],
+                                           name=f"{op_type}_{self.count}", **attrs))
+        return out
 
     def const(self, name: str, value: np.ndarray) -> str:
         if name not in self.inits:
@@ -205,7 +211,7 @@ def _linear(b: _Builder, x: str, prefix: str, bias: bool) -> str:
 
 
 def _rope(b: _Builder, x: str, cos: str, sin: str, half: str) -> str:
-    x1, x2 = b.op("Split", [x, half], n_out=2, axis=-1)
+    x1, x2 = b.ops("Split", [x, half], 2, axis=-1)
     return b.op("Add", [b.op("Mul", [x, cos]),
                         b.op("Mul", [b.op("Concat", [x2, x1], axis=-1), sin])])
 
@@ -216,16 +222,16 @@ def _layer(b: _Builder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_q: s
     c = b.const
     d, nh, kvh = arch.head_dim, arch.num_heads, arch.num_kv_heads
     half = c(f"half_{d}", np.array([d // 2, d // 2], np.int64))
-    perm = {"perm": [1, 0, 2]}
+    perm = [1, 0, 2]
 
     h = _rms_norm(b, x, b.weight(p + "input_layernorm.weight"), arch.rms_norm_eps)
     q = _linear(b, h, p + "self_attn.q_proj", arch.qkv_bias)
     k = _linear(b, h, p + "self_attn.k_proj", arch.qkv_bias)
     v = _linear(b, h, p + "self_attn.v_proj", arch.qkv_bias)
-    q = b.op("Transpose", [b.op("Reshape", [q, c(f"shape_q", np.array([-1, nh, d]))])], **perm)
-    k = b.op("Transpose", [b.op("Reshape", [k, c(f"shape_kv", np.array([-1, kvh, d]))])], **perm)
+    q = b.op("Transpose", [b.op("Reshape", [q, c("shape_q", np.array([-1, nh, d]))])], perm=perm)
+    k = b.op("Transpose", [b.op("Reshape", [k, c("shape_kv", np.array([-1, kvh, d]))])], perm=perm)
     b.op("Transpose", [b.op("Reshape", [v, c("shape_kv", np.array([-1, kvh, d]))])],
-         out=new_value(i), **perm)
+         out=new_value(i), perm=perm)
     q = _rope(b, q, cos_q, sin_q, half)  # [nh, T, d], already scaled by 1/sqrt(d)
     _rope_k = _rope(b, k, cos, sin, half)
     k = b.op("Identity", [_rope_k], out=new_key(i))  # [kvh, T, d]
@@ -237,10 +243,10 @@ def _layer(b: _Builder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_q: s
     s_new = b.op("MatMul", [qg, b.op("Transpose", [k], perm=[0, 2, 1])])
     s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=-1), mask])
     probs = b.op("Softmax", [s], axis=-1)
-    p_past, p_new = b.op("Split", [probs, split_sizes], n_out=2, axis=-1)
+    p_past, p_new = b.ops("Split", [probs, split_sizes], 2, axis=-1)
     o = b.op("Add", [b.op("MatMul", [p_past, past_value(i)]), b.op("MatMul", [p_new, v])])
     o = b.op("Reshape", [o, c("shape_heads", np.array([nh, -1, d]))])
-    o = b.op("Reshape", [b.op("Transpose", [o], **perm), c("shape_flat", np.array([-1, nh * d]))])
+    o = b.op("Reshape", [b.op("Transpose", [o], perm=perm), c("shape_flat", np.array([-1, nh * d]))])
     x = b.op("Add", [x, _linear(b, o, p + "self_attn.o_proj", arch.o_bias)])
 
     h = _rms_norm(b, x, b.weight(p + "post_attention_layernorm.weight"), arch.rms_norm_eps)

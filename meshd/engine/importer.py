@@ -190,11 +190,13 @@ def _tokenizer_info(hf_dir: Path, cfg: dict[str, Any], arch: Arch) -> TokenizerI
     gen = _read_json(gen_path) if gen_path.is_file() else {}
 
     bos_ids = _ids(cfg.get("bos_token_id"))
-    if not bos_ids and bos is not None and tok.token_to_id(bos) is not None:
-        bos_ids = [tok.token_to_id(bos)]
+    bos_id = tok.token_to_id(bos) if bos is not None else None
+    if not bos_ids and bos_id is not None:
+        bos_ids = [bos_id]
     eos_ids = _ids(cfg.get("eos_token_id")) + _ids(gen.get("eos_token_id"))
-    if eos is not None and tok.token_to_id(eos) is not None:
-        eos_ids.append(tok.token_to_id(eos))
+    eos_id = tok.token_to_id(eos) if eos is not None else None
+    if eos_id is not None:
+        eos_ids.append(eos_id)
     eos_ids = sorted(set(eos_ids))
     for i in [*bos_ids, *eos_ids]:
         if not 0 <= i < arch.vocab_size:

@@ -111,8 +111,26 @@ class Manifest:
         }
 
     def write(self, directory: Path) -> None:
-        text = json.dumps(self.to_json(), indent=1, sort_keys=False)
-        (directory / MANIFEST).write_text(text + "\n")
+        (directory / MANIFEST).write_text(dumps_manifest(self.to_json()))
+
+
+def dumps_manifest(data: dict[str, Any]) -> str:
+    """Indented JSON with one line per tensor and per stage, so that diffs stay readable."""
+    data = json.loads(json.dumps(data))
+    compact: dict[str, str] = {}
+    for key, rows, pad in (("tensors", data["weights"]["tensors"], "  "),
+                           ("stages", data["stages"], " ")):
+        marker = f"@@{key}@@"
+        lines = ",\n".join(f"{pad} {json.dumps(row)}" for row in rows)
+        compact[json.dumps(marker)] = f"[\n{lines}\n{pad}]" if rows else "[]"
+        if key == "tensors":
+            data["weights"]["tensors"] = marker
+        else:
+            data["stages"] = marker
+    text = json.dumps(data, indent=1)
+    for marker, value in compact.items():
+        text = text.replace(marker, value)
+    return text + "\n"
 
 
 def read_manifest(directory: Path) -> Manifest:

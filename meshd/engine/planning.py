@@ -45,7 +45,7 @@ def layer_tensors(arch: Arch, i: int) -> list[tuple[str, tuple[int, ...]]]:
 
 def model_tensors(arch: Arch) -> list[tuple[str, tuple[int, ...]]]:
     """Every tensor the whole model needs, in storage order."""
-    out = [(EMBED, (arch.vocab_size, arch.hidden_size))]
+    out: list[tuple[str, tuple[int, ...]]] = [(EMBED, (arch.vocab_size, arch.hidden_size))]
     for i in range(arch.num_layers):
         out += layer_tensors(arch, i)
     out.append((FINAL_NORM, (arch.hidden_size,)))

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,8 @@ import onnxruntime as ort
 
 from meshd.engine import graph as g
 from meshd.engine import planning
-from meshd.engine.manifest import Manifest, StageEntry, read_manifest
 from meshd.engine.generation import TokenEvent
+from meshd.engine.manifest import Manifest, StageEntry, read_manifest
 from meshd.engine.planning import StageMemory, check_range, stage_memory, stage_tensor_names
 from meshd.engine.run import generate_async, generate_sync
 from meshd.engine.sampling import GenerationConfig
@@ -75,6 +76,8 @@ class Stage:
         self._device = "cuda" if self.provider in ("CUDAExecutionProvider",
                                                    "TensorrtExecutionProvider") else "cpu"
         self.output_names = [o.name for o in session.get_outputs()]
+        self._open: weakref.WeakSet[StageSession] = weakref.WeakSet()
+        self.sessions_opened = 0
 
     @property
     def num_layers(self) -> int:
@@ -88,7 +91,16 @@ class Stage:
             max_tokens = ctx
         if not 1 <= max_tokens <= ctx:
             raise LocalError(f"max_tokens={max_tokens} must be in [1, {ctx}] (the context)")
-        return StageSession(self, max_tokens)
+        session = StageSession(self, max_tokens)
+        self._open.add(session)
+        self.sessions_opened += 1
+        return session
+
+    def statistics(self) -> dict[str, Any]:
+        live = [s for s in self._open if not s.freed]
+        return {"layers": [self.start, self.end], "provider": self.provider,
+                "sessions_opened": self.sessions_opened, "sessions_open": len(live),
+                "kv_bytes": sum(s.memory_bytes() for s in live)}
 
     def _run(self, binding: ort.IOBinding) -> list[np.ndarray]:
         try:
@@ -134,6 +146,10 @@ class StageSession:
     def memory_bytes(self) -> int:
         """Bytes held by this session's KV cache."""
         return sum(a.nbytes for a in self._keys) + sum(a.nbytes for a in self._values)
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
 
     def free(self) -> None:
         """Drop the cache; the session cannot be used afterwards."""
@@ -287,6 +303,14 @@ class Model:
                 stage = Stage(self, start, end, self._build_session(start, end))
                 self._stages[(start, end)] = stage
             return stage
+
+    def statistics(self) -> dict[str, Any]:
+        """What ``meshd status`` shows about this model: the stages built and their sessions."""
+        with self._lock:
+            stages = [st.statistics() for _, st in sorted(self._stages.items())]
+        return {"model": self.manifest.name, "version": self.manifest.version,
+                "content_sha256": self.manifest.content_hash, "layers": list(self.layers),
+                "stages": stages}
 
     def close(self) -> None:
         """Drop every built stage session (open stage sessions must not be used afterwards)."""

@@ -80,6 +80,8 @@ def sample(logits_row: np.ndarray, history: Sequence[int], cfg: GenerationConfig
            rng: np.random.Generator) -> int:
     """Pick the next token id from one row of logits. ``history`` is every token so far (prompt
     and generated), used by the repetition penalty."""
+    if cfg.temperature == 0 and cfg.repetition_penalty == 1.0:
+        return int(np.argmax(logits_row))  # the common greedy case, without a float64 copy
     logits = apply_repetition_penalty(logits_row, history, cfg.repetition_penalty)
     if cfg.temperature == 0:
         return int(np.argmax(logits))
@@ -89,4 +91,4 @@ def sample(logits_row: np.ndarray, history: Sequence[int], cfg: GenerationConfig
     idx = min(idx, p.shape[0] - 1)
     while p[idx] == 0:  # float edge at the very end of the cumulative sum
         idx -= 1
-    return idx
+    return int(idx)

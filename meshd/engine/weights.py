@@ -18,7 +18,7 @@ from meshd.engine.manifest import Manifest, TensorEntry
 from meshd.errors import ModelError
 
 ALIGN = 64
-_NP = {"fp32": np.dtype("<f4"), "fp16": np.dtype("<f2")}
+_NP: dict[str, np.dtype[np.floating]] = {"fp32": np.dtype("<f4"), "fp16": np.dtype("<f2")}
 
 
 class WeightsWriter:

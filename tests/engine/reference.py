@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import load_file
@@ -29,16 +30,16 @@ def load_hf_weights(hf_dir: Path, round_fp16: bool = False) -> dict[str, np.ndar
     return weights
 
 
-def inv_freq(cfg: dict) -> np.ndarray:
+def inv_freq(cfg: dict[str, Any]) -> np.ndarray:
     d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     base = cfg.get("rope_theta", 10000.0)
     freqs = np.array([1.0 / base ** (2 * i / d) for i in range(d // 2)])
     rs = cfg.get("rope_scaling")
     if not rs:
-        return freqs
+        return np.asarray(freqs)
     kind = rs.get("rope_type", rs.get("type"))
     if kind == "linear":
-        return freqs / rs["factor"]
+        return np.asarray(freqs / rs["factor"])
     assert kind == "llama3", kind
     out = []
     old = rs["original_max_position_embeddings"]
@@ -74,10 +75,10 @@ class Reference:
         sin = np.sin(np.concatenate([angles, angles], axis=1))
 
         def rms(v: np.ndarray, weight: np.ndarray) -> np.ndarray:
-            return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * weight
+            return np.asarray(v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * weight)
 
         def lin(v: np.ndarray, name: str) -> np.ndarray:
-            out = v @ w[name + ".weight"].T
+            out = np.asarray(v @ w[name + ".weight"].T)
             return out + w[name + ".bias"] if name + ".bias" in w else out
 
         def rotate_half(v: np.ndarray) -> np.ndarray:
@@ -106,8 +107,9 @@ class Reference:
             x = x + lin(gate / (1 + np.exp(-gate)) * lin(h, p + "mlp.up_proj"),
                         p + "mlp.down_proj")
         x = rms(x, w["model.norm.weight"])
-        head = w.get("lm_head.weight") if not cfg.get("tie_word_embeddings") else None
-        return x @ (w["model.embed_tokens.weight"] if head is None else head).T
+        tied = cfg.get("tie_word_embeddings")
+        proj = w["model.embed_tokens.weight"] if tied else w["lm_head.weight"]
+        return np.asarray(x @ proj.T)
 
     def greedy(self, ids: list[int], n: int) -> list[int]:
         out = list(ids)

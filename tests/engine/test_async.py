@@ -29,6 +29,10 @@ def test_concurrent_sessions_match_sync(models: dict[str, Model]) -> None:
     for p in PROMPTS:
         assert [e.token_id for e in got[p]] == expected[p]
         assert got[p][-1].finish_reason in ("eos", "length")
+    stats = model.statistics()
+    whole = [s for s in stats["stages"] if s["layers"] == [0, model.num_layers]][0]
+    assert whole["sessions_open"] == 0 and whole["kv_bytes"] == 0  # every cache was freed
+    assert whole["sessions_opened"] >= 2 * len(PROMPTS)
 
 
 def test_early_exit_and_default_limiter(models: dict[str, Model]) -> None:
@@ -56,3 +60,13 @@ def test_logits_are_float32(models: dict[str, Model]) -> None:
     model = models["llama"]
     out = model.stage(0, model.num_layers).open_session().step(np.array([0, 5]), np.arange(2))
     assert out.dtype == np.float32
+
+
+def test_runtime_conforms_to_the_protocols(models: dict[str, Model]) -> None:
+    from meshd.engine.protocols import ModelRunner, StageLike, StageSessionLike
+
+    runner: ModelRunner = models["llama"]  # checked by mypy; here only that it type-checks
+    stage: StageLike = runner.stage(0, 1)
+    session: StageSessionLike = stage.open_session(4)
+    assert session.length == 0
+    session.free()

@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
@@ -32,13 +33,13 @@ def edit_config(hf: Path, **changes: object) -> None:
     (hf / "config.json").write_text(json.dumps(cfg))
 
 
-def edit_weights(hf: Path, fn: Callable[[dict], None]) -> None:
+def edit_weights(hf: Path, fn: Callable[[dict[str, np.ndarray]], object]) -> None:
     weights = load_file(str(hf / "model.safetensors"))
     fn(weights)
     save_file(weights, str(hf / "model.safetensors"))
 
 
-CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+CASES: dict[str, tuple[Callable[[Path], object], str]] = {
     "architecture": (lambda h: edit_config(h, architectures=["GPT2LMHeadModel"]),
                      r"config.json: architectures='GPT2LMHeadModel' is not supported"),
     "activation": (lambda h: edit_config(h, hidden_act="gelu"), r"hidden_act='gelu'"),
@@ -135,7 +136,7 @@ def test_hash_mismatch_at_load(model_dir: Path) -> None:
         load_model(model_dir)
 
 
-LOAD_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+LOAD_CASES: dict[str, tuple[Callable[[Path], object], str]] = {
     "truncated-weights": (lambda d: (d / "weights.bin").write_bytes(
         (d / "weights.bin").read_bytes()[:-10]), r"weights.bin: size \d+ bytes, manifest says"),
     "no-weights": (lambda d: (d / "weights.bin").unlink(), r"weights file is missing"),

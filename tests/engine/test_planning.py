@@ -12,6 +12,7 @@ from meshd.engine.planning import (
     EMBED,
     FINAL_NORM,
     LM_HEAD,
+    default_threads,
     model_tensors,
     plan_stages,
     stage_memory,
@@ -115,3 +116,9 @@ def test_llama3_rope_scaling_keeps_high_frequencies() -> None:
     got = rope_inv_freq(scaled)
     assert got[0] == plain[0]  # the highest frequency is untouched
     assert got[-1] == pytest.approx(plain[-1] / 8)  # the lowest is divided by the factor
+
+
+@pytest.mark.parametrize(("weights", "threads"), [(0, 1), (63 * 2**20, 1), (64 * 2**20, 0),
+                                                  (2**34, 0)])
+def test_default_threads(weights: int, threads: int) -> None:
+    assert default_threads(weights) == threads

@@ -13,7 +13,8 @@ LOGITS = np.array([1.0, 3.0, 2.0, 3.0, -1.0], np.float32)
 
 
 def cfg(**kw: object) -> GenerationConfig:
-    base = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+    base: dict[str, object] = {"temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                               "repetition_penalty": 1.0}
     base.update(kw)
     return GenerationConfig(**base)  # type: ignore[arg-type]
 
