@@ -46,7 +46,7 @@ SHIPPED_SHAPE = {"layers": 6, "hidden": 192, "intermediate": 512, "heads": 4, "k
 
 
 def make_bench_model(root: Path) -> Path:
-    shape = dict(SHIPPED_SHAPE)
+    shape: dict[str, Any] = dict(SHIPPED_SHAPE)
     shipped = default_model_path()
     if (shipped / "manifest.json").is_file():
         a = json.loads((shipped / "manifest.json").read_text())["architecture"]
@@ -54,7 +54,7 @@ def make_bench_model(root: Path) -> Path:
                  "intermediate": a["intermediate_size"], "heads": a["num_heads"],
                  "kv_heads": a["num_kv_heads"], "head_dim": a["head_dim"],
                  "vocab": a["vocab_size"], "tie": a["tie_word_embeddings"]}
-    hf = make_checkpoint(root / "hf", max_pos=1024, std=0.05, **shape)  # type: ignore[arg-type]
+    hf = make_checkpoint(root / "hf", max_pos=1024, std=0.05, **shape)
     import_hf(hf, root / "model", dtype="fp16")
     return root / "model"
 
@@ -261,7 +261,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_bench_model(Path(tmp))
-        results = {
+        results: dict[str, Any] = {
             "machine": {"cpus": os.cpu_count(), "onnxruntime": ort.__version__,
                         "threads": args.threads, "load_avg": os.getloadavg()[0]},
             "decode": bench_decode(model_dir, args.threads, args.repeats, args.decode_tokens),

@@ -318,6 +318,10 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--stop-step", type=int, default=1400,
+                    help="stop here, before --steps (the cosine horizon), ending with a linear cooldown")
+    ap.add_argument("--cooldown", type=int, default=350,
+                    help="steps before --stop-step over which the lr falls linearly to zero")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=100)
@@ -403,11 +407,25 @@ def main() -> int:
         lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
     )
 
+    def lr_for(a: dict, step: int) -> float:
+        """Linear warmup, cosine over a["steps"]; if the run stops early (stop_step), the
+        last `cooldown` steps before the stop scale that lr down linearly towards zero."""
+        if step < a["warmup"]:
+            lr = a["lr"] * (step + 1) / a["warmup"]
+        else:
+            prog = (step - a["warmup"]) / max(1, a["steps"] - a["warmup"])
+            lr = a["lr"] * (a["min_lr_ratio"] + (1 - a["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * prog)))
+        stop, cool = a.get("stop_step") or a["steps"], a.get("cooldown") or 0
+        if cool > 0 and step >= stop - cool:
+            lr *= (stop - step) / cool
+        return lr
+
     def lr_at(step: int) -> float:
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        prog = (step - args.warmup) / max(1, args.steps - args.warmup)
-        return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog)))
+        return lr_for(vars(args), step)
+
+    # arguments that shape the trajectory; the schedule is compared step by step on resume
+    traj_keys = ("seed", "vocab_size", "hidden", "intermediate", "layers", "heads", "kv_heads", "ctx",
+                 "seq_len", "batch", "weight_decay")
 
     def batch(split: str, step: int, bsz: int):
         # batch content depends only on (seed, split, step): resumable and reproducible
@@ -429,11 +447,14 @@ def main() -> int:
         return tot / n_batches
 
     # ---- resume
+    stop = args.stop_step or args.steps
     ckpt = work / "resume.pt"
     step0, train_time, ema = 0, 0.0, None
     if ckpt.exists() and not args.bench:
         st = torch.load(ckpt, weights_only=False)
-        if st["args"] == {k: v for k, v in vars(args).items() if k not in ("threads",)}:
+        same = all(st["args"][k] == getattr(args, k) for k in traj_keys) and all(
+            lr_for(st["args"], i) == lr_at(i) for i in range(st["step"]))
+        if same and st["step"] <= stop:
             model.load_state_dict(st["model"])
             opt.load_state_dict(st["opt"])
             torch.set_rng_state(st["torch_rng"])
@@ -444,7 +465,7 @@ def main() -> int:
 
     # ---- train
     model.train()
-    steps = 10 if args.bench else args.steps
+    steps = 10 if args.bench else stop
     t_last = time.time()
     for step in range(step0, steps):
         for g in opt.param_groups:
@@ -470,7 +491,7 @@ def main() -> int:
         if not args.bench and ((step + 1) % args.ckpt_every == 0 or step + 1 == steps):
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
                         "train_time": train_time, "ema": ema, "torch_rng": torch.get_rng_state(),
-                        "args": {k: v for k, v in vars(args).items() if k not in ("threads",)}}, ckpt)
+                        "args": vars(args)}, ckpt)
             t_last = time.time()
     if args.bench:
         return 0
@@ -537,8 +558,8 @@ def main() -> int:
         "vocab_size": vocab_size,
         "train_tokens": len(data["train"]),
         "val_tokens": len(data["val"]),
-        "steps": args.steps,
-        "tokens_seen": args.steps * args.batch * args.seq_len,
+        "steps": stop,
+        "tokens_seen": stop * args.batch * args.seq_len,
         "final_train_loss_ema": None if ema is None else round(ema, 4),
         "final_val_loss": round(final_val, 4),
         "train_time_s": round(train_time, 1),

@@ -79,8 +79,14 @@ def _compile_template(source: str) -> Any:
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
+    def strftime_now(fmt: str) -> str:  # Llama 3.x templates print today's date
+        import datetime
+
+        return datetime.datetime.now().strftime(fmt)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     try:
         return env.from_string(source)
     except TemplateError as err:

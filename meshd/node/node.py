@@ -16,7 +16,6 @@ import multiaddr
 import trio
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from libp2p.peer.id import ID
 
 from meshd.config import Config
 from meshd.control.server import ControlServer
@@ -31,7 +30,7 @@ from meshd.core.messages import (
 from meshd.core.peertable import PeerTable, Verdict
 from meshd.core.snapshot import Policy
 from meshd.core.vivaldi import Coord, update
-from meshd.core.wire import MAX_ADVERT_BYTES, MAX_REQUEST_FRAME, Message, decode_message, encode_message
+from meshd.core.wire import MAX_ADVERT_BYTES, MAX_REQUEST_FRAME, decode_message, encode_message
 from meshd.errors import MeshdError, ProtocolError
 from meshd.net.attest import Attestor, apply_revocation, make_host
 from meshd.net.framed import FramedStream
@@ -109,6 +108,7 @@ class Node(ControlMixin):
         }
         self.rejections: dict[str, int] = {}
         self.addrs: list[str] = []
+        self.revoked_peer_ids: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -350,7 +350,7 @@ class Node(ControlMixin):
         gone = [p.to_base58() for p in doomed]
         # also drop any peer (connected or heard through gossip) whose serial is now revoked
         revoked = self.attestor.revoked
-        for pid, e in list(self.table.entries.items()):
+        for pid in list(self.table.entries):
             cert = self.attestor.certificate_of(pid)
             if pid in gone or (cert is not None and cert.serial in revoked):
                 self.table.drop(pid)
@@ -361,8 +361,6 @@ class Node(ControlMixin):
         if changed and gossip and self.gossip is not None:
             await self.gossip.publish(REVOCATION_TOPIC, encode_message(MessageType.REVOCATION, {"crl": crl}))
         return gone
-
-    revoked_peer_ids: set[str] = set()
 
     def _persist_revocation(self, crl: bytes) -> None:
         try:
@@ -419,6 +417,3 @@ def _in_trio() -> bool:
     except RuntimeError:
         return False
 
-
-def _unused(_: Message | ID | Path) -> None:  # keep imports honest for type checkers
-    pass

@@ -49,7 +49,9 @@ class Engine:
         self.world = World(sc, self.seed)
         self.nominal = _nominal(sc)
         self.views = Views(self.world, sc, self.seed, self.nominal)
-        self.policy = dataclasses.replace(sc.policy, strategy=strategy)
+        # The scenario's policy with the strategy under test. The explanation list is trimmed
+        # to the decision's own order: it changes what `meshd explain` would list, not the choice.
+        self.policy = dataclasses.replace(sc.policy, strategy=strategy, explain_limit=0)
         self.route_rng = random.Random(self.seed * 7 + 1)
         self.net_rng = random.Random(self.seed * 13 + 2)
         self.event_rng = random.Random(self.seed * 19 + 4)

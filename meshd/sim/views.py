@@ -203,7 +203,8 @@ class Views:
             self.probes_sent += 1
             if not t.alive or j in e.known_dead:
                 continue
-            rtt = self.world.sample_rtt(e, t, self.rng)
+            # The probe's round trip is a measured RTT (it overrides the estimate while fresh).
+            rtt = self.world.latency.sample_ms(e.idx, j, self.rng)
             e.measured[j] = (rtt, now + rtt / 1000.0)
             e.probe_pending.append((j, now, now + rtt / 1000.0, len(t.queue), t.running, rtt))
 

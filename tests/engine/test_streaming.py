@@ -113,3 +113,22 @@ def test_chat_template(models: dict[str, Model], model_dirs: dict[str, Path]) ->
     assert not models["qwen2"].tokenizer.has_chat_template
     ids = models["llama"].encode_prompt("hi", chat=True)
     assert ids == tok.encode(text, add_special_tokens=False)
+
+
+def test_chat_template_errors_are_model_errors(models: dict[str, Model]) -> None:
+    from dataclasses import replace
+
+    from meshd.engine.tokenizer import Tokenizer
+    from meshd.errors import ModelError
+
+    model = models["llama"]
+    path = model.path / model.manifest.tokenizer.file
+    raising = replace(model.manifest.tokenizer,
+                      chat_template="{{ raise_exception('no system role') }}")
+    with pytest.raises(ModelError, match="chat template failed: no system role"):
+        Tokenizer(path, raising).apply_chat_template([{"role": "system", "content": "x"}])
+    broken = replace(model.manifest.tokenizer, chat_template="{% for %}")
+    with pytest.raises(ModelError, match="does not compile"):
+        Tokenizer(path, broken).apply_chat_template([])
+    dated = replace(model.manifest.tokenizer, chat_template="{{ strftime_now('%Y') }}")
+    assert Tokenizer(path, dated).apply_chat_template([]).isdigit()

@@ -89,6 +89,10 @@ async def running(*nodes: Node) -> AsyncIterator[None]:
         for node in nodes:
             await stack.enter_async_context(node.host.run(LOCAL))
         yield
+        # Close connections before the hosts stop (see A.disconnect_all).
+        for node in nodes:
+            await A.disconnect_all(node.host)
+        await wait_until(lambda: all(not n.host.get_network().get_connections() for n in nodes))
 
 
 async def wait_until(predicate: Callable[[], bool], timeout_s: float = 3.0) -> None:
