@@ -1,4 +1,8 @@
-"""`meshd keys`: the mesh CA, node identities, revocation, and a look inside key files."""
+"""`meshd keys`: the mesh CA, node identities, revocation, and a look inside key files.
+
+``meshd.net.identity`` (and with it libp2p, about a second to import) is imported only when an
+action runs, so ``meshd --help`` stays quick.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from libp2p.peer.id import ID
 
 from meshd.core.cert import (
     CERT_KIND,
@@ -25,6 +28,7 @@ from meshd.core.cert import (
     decode_revocation_list,
     detect_kind,
     issue_certificate,
+    peer_id_of,
     public_key_bytes,
     sign_revocation_list,
     verify_revocation_list,
@@ -32,7 +36,6 @@ from meshd.core.cert import (
 )
 from meshd.errors import KeyFileError, LocalError, MeshdError
 from meshd.exitcodes import Exit
-from meshd.net import identity as ident
 from meshd.paths import state_home
 
 DEFAULT_DAYS = 365
@@ -221,6 +224,8 @@ def _ca_dir(args: argparse.Namespace) -> Path:
 
 
 def _load_ca(ca_dir: Path) -> Ed25519PrivateKey:
+    from meshd.net import identity as ident
+
     if not (ca_dir / ident.CA_KEY_FILE).exists():
         raise KeyFileError(
             f"{ca_dir / ident.CA_KEY_FILE}: no CA here; create one with `meshd keys init-ca "
@@ -230,6 +235,8 @@ def _load_ca(ca_dir: Path) -> Ed25519PrivateKey:
 
 
 def _next_serial(ca_dir: Path) -> int:
+    from meshd.net import identity as ident
+
     path = ca_dir / ident.SERIAL_FILE
     if not path.exists():
         return 1
@@ -240,6 +247,8 @@ def _next_serial(ca_dir: Path) -> int:
 
 
 def _load_crl(ca_dir: Path, ca_public_key: bytes) -> RevocationList | None:
+    from meshd.net import identity as ident
+
     path = ca_dir / ident.REVOCATION_FILE
     if not path.exists():
         return None
@@ -251,14 +260,17 @@ def _utc(ts: int) -> str:
 
 
 def _read_issued(ca_dir: Path) -> list[dict[str, Any]]:
+    from meshd.net import identity as ident
+
     path = ca_dir / ident.ISSUED_LOG_FILE
     if not path.exists():
         return []
     rows = []
-    for line in ident.read_file(path, max_bytes=64 << 20).decode().splitlines():
+    text = ident.read_file(path, max_bytes=64 << 20).decode("utf-8", "replace")
+    for line in text.splitlines():
         parts = line.split("\t")
-        if len(parts) != 5 or not parts[0].isdigit():
-            continue
+        if len(parts) != 5 or not all(p.isdigit() for p in (parts[0], parts[3], parts[4])):
+            continue  # a damaged line: skip it, the certificates themselves are what count
         rows.append(
             {
                 "serial": int(parts[0]),
@@ -275,6 +287,8 @@ def _read_issued(ca_dir: Path) -> list[dict[str, Any]]:
 
 
 def run_init_ca(args: argparse.Namespace) -> int:
+    from meshd.net import identity as ident
+
     ca_dir = _ca_dir(args)
     key_path = ca_dir / ident.CA_KEY_FILE
     if key_path.exists():
@@ -292,6 +306,8 @@ def run_init_ca(args: argparse.Namespace) -> int:
 
 
 def run_issue(args: argparse.Namespace) -> int:
+    from meshd.net import identity as ident
+
     ca_dir = _ca_dir(args)
     ca_key = _load_ca(ca_dir)
     ca_public_key = public_key_bytes(ca_key)
@@ -329,7 +345,7 @@ def run_issue(args: argparse.Namespace) -> int:
             out / ident.REVOCATION_FILE,
             ident.read_file(crl_path, max_bytes=MAX_REVOCATION_LIST_BYTES),
         )
-    peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
+    peer_id = peer_id_of(ident.node_public_key_bytes(key_pair))
     log = ca_dir / ident.ISSUED_LOG_FILE
     try:
         with open(log, "a", encoding="ascii") as f:
@@ -349,6 +365,8 @@ def run_issue(args: argparse.Namespace) -> int:
 
 
 def run_revoke(args: argparse.Namespace) -> int:
+    from meshd.net import identity as ident
+
     ca_dir = _ca_dir(args)
     ca_key = _load_ca(ca_dir)
     ca_public_key = public_key_bytes(ca_key)
@@ -374,6 +392,8 @@ def run_revoke(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from meshd.net import identity as ident
+
     ca_dir = _ca_dir(args)
     ca_public_key = ident.load_ca_public_key(ca_dir / ident.CA_PUBLIC_KEY_FILE)
     crl = _load_crl(ca_dir, ca_public_key)
@@ -400,6 +420,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    from meshd.net import identity as ident
+
     path = Path(args.file)
     ca_path = Path(args.ca) if args.ca is not None else path.parent / ident.CA_PUBLIC_KEY_FILE
     ca_public_key = ident.load_ca_public_key(ca_path) if ca_path.exists() else None
@@ -491,12 +513,14 @@ def _show_revocation_list(
 
 
 def _show_private_key(path: Path) -> dict[str, Any]:
+    from meshd.net import identity as ident
+
     key_pair = ident.load_node_key(path)  # refuses unsafe permissions like the daemon does
     public_key = ident.node_public_key_bytes(key_pair)
     return {
         "kind": "private key",
         "public_key": public_key.hex(),
-        "peer_id": ID.from_pubkey(key_pair.public_key).to_base58(),
+        "peer_id": peer_id_of(public_key),
         "as_ca_key_id": ca_key_id(public_key),
         "permissions": "owner only (checked)",
     }

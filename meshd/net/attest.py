@@ -187,6 +187,17 @@ class Attestor:
         self._disconnected_revoked += len(doomed)
         return [ID.from_base58(pid) for pid in doomed]
 
+    def expire(self, now: float) -> list[ID]:
+        """Peers whose certificate ran out while connected: forgotten; disconnect them.
+
+        Call it now and then (say, on each advert tick); certificates are checked at connect
+        time, and a long-lived connection can outlive its certificate.
+        """
+        doomed = sorted(pid for pid, cert in self._peers.items() if now >= cert.not_after)
+        for pid in doomed:
+            del self._peers[pid]
+        return [ID.from_base58(pid) for pid in doomed]
+
     def apply_revocation_list(self, revocation_list: RevocationList) -> list[ID]:
         """Put a (verified) revocation list in force if it is newer than the one in force.
 
@@ -319,8 +330,9 @@ class AttestedNoiseTransport(ISecureTransport):
             try:
                 cert = self.attestor.check(payload, remote, self._clock())
             except AttestationRejected as rejected:
-                # Tell the peer why, then fail; the caller closes the connection.
-                await secure.write(encode_frame(FRAME_VERDICT, rejected.reason.encode()))
+                # Tell the peer why (best effort), then fail; the caller closes the connection.
+                with contextlib.suppress(Exception):
+                    await secure.write(encode_frame(FRAME_VERDICT, rejected.reason.encode()))
                 raise AttestationFailure(rejected.reason, rejected.detail) from None
             await secure.write(encode_frame(FRAME_VERDICT, VERDICT_OK.encode()))
             theirs = await _read_frame(secure, FRAME_VERDICT, MAX_VERDICT_BYTES)
@@ -364,11 +376,12 @@ class AttestedNoiseTransport(ISecureTransport):
         self.attestor.record_rejection(failure.reason)
         peer = secure.get_remote_peer() if secure is not None else expected
         address = None
-        if secure is not None:
-            try:
-                address = secure.get_remote_address()
-            except Exception:
-                address = None
+        for source in (secure, conn):
+            if source is not None and address is None:
+                try:
+                    address = source.get_remote_address()
+                except Exception:
+                    address = None
         logger.warning(
             "peer rejected reason=%s direction=%s peer_id=%s address=%s detail=%r",
             failure.reason,
