@@ -24,7 +24,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -139,7 +138,12 @@ def rotate_half(x):
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        h, nq, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+        h, nq, nkv, hd = (
+            cfg["hidden_size"],
+            cfg["num_attention_heads"],
+            cfg["num_key_value_heads"],
+            cfg["head_dim"],
+        )
         self.nq, self.nkv, self.hd = nq, nkv, hd
         self.q_proj = nn.Linear(h, nq * hd, bias=False)
         self.k_proj = nn.Linear(h, nkv * hd, bias=False)
@@ -221,7 +225,7 @@ class TinyLlama(nn.Module):
 
 def numpy_logits(weights: dict, cfg: dict, ids: list[int]) -> np.ndarray:
     w = {k: v.astype(np.float64) for k, v in weights.items()}
-    h, nq, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    nq, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, t = cfg["rms_norm_eps"], len(ids)
 
     def norm(x, g):
@@ -232,7 +236,7 @@ def numpy_logits(weights: dict, cfg: dict, ids: list[int]) -> np.ndarray:
     cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
 
     def rope(x):  # x: (heads, t, hd)
-        rot = np.concatenate([-x[..., hd // 2:], x[..., : hd // 2]], -1)
+        rot = np.concatenate([-x[..., hd // 2 :], x[..., : hd // 2]], -1)
         return x * cos + rot * sin
 
     x = w["model.embed_tokens.weight"][ids]
@@ -268,7 +272,7 @@ def generate(model, ids: list[int], n: int, eos_id: int, temperature: float = 0.
     out, margins = [], []
     seq = list(ids)
     for _ in range(n):
-        logits = model(torch.tensor([seq[-model.cfg["max_position_embeddings"]:]]))[0, -1]
+        logits = model(torch.tensor([seq[-model.cfg["max_position_embeddings"] :]]))[0, -1]
         top2 = torch.topk(logits, 2).values
         margins.append(float(top2[0] - top2[1]))
         if temperature <= 0:
@@ -287,7 +291,9 @@ def words_of(text: str) -> list[str]:
     return [w.lower() for w in re.findall(r"[A-Za-z]+", text)]
 
 
-def english_scores(text: str, vocab: set[str], bigrams: set[tuple[str, str]]) -> tuple[float, float]:
+def english_scores(
+    text: str, vocab: set[str], bigrams: set[tuple[str, str]]
+) -> tuple[float, float]:
     """Fraction of words that are corpus words, and of adjacent word pairs seen in the corpus.
 
     Noise from an untrained BPE model is mostly word pieces glued together (low first
@@ -295,16 +301,20 @@ def english_scores(text: str, vocab: set[str], bigrams: set[tuple[str, str]]) ->
     words = words_of(text)
     if len(words) < 2:
         return 0.0, 0.0
-    pairs = list(zip(words, words[1:]))
-    return (sum(w in vocab for w in words) / len(words),
-            sum(p in bigrams for p in pairs) / len(pairs))
+    pairs = list(zip(words, words[1:], strict=False))
+    return (
+        sum(w in vocab for w in words) / len(words),
+        sum(p in bigrams for p in pairs) / len(pairs),
+    )
 
 
 # --------------------------------------------------------------------------
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", default=str(REPO / "build" / "default-model-hf"))
     ap.add_argument("--work", default=str(REPO / "build" / "train-work"), help="resume checkpoints")
     ap.add_argument("--seed", type=int, default=1234)
@@ -318,10 +328,18 @@ def main() -> int:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=2500)
-    ap.add_argument("--stop-step", type=int, default=1400,
-                    help="stop here, before --steps (the cosine horizon), ending with a linear cooldown")
-    ap.add_argument("--cooldown", type=int, default=350,
-                    help="steps before --stop-step over which the lr falls linearly to zero")
+    ap.add_argument(
+        "--stop-step",
+        type=int,
+        default=1400,
+        help="stop here, before --steps (the cosine horizon), ending with a linear cooldown",
+    )
+    ap.add_argument(
+        "--cooldown",
+        type=int,
+        default=350,
+        help="steps before --stop-step over which the lr falls linearly to zero",
+    )
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=100)
@@ -344,20 +362,29 @@ def main() -> int:
 
     # ---- data and tokenizer
     chapters = load_chapters()
-    print(f"corpus: {corpus_path()} chapters={len(chapters)} chars={sum(map(len, chapters))}", flush=True)
+    print(
+        f"corpus: {corpus_path()} chapters={len(chapters)} chars={sum(map(len, chapters))}",
+        flush=True,
+    )
     tok = train_tokenizer(chapters, args.vocab_size)
     bos_id, eos_id = tok.token_to_id(BOS), tok.token_to_id(EOS)
     vocab_size = tok.get_vocab_size()
     tok.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS,
-        "eos_token": EOS,
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "model_max_length": args.ctx,
-        "clean_up_tokenization_spaces": False,
-    }, indent=2) + "\n")
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": BOS,
+                "eos_token": EOS,
+                "add_bos_token": True,
+                "add_eos_token": False,
+                "model_max_length": args.ctx,
+                "clean_up_tokenization_spaces": False,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
     # every 40th chapter is held out for validation
     streams = {"train": [], "val": []}
@@ -365,9 +392,12 @@ def main() -> int:
     for i, enc in enumerate(encs):
         streams["val" if i % 40 == 17 else "train"].extend([bos_id, *enc.ids, eos_id])
     data = {k: torch.tensor(v, dtype=torch.long) for k, v in streams.items()}
-    print(f"tokenizer: vocab={vocab_size} bos={bos_id} eos={eos_id} "
-          f"train_tokens={len(data['train'])} val_tokens={len(data['val'])} "
-          f"chars/token={sum(map(len, chapters)) / (len(data['train']) + len(data['val'])):.2f}", flush=True)
+    print(
+        f"tokenizer: vocab={vocab_size} bos={bos_id} eos={eos_id} "
+        f"train_tokens={len(data['train'])} val_tokens={len(data['val'])} "
+        f"chars/token={sum(map(len, chapters)) / (len(data['train']) + len(data['val'])):.2f}",
+        flush=True,
+    )
 
     # ---- model
     cfg = {
@@ -398,13 +428,20 @@ def main() -> int:
     }
     model = TinyLlama(cfg)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: params={n_params} fp16_bytes={2 * n_params} config={json.dumps(cfg)}", flush=True)
+    print(
+        f"model: params={n_params} fp16_bytes={2 * n_params} config={json.dumps(cfg)}", flush=True
+    )
 
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+        [
+            {"params": decay, "weight_decay": args.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
 
     def lr_for(a: dict, step: int) -> float:
@@ -414,7 +451,9 @@ def main() -> int:
             lr = a["lr"] * (step + 1) / a["warmup"]
         else:
             prog = (step - a["warmup"]) / max(1, a["steps"] - a["warmup"])
-            lr = a["lr"] * (a["min_lr_ratio"] + (1 - a["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * prog)))
+            lr = a["lr"] * (
+                a["min_lr_ratio"] + (1 - a["min_lr_ratio"]) * 0.5 * (1 + math.cos(math.pi * prog))
+            )
         stop, cool = a.get("stop_step") or a["steps"], a.get("cooldown") or 0
         if cool > 0 and step >= stop - cool:
             lr *= (stop - step) / cool
@@ -424,8 +463,19 @@ def main() -> int:
         return lr_for(vars(args), step)
 
     # arguments that shape the trajectory; the schedule is compared step by step on resume
-    traj_keys = ("seed", "vocab_size", "hidden", "intermediate", "layers", "heads", "kv_heads", "ctx",
-                 "seq_len", "batch", "weight_decay")
+    traj_keys = (
+        "seed",
+        "vocab_size",
+        "hidden",
+        "intermediate",
+        "layers",
+        "heads",
+        "kv_heads",
+        "ctx",
+        "seq_len",
+        "batch",
+        "weight_decay",
+    )
 
     def batch(split: str, step: int, bsz: int):
         # batch content depends only on (seed, split, step): resumable and reproducible
@@ -453,7 +503,8 @@ def main() -> int:
     if ckpt.exists() and not args.bench:
         st = torch.load(ckpt, weights_only=False)
         same = all(st["args"][k] == getattr(args, k) for k in traj_keys) and all(
-            lr_for(st["args"], i) == lr_at(i) for i in range(st["step"]))
+            lr_for(st["args"], i) == lr_at(i) for i in range(st["step"])
+        )
         if same and st["step"] <= stop:
             model.load_state_dict(st["model"])
             opt.load_state_dict(st["opt"])
@@ -482,22 +533,42 @@ def main() -> int:
         lv = loss.item()
         ema = lv if ema is None else 0.95 * ema + 0.05 * lv
         if (step + 1) % args.log_every == 0 or args.bench:
-            tps = (step + 1 - step0) * args.batch * args.seq_len / max(1e-9, train_time - (st["train_time"] if step0 else 0))
-            print(f"step {step + 1}/{steps} loss {lv:.4f} ema {ema:.4f} lr {lr_at(step):.2e} "
-                  f"train_time {train_time:.0f}s tok/s {tps:.0f}", flush=True)
+            tps = (
+                (step + 1 - step0)
+                * args.batch
+                * args.seq_len
+                / max(1e-9, train_time - (st["train_time"] if step0 else 0))
+            )
+            print(
+                f"step {step + 1}/{steps} loss {lv:.4f} ema {ema:.4f} lr {lr_at(step):.2e} "
+                f"train_time {train_time:.0f}s tok/s {tps:.0f}",
+                flush=True,
+            )
         if not args.bench and (step + 1) % args.eval_every == 0:
             print(f"step {step + 1} val_loss {val_loss():.4f}", flush=True)
             t_last = time.time()
         if not args.bench and ((step + 1) % args.ckpt_every == 0 or step + 1 == steps):
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
-                        "train_time": train_time, "ema": ema, "torch_rng": torch.get_rng_state(),
-                        "args": vars(args)}, ckpt)
+            torch.save(
+                {
+                    "model": model.state_dict(),
+                    "opt": opt.state_dict(),
+                    "step": step + 1,
+                    "train_time": train_time,
+                    "ema": ema,
+                    "torch_rng": torch.get_rng_state(),
+                    "args": vars(args),
+                },
+                ckpt,
+            )
             t_last = time.time()
     if args.bench:
         return 0
 
     final_val = val_loss(16)
-    print(f"final: train_loss_ema {ema if ema is None else round(ema, 4)} val_loss {final_val:.4f} train_time {train_time:.0f}s", flush=True)
+    print(
+        f"final: train_loss_ema {ema if ema is None else round(ema, 4)} val_loss {final_val:.4f} train_time {train_time:.0f}s",
+        flush=True,
+    )
 
     # ---- save the HF checkpoint (fp32, tied lm_head omitted)
     from safetensors.numpy import load_file
@@ -524,7 +595,7 @@ def main() -> int:
     for c in chapters:
         ws = words_of(c)
         corpus_words.update(ws)
-        corpus_bigrams.update(zip(ws, ws[1:]))
+        corpus_bigrams.update(zip(ws, ws[1:], strict=False))
     samples, scores = [], []
     gen = torch.Generator().manual_seed(args.seed)
     for prompt in PROMPTS:
@@ -533,24 +604,34 @@ def main() -> int:
         sampled, _ = generate(model, ids, args.sample_tokens, eos_id, temperature=0.8, gen=gen)
         g_text = tok.decode(greedy, skip_special_tokens=True)
         s_text = tok.decode(sampled, skip_special_tokens=True)
-        scores += [english_scores(prompt + g_text, corpus_words, corpus_bigrams),
-                   english_scores(prompt + s_text, corpus_words, corpus_bigrams)]
-        samples.append({
-            "prompt": prompt,
-            "prompt_ids": ids,
-            "max_new_tokens": args.sample_tokens,
-            "greedy_ids": greedy,
-            "greedy_text": g_text,
-            "greedy_min_top2_margin": round(min(margins), 4),
-            "temperature_0.8_text": s_text,
-        })
+        scores += [
+            english_scores(prompt + g_text, corpus_words, corpus_bigrams),
+            english_scores(prompt + s_text, corpus_words, corpus_bigrams),
+        ]
+        samples.append(
+            {
+                "prompt": prompt,
+                "prompt_ids": ids,
+                "max_new_tokens": args.sample_tokens,
+                "greedy_ids": greedy,
+                "greedy_text": g_text,
+                "greedy_min_top2_margin": round(min(margins), 4),
+                "temperature_0.8_text": s_text,
+            }
+        )
         print(f"[greedy] {prompt!r} -> {g_text!r}", flush=True)
         print(f"[t=0.8 ] {prompt!r} -> {s_text!r}", flush=True)
-    (out_dir / "samples.json").write_text(json.dumps({
-        "note": "greedy_ids: argmax decoding in fp32 from prompt_ids (which start with <s>), "
+    (out_dir / "samples.json").write_text(
+        json.dumps(
+            {
+                "note": "greedy_ids: argmax decoding in fp32 from prompt_ids (which start with <s>), "
                 "recomputing the full sequence each step, no stop other than eos",
-        "samples": samples,
-    }, indent=2) + "\n")
+                "samples": samples,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
     summary = {
         "params": n_params,
