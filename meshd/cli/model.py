@@ -162,7 +162,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ranges = [(s.start, s.end) for s in m.stages]
     if (0, m.arch.num_layers) not in ranges:
         ranges.insert(0, (0, m.arch.num_layers))
-    estimates = [(start, end, stage_memory(m.arch, start, end)) for start, end in ranges]
+    estimates = [(start, end, stage_memory(m.arch, start, end, m.dtype)) for start, end in ranges]
     memory = [{"layers": [s, e], **est.to_json(), "bytes_at_context": est.total(ctx)}
               for s, e, est in estimates]
     if args.json:

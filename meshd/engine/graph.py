@@ -10,14 +10,18 @@ Stage interface (batch 1; ``T`` new tokens, ``C`` cache slots, ``K`` logit rows)
 - inputs: ``input_ids`` int64 [T] (first stage) or ``hidden_in`` float32 [T, H];
   ``positions`` int64 [T], which must be ``P, P+1, ...`` where ``P`` is the number of tokens
   already cached; ``logit_rows`` int64 [K] (last stage: which of the T rows to project to
-  logits); per layer ``i`` of the range ``past_key.i`` and ``past_value.i`` float32
-  [kv_heads, C, head_dim], of which only the first ``P`` slots are read (the rest is masked).
+  logits); per layer ``i`` of the range ``past_key.i`` float32 [kv_heads, C, head_dim] and
+  ``past_value.i`` float32 [kv_heads, head_dim, C] (values are stored transposed), of which
+  only the first ``P`` slots are read (the rest is masked).
 - outputs: ``hidden_out`` float32 [T, H] or ``logits`` float32 [K, V]; per layer
-  ``new_key.i`` and ``new_value.i`` [kv_heads, T, head_dim], the keys (after RoPE) and values of
-  the new tokens, which the caller writes into its cache at slots ``P..P+T-1``.
+  ``new_key.i`` [kv_heads, T, head_dim] and ``new_value.i`` [kv_heads, head_dim, T], the keys
+  (after RoPE) and values of the new tokens, which the caller writes into its cache at slots
+  ``P..P+T-1``.
 
 Attention scores the cached keys and the new keys separately and joins only the small score
-matrices, so a decode step reads the cache in place and copies nothing of size ``C``.
+matrices, so a decode step reads the cache in place and copies nothing of size ``C``; scores are
+kept transposed ([kv_heads, C, g*T]) so that in both products the cache is the operand that
+onnxruntime reads as it lies, and only the small one (queries, probabilities) gets repacked.
 """
 
 from __future__ import annotations
@@ -137,10 +141,14 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
         inputs.append(helper.make_tensor_value_info(LOGIT_ROWS, TensorProto.INT64, ["K"]))
     outputs = []
     for i in range(start, end):
-        for name in (past_key(i), past_value(i)):
-            inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [kvh, "C", d]))
-        for name in (new_key(i), new_value(i)):
-            outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [kvh, "T", d]))
+        inputs.append(helper.make_tensor_value_info(past_key(i), TensorProto.FLOAT,
+                                                    [kvh, "C", d]))
+        inputs.append(helper.make_tensor_value_info(past_value(i), TensorProto.FLOAT,
+                                                    [kvh, d, "C"]))
+        outputs.append(helper.make_tensor_value_info(new_key(i), TensorProto.FLOAT,
+                                                     [kvh, "T", d]))
+        outputs.append(helper.make_tensor_value_info(new_value(i), TensorProto.FLOAT,
+                                                     [kvh, d, "T"]))
 
     # Shared by every layer: RoPE tables and the attention mask.
     c = b.const
@@ -171,6 +179,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
                           c("zero_f", np.array(0.0, np.float32))])
     if g > 1:
         mask = b.op("Tile", [mask, c("tile_g", np.array([g, 1], i64))])  # [g*T, C+T]
+    mask = b.op("Transpose", [mask], perm=[1, 0])  # [C+T, g*T]: scores are kept transposed
     split_sizes = b.op("Concat", [c_len, t_len], axis=0)
 
     for i in range(start, end):
@@ -230,21 +239,24 @@ def _layer(b: _Builder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_q: s
     v = _linear(b, h, p + "self_attn.v_proj", arch.qkv_bias)
     q = b.op("Transpose", [b.op("Reshape", [q, c("shape_q", np.array([-1, nh, d]))])], perm=perm)
     k = b.op("Transpose", [b.op("Reshape", [k, c("shape_kv", np.array([-1, kvh, d]))])], perm=perm)
-    b.op("Transpose", [b.op("Reshape", [v, c("shape_kv", np.array([-1, kvh, d]))])],
-         out=new_value(i), perm=perm)
+    v = b.op("Transpose", [b.op("Reshape", [v, c("shape_kv", np.array([-1, kvh, d]))])],
+             out=new_value(i), perm=[1, 2, 0])  # [kvh, d, T], the layout of the value cache
     q = _rope(b, q, cos_q, sin_q, half)  # [nh, T, d], already scaled by 1/sqrt(d)
     _rope_k = _rope(b, k, cos, sin, half)
     k = b.op("Identity", [_rope_k], out=new_key(i))  # [kvh, T, d]
-    v = new_value(i)
 
-    # Grouped-query attention without repeating K/V: heads of one group share a kv head.
+    # Grouped-query attention without repeating K/V: heads of one group share a kv head. The
+    # scores are computed transposed, [kvh, C, g*T], so that the big operand of both products
+    # is the cache itself, read in place (the small one, q or the probabilities, gets packed).
     qg = b.op("Reshape", [q, c("shape_qg", np.array([kvh, -1, d]))])  # [kvh, g*T, d]
-    s_past = b.op("MatMul", [qg, b.op("Transpose", [past_key(i)], perm=[0, 2, 1])])
-    s_new = b.op("MatMul", [qg, b.op("Transpose", [k], perm=[0, 2, 1])])
-    s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=-1), mask])
-    probs = b.op("Softmax", [s], axis=-1)
-    p_past, p_new = b.ops("Split", [probs, split_sizes], 2, axis=-1)
-    o = b.op("Add", [b.op("MatMul", [p_past, past_value(i)]), b.op("MatMul", [p_new, v])])
+    q_t = b.op("Transpose", [qg], perm=[0, 2, 1])  # [kvh, d, g*T]
+    s_past = b.op("MatMul", [past_key(i), q_t])  # [kvh, C, g*T]
+    s_new = b.op("MatMul", [k, q_t])  # [kvh, T, g*T]
+    s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=1), mask])
+    probs = b.op("Softmax", [s], axis=1)
+    p_past, p_new = b.ops("Split", [probs, split_sizes], 2, axis=1)
+    o = b.op("Add", [b.op("MatMul", [past_value(i), p_past]), b.op("MatMul", [v, p_new])])
+    o = b.op("Transpose", [o], perm=[0, 2, 1])  # [kvh, g*T, d]
     o = b.op("Reshape", [o, c("shape_heads", np.array([nh, -1, d]))])
     o = b.op("Reshape", [b.op("Transpose", [o], perm=perm), c("shape_flat", np.array([-1, nh * d]))])
     x = b.op("Add", [x, _linear(b, o, p + "self_attn.o_proj", arch.o_bias)])

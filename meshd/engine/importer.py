@@ -81,7 +81,7 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
             fname = stage_file_name(start, end)
             (tmp / fname).write_bytes(data)
             stage_entries.append(StageEntry(start, end, fname, hashlib.sha256(data).hexdigest(),
-                                            stage_memory(arch, start, end).to_json()))
+                                            stage_memory(arch, start, end, dtype).to_json()))
         manifest = Manifest(
             name=name or out.name,
             version=version,

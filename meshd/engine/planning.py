@@ -109,6 +109,7 @@ class StageMemory:
     are widened once, when the session is built)."""
 
     weights_bytes: int
+    load_bytes: int
     kv_bytes_per_token: int
     score_bytes_per_token: int
     work_bytes: int
@@ -116,18 +117,24 @@ class StageMemory:
 
     def total(self, tokens: int) -> int:
         """Peak bytes of a session holding ``tokens`` tokens, prefilled in chunks."""
-        return (self.overhead_bytes + self.weights_bytes + self.work_bytes
+        return (self.overhead_bytes + self.weights_bytes + self.load_bytes + self.work_bytes
                 + (self.kv_bytes_per_token + self.score_bytes_per_token) * tokens)
 
     def to_json(self) -> dict[str, int]:
-        return {"weights_bytes": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+        return {"weights_bytes": self.weights_bytes, "load_bytes": self.load_bytes,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
                 "score_bytes_per_token": self.score_bytes_per_token,
                 "work_bytes": self.work_bytes, "overhead_bytes": self.overhead_bytes}
 
 
-def stage_memory(arch: Arch, start: int, end: int) -> StageMemory:
+def stage_memory(arch: Arch, start: int, end: int, dtype: str = "fp32") -> StageMemory:
+    """The estimate for layers ``[start, end)`` whose weights are stored as ``dtype``."""
     shapes = dict(model_tensors(arch))
-    weights = sum(_numel(shapes[n]) for n in stage_tensor_names(arch, start, end)) * FP32_BYTES
+    numel = sum(_numel(shapes[n]) for n in stage_tensor_names(arch, start, end))
+    weights = numel * FP32_BYTES
+    # float16 weights are read as they are stored, then widened: the stored copy stays counted
+    # (the allocator rarely hands it back to the system).
+    load = 0 if dtype == "fp32" else numel * 2
     kv = 2 * (end - start) * arch.num_kv_heads * arch.head_dim * FP32_BYTES
     chunk = PREFILL_CHUNK_TOKENS
     scores = _SCORE_BUFFERS * arch.num_heads * chunk * FP32_BYTES
@@ -135,7 +142,7 @@ def stage_memory(arch: Arch, start: int, end: int) -> StageMemory:
     # and the attention output, and the three MLP buffers.
     q = arch.num_heads * arch.head_dim
     per_token = (4 * arch.hidden_size + 3 * q + 3 * arch.intermediate_size) * FP32_BYTES
-    return StageMemory(weights, kv, scores, _ARENA_SLACK * chunk * per_token)
+    return StageMemory(weights, load, kv, scores, _ARENA_SLACK * chunk * per_token)
 
 
 # Below this many float32 weight bytes a stage runs on one intra-op thread: its ops are so small

@@ -35,9 +35,12 @@ from meshd.errors import LocalError, ModelError
 log = logging.getLogger(__name__)
 
 # Chosen automatically, best first, when the caller names no providers. TensorRT is used only
-# when asked for: the cache grows every step, and TensorRT rebuilds engines for new shapes.
+# when asked for: the cache changes shape as it grows, and TensorRT rebuilds engines for new
+# shapes.
 AUTO_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
-CACHE_CHUNK_TOKENS = 128
+# The KV cache grows by this many slots at least (an eighth of its size beyond that): attention
+# reads every slot, so little slack; growing copies the cache, so not too often.
+CACHE_CHUNK_TOKENS = 64
 PREFILL_CHUNK_TOKENS = planning.PREFILL_CHUNK_TOKENS
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
@@ -70,12 +73,21 @@ class Stage:
         self.start, self.end = start, end
         self.is_first = start == 0
         self.is_last = end == model.num_layers
-        self.memory: StageMemory = stage_memory(model.manifest.arch, start, end)
+        self.memory: StageMemory = stage_memory(model.manifest.arch, start, end,
+                                                 model.manifest.dtype)
         self._session = session
         self.provider: str = session.get_providers()[0]
         self._device = "cuda" if self.provider in ("CUDAExecutionProvider",
                                                    "TensorrtExecutionProvider") else "cpu"
         self.output_names = [o.name for o in session.get_outputs()]
+        arch = model.manifest.arch
+        expected = [g.LOGITS if self.is_last else g.HIDDEN_OUT]
+        for i in range(start, end):
+            expected += [g.new_key(i), g.new_value(i)]
+        value_dims = session.get_outputs()[2].shape[:2] if len(expected) > 2 else []
+        if self.output_names != expected or value_dims != [arch.num_kv_heads, arch.head_dim]:
+            raise ModelError(f"{model.manifest.name} layers [{start}, {end}): the stage graph "
+                             "does not have the outputs this meshd expects (re-import the model)")
         self._open: weakref.WeakSet[StageSession] = weakref.WeakSet()
         self._open_lock = threading.Lock()
         self.sessions_opened = 0
@@ -105,14 +117,13 @@ class Stage:
                 "sessions_opened": self.sessions_opened, "sessions_open": len(live),
                 "kv_bytes": sum(s.memory_bytes() for s in live)}
 
-    def _run(self, binding: ort.IOBinding) -> list[np.ndarray]:
+    def _run(self, binding: ort.IOBinding) -> None:
         try:
             self._session.run_with_iobinding(binding)
         except Exception as err:  # onnxruntime raises its own Fail/InvalidArgument types
             raise ModelError(
                 f"stage [{self.start}, {self.end}): onnxruntime failed: {_first_line(err)}"
             ) from None
-        return list(binding.copy_outputs_to_cpu())
 
     def __repr__(self) -> str:
         return f"Stage({self.model.manifest.name!r}, [{self.start}, {self.end}), {self.provider})"
@@ -139,6 +150,8 @@ class StageSession:
         self._values: list[np.ndarray] = []
         self._binding: ort.IOBinding | None = stage._session.io_binding()
         self._capacity = 0
+        self._bound_shape: tuple[int, int] | None = None
+        self._outputs: list[np.ndarray] = []
         self._freed = False
 
     @property
@@ -198,15 +211,31 @@ class StageSession:
         if stage.is_last:
             rows = np.array([t - 1], np.int64) if last_only else np.arange(t, dtype=np.int64)
             b.bind_cpu_input(g.LOGIT_ROWS, rows)
-        b.clear_binding_outputs()
-        for name in stage.output_names:
-            b.bind_output(name, stage._device)
-        outs = stage._run(b)
+        k = 1 if last_only else t
+        if (t, k) != self._bound_shape:
+            self._bind_outputs(t, k)
+        stage._run(b)
+        outs = self._outputs
         for j in range(len(self._keys)):
             self._keys[j][:, p:p + t] = outs[1 + 2 * j]
-            self._values[j][:, p:p + t] = outs[2 + 2 * j]
+            self._values[j][:, :, p:p + t] = outs[2 + 2 * j]
         self.length += t
-        return outs[0]
+        return outs[0].copy()
+
+    def _bind_outputs(self, t: int, k: int) -> None:
+        """Bind numpy buffers as outputs, so onnxruntime writes results straight into them;
+        they are reused by every run of the same shape (every decode step)."""
+        stage, b = self.stage, self._binding
+        assert b is not None
+        kvh, d = self._shape
+        main = (k, self._vocab) if stage.is_last else (t, self._hidden)
+        self._outputs = [np.empty(main, np.float32)]
+        for _ in range(stage.num_layers):
+            self._outputs += [np.empty((kvh, t, d), np.float32), np.empty((kvh, d, t), np.float32)]
+        b.clear_binding_outputs()
+        for name, arr in zip(stage.output_names, self._outputs, strict=True):
+            b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(arr))
+        self._bound_shape = (t, k)
 
     def _check_input(self, x: np.ndarray, t: int) -> np.ndarray:
         x = np.asarray(x)
@@ -225,17 +254,17 @@ class StageSession:
     def _ensure_capacity(self, need: int) -> None:
         if need <= self._capacity:
             return
-        grown = max(need, self._capacity + max(CACHE_CHUNK_TOKENS, self._capacity // 4))
+        grown = max(need, self._capacity + max(CACHE_CHUNK_TOKENS, self._capacity // 8))
         cap = min(self.max_tokens, -(-grown // CACHE_CHUNK_TOKENS) * CACHE_CHUNK_TOKENS)
         kvh, d = self._shape
         keep = self.length
         keys, values = [], []
         for j in range(self.stage.num_layers):
-            k = np.zeros((kvh, cap, d), np.float32)
-            v = np.zeros((kvh, cap, d), np.float32)
+            k = np.zeros((kvh, cap, d), np.float32)  # keys [kv_heads, slot, head_dim]
+            v = np.zeros((kvh, d, cap), np.float32)  # values [kv_heads, head_dim, slot]
             if keep:
                 k[:, :keep] = self._keys[j][:, :keep]
-                v[:, :keep] = self._values[j][:, :keep]
+                v[:, :, :keep] = self._values[j][:, :, :keep]
             keys.append(k)
             values.append(v)
         self._keys, self._values, self._capacity = keys, values, cap

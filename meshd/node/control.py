@@ -215,7 +215,7 @@ class ControlMixin:
             async def sink(batch: list[Any]) -> None:
                 await chan.send(("tokens", {"ids": [t.id for t in batch], "text": "".join(t.text for t in batch)}))
 
-            if gen.max_tokens > 0:
+            if gen is not None:
                 await pump_coalesced(self.runner.generate(model, ids + resume, gen), 0.01, sink)
             await chan.send(("done", {"stats": {}}))
             return

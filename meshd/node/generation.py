@@ -15,12 +15,15 @@ def gen_fields(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def gen_config_from(msg: dict[str, Any], *, already: int = 0) -> Any:
-    """The engine config for a REQ/SUBMIT, with ``already`` tokens generated elsewhere."""
+    """The engine config for a REQ/SUBMIT, with ``already`` tokens generated elsewhere; None
+    when nothing is left to generate (a failover after the last token)."""
     from meshd.engine import GenerationConfig
 
     f = gen_fields(msg)
     max_tokens = min(int(f.get("max_tokens", DEFAULT_MAX_TOKENS)), MAX_MAX_TOKENS)
-    kwargs: dict[str, Any] = {"max_tokens": max(0, max_tokens - already)}
+    if max_tokens - already <= 0:
+        return None
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens - already}
     for k in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
         if k in f:
             kwargs[k] = f[k]

@@ -129,7 +129,7 @@ class RequestServer:
                 {"rid": rid, "ids": [t.id for t in batch], "text": "".join(t.text for t in batch)},
             )
 
-        if gen.max_tokens > 0:
+        if gen is not None:
             source = self.runner.generate(model, ids + resume, gen)
             await pump_coalesced(source, FLUSH_INTERVAL_S, sink)
         end = time.perf_counter()

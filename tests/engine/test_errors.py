@@ -172,3 +172,23 @@ def test_load_errors(case: str, model_dir: Path) -> None:
 def test_unknown_provider(model_dir: Path) -> None:
     with pytest.raises(LocalError, match="execution provider NoSuchExecutionProvider"):
         load_model(model_dir, providers=["NoSuchExecutionProvider"])
+
+
+def test_stage_graph_from_another_layout_is_refused(model_dir: Path) -> None:
+    import hashlib
+
+    import onnx
+
+    graph_file = model_dir / "layers-0-1.onnx"
+    proto = onnx.load(str(graph_file), load_external_data=False)
+    outputs = list(proto.graph.output)
+    outputs[1], outputs[2] = outputs[2], outputs[1]  # another builder's output order
+    del proto.graph.output[:]
+    proto.graph.output.extend(outputs)
+    data = proto.SerializeToString()
+    graph_file.write_bytes(data)
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    manifest["stages"][0]["sha256"] = hashlib.sha256(data).hexdigest()
+    (model_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelError, match="re-import the model"):
+        load_model(model_dir)

@@ -73,6 +73,8 @@ def test_stage_memory_adds_up() -> None:
     assert whole.total(10) - whole.total(0) == 10 * (
         whole.kv_bytes_per_token + whole.score_bytes_per_token)
     assert whole.total(0) == whole.weights_bytes + whole.work_bytes + whole.overhead_bytes
+    assert whole.load_bytes == 0
+    assert stage_memory(ARCH, 0, 6, "fp16").load_bytes == whole.weights_bytes // 2
 
 
 def base_config(**changes: object) -> dict[str, object]:

@@ -177,7 +177,7 @@ def test_prebuilt_stage_files_run_in_bare_onnxruntime(model_dirs: dict[str, Path
     feeds = {"input_ids": ids, "positions": np.arange(len(ids))}
     for i in (0, 1):
         feeds[f"past_key.{i}"] = np.zeros((2, len(ids), 8), np.float32)
-        feeds[f"past_value.{i}"] = np.zeros((2, len(ids), 8), np.float32)
+        feeds[f"past_value.{i}"] = np.zeros((2, 8, len(ids)), np.float32)  # values: [kvh, d, C]
     hidden = bare.run(["hidden_out"], feeds)[0]
     ours = model.stage(0, 2).open_session().step(ids, np.arange(len(ids)))
     np.testing.assert_allclose(hidden, ours, rtol=0, atol=1e-5)
