@@ -38,7 +38,9 @@ def service_time_ms(
     prompt_tokens: int, output_tokens: int, prefill_tps: float, decode_tps: float
 ) -> float:
     """How long one slot is busy with a request: its prefill plus all but its first token."""
-    decode = max(output_tokens - 1, 0) * decode_ms_per_token(decode_tps) if output_tokens > 1 else 0.0
+    decode = (
+        max(output_tokens - 1, 0) * decode_ms_per_token(decode_tps) if output_tokens > 1 else 0.0
+    )
     return prefill_ms(prompt_tokens, prefill_tps) + decode
 
 
@@ -80,9 +82,7 @@ def predicted_ttft_ms(rtt_ms: float, queue_wait: float, prefill: float) -> float
     return rtt_ms + queue_wait + prefill
 
 
-def stale_load(
-    advertised: float, target: float, advert_age_s: float, relax_s: float
-) -> float:
+def stale_load(advertised: float, target: float, advert_age_s: float, relax_s: float) -> float:
     """Expected load now, given a load advertised ``advert_age_s`` ago.
 
     Queues revert to the mesh's typical load: a node that looked idle two seconds ago has since

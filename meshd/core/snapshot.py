@@ -109,13 +109,14 @@ class Policy:
     client_quota: dict[str, int] = field(default_factory=dict)  # client -> max in flight
     max_hops: int = 4
     # meshd strategy knobs (docs/routing.md explains each).
-    pool_slack_ms: float = 25.0  # candidates within this of the best score form the sample pool
-    pool_slack_frac: float = 0.25  # ... or within this fraction of the best score, if larger
-    cost_weight_ms: float = 10.0  # ms of predicted TTFT that a node at the mean price costs
+    sample_temperature_ms: float = 100.0  # how sharply sampling favours low predicted TTFT
+    staleness_temperature: float = 2.0  # ... less so for a node whose load figures are old
+    sample_local: bool = True  # the local node (fresh figures) is one of the sample_d compared
+    cost_weight_ms: float = 20.0  # ms of predicted TTFT worth a request price twice the cheapest
     stale_relax_factor: float = 1.0  # advert staleness correction time scale (0: no correction)
     # Decision size and hedging.
     max_fallbacks: int = 8  # peers after the chosen one in RouteDecision.order
-    explain_limit: int = 32  # candidates listed in a decision (the rest are counted)
+    explain_limit: int = 16  # candidates listed in a decision (the rest are counted)
     hedge_factor: float = 2.0  # hedge when no first token by factor * predicted TTFT (0: never)
     hedge_min_ms: float = 25.0  # ... but never sooner than this after sending
 
@@ -127,8 +128,9 @@ class MeshSnapshot:
     local_peer_id: str
     nodes: tuple[NodeView, ...]
     client_in_flight: dict[str, int] = field(default_factory=dict)
-    # Memo of per-model indexes built by the router (meshd.core.routing); never compared.
-    cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    # Memo of per-model indexes built by the router (meshd.core.routing): never compared, and
+    # not an __init__ argument, so dataclasses.replace() gives the new snapshot an empty one.
+    cache: dict[Any, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def by_id(self, peer_id: str) -> NodeView | None:
         for n in self.nodes:

@@ -1,0 +1,135 @@
+"""choose_range: table tests, convergence of nodes joining one by one, and no flapping."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from meshd.core.placement import choose_range
+from meshd.errors import ConfigError
+
+
+def cov(num_layers: int, *ranges: tuple[int, int, float]) -> list[float]:
+    out = [0.0] * num_layers
+    for start, end, w in ranges:
+        for i in range(start, end):
+            out[i] += w
+    return out
+
+
+@pytest.mark.parametrize(
+    ("layers", "cap", "heard", "current", "want"),
+    [
+        # Nothing heard: the first window.
+        (12, 4, cov(12), None, (0, 4)),
+        # Fill the gap.
+        (12, 4, cov(12, (0, 4, 1), (8, 12, 1)), None, (4, 8)),
+        # Capacity beyond the model: the whole model.
+        (12, 20, cov(12), None, (0, 12)),
+        # Weakest layers are 6-8: a window of 3 covers exactly them.
+        (12, 3, cov(12, (0, 6, 2), (9, 12, 2), (6, 9, 1)), None, (6, 9)),
+        # Everything covered equally: stay where we are.
+        (12, 4, cov(12, (0, 12, 1)), (4, 8), (4, 8)),
+        # A current range of the wrong size (capacity changed) is replaced.
+        (12, 4, cov(12, (0, 12, 1)), (4, 6), (0, 4)),
+        # Out of range (model changed depth): replaced.
+        (8, 4, cov(8, (0, 8, 1)), (6, 10), (0, 4)),
+        # Speed-weighted: a slow replica on 0-4 and a fast one on 4-8: back up the slow side.
+        (8, 4, cov(8, (0, 4, 10.0), (4, 8, 40.0)), None, (0, 4)),
+    ],
+)
+def test_choose_range(
+    layers: int,
+    cap: int,
+    heard: list[float],
+    current: tuple[int, int] | None,
+    want: tuple[int, int],
+) -> None:
+    assert choose_range("m", layers, cap, heard, current, 0.5) == want
+
+
+def test_moves_when_the_weakest_layer_clearly_gains() -> None:
+    # Two nodes both on 0-6 of 12 layers: the one deciding moves to cover 6-12.
+    heard = cov(12, (0, 6, 1))
+    assert choose_range("m", 12, 6, heard, (0, 6), 0.5) == (6, 12)
+
+
+def test_moves_to_leave_fewer_uncovered_layers() -> None:
+    # 24 layers, capacity 8; another node on 8-16. We sit on 4-12 (overlapping it): the weakest
+    # level stays 0 whatever we do, but 0-8 leaves 8 uncovered layers instead of 12.
+    heard = cov(24, (8, 16, 1))
+    assert choose_range("m", 24, 8, heard, (4, 12), 0.5) == (0, 8)
+
+
+def test_stays_when_the_gain_is_below_hysteresis() -> None:
+    # Coverage in tokens/s: others give layers 0-4 100 and 4-8 110; we add 50 on 4-8, so the
+    # weakest layer has 100. Moving to 0-4 would raise it to 110: not worth reloading weights
+    # with a hysteresis of 20, worth it with 5.
+    heard = cov(8, (0, 4, 100.0), (4, 8, 110.0))
+    assert choose_range("m", 8, 4, heard, (4, 8), 20.0, my_speed=50.0) == (4, 8)
+    assert choose_range("m", 8, 4, heard, (4, 8), 5.0, my_speed=50.0) == (0, 4)
+
+
+def test_no_flap_under_noisy_adverts() -> None:
+    """Speeds re-measured with +-5% noise every round never make a settled node move."""
+    rng = random.Random(11)
+    base = cov(16, (0, 8, 100.0), (8, 16, 100.0))
+    current = choose_range("m", 16, 8, base, None, 15.0, my_speed=100.0)
+    moves = 0
+    for _ in range(300):
+        noisy = [c * rng.uniform(0.95, 1.05) for c in base]
+        nxt = choose_range("m", 16, 8, noisy, current, 15.0, my_speed=100.0)
+        moves += nxt != current
+        current = nxt
+    assert moves == 0
+
+
+def test_no_two_ranges_each_look_better_than_the_other() -> None:
+    """For any fixed picture, moving and then deciding again never moves back."""
+    rng = random.Random(5)
+    for _ in range(300):
+        layers = rng.randint(4, 16)
+        cap = rng.randint(1, layers)
+        heard = [float(rng.randint(0, 3)) for _ in range(layers)]
+        start = rng.randint(0, layers - cap)
+        first = choose_range("m", layers, cap, heard, (start, start + cap), 0.5)
+        assert choose_range("m", layers, cap, heard, first, 0.5) == first
+
+
+def test_nodes_joining_one_by_one_cover_the_model_evenly_and_settle() -> None:
+    layers, cap, nodes = 24, 8, 9
+    placed: dict[int, tuple[int, int]] = {}
+
+    def heard_by(me: int) -> list[float]:
+        return cov(layers, *[(s, e, 1.0) for n, (s, e) in placed.items() if n != me])
+
+    for n in range(nodes):
+        placed[n] = choose_range("m", layers, cap, heard_by(n), None, 0.5)
+    total = cov(layers, *[(s, e, 1.0) for s, e in placed.values()])
+    assert min(total) == 3 and max(total) == 3
+    # Later rounds: everyone re-decides with what it hears; nobody moves.
+    for _ in range(3):
+        for n in range(nodes):
+            assert choose_range("m", layers, cap, heard_by(n), placed[n], 0.5) == placed[n]
+
+
+def test_recovers_coverage_when_a_node_leaves() -> None:
+    layers, cap = 12, 4
+    placed = {0: (0, 4), 1: (4, 8), 2: (8, 12), 3: (0, 4)}
+    del placed[2]  # the only node on 8-12 leaves
+    heard = cov(layers, *[(s, e, 1.0) for n, (s, e) in placed.items() if n != 3])
+    assert choose_range("m", layers, cap, heard, placed[3], 0.5) == (8, 12)
+
+
+@pytest.mark.parametrize(
+    ("layers", "cap", "heard", "match"),
+    [
+        (0, 4, [], "num_layers"),
+        (4, 0, [0.0] * 4, "room for no layer"),
+        (4, 2, [0.0] * 3, "3 layers"),
+    ],
+)
+def test_errors(layers: int, cap: int, heard: list[float], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        choose_range("m", layers, cap, heard, None)
