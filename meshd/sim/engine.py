@@ -2,9 +2,9 @@
 
 Events are plain tuples ``(time, seq, kind, a, b)`` on one ``heapq``; ``seq`` breaks ties in
 insertion order, so a run is a pure function of the scenario, the strategy and the seed.
-Every routing decision is ``meshd.core.routing.route`` (and, for models no node holds whole,
-``meshd.core.planner.plan``) called on the ``MeshSnapshot`` the entry node would have built
-(``meshd.sim.views``); the engine only carries the result out.
+Every routing decision is ``meshd.core.routing.route`` (and, for models some node serves as a
+layer range, ``meshd.core.planner.plan``) called on the ``MeshSnapshot`` the entry node would
+have built (``meshd.sim.views``); the engine only carries the result out.
 
 Serving model: a node has ``concurrency`` slots, each running one request at the node's
 per-stream prefill and decode speeds (continuous batching at a fixed per-stream speed), and a
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -25,15 +26,29 @@ from meshd.core import routing
 from meshd.core.snapshot import RouteRequest
 from meshd.core.vivaldi import update
 from meshd.errors import RoutingError
-from meshd.sim import pipeline
+from meshd.sim import hedging, pipeline
 from meshd.sim.metrics import Metrics, summarise
 from meshd.sim.request import SimRequest
 from meshd.sim.scenario import Scenario
 from meshd.sim.views import Views, stats
 from meshd.sim.workload import ArrivalStream, mean_length
-from meshd.sim.world import VIVALDI, SimNode, World
+from meshd.sim.world import VIVALDI, SimNode, World, note_dead
 
-ARRIVAL, AT_SERVER, DONE, BUSY, DEAD, ADVERT, SUMMARY, SCENARIO_EVENT, PURGE, STAGE, EARLY = range(11)
+(
+    ARRIVAL,
+    AT_SERVER,
+    DONE,
+    BUSY,
+    DEAD,
+    ADVERT,
+    SUMMARY,
+    SCENARIO_EVENT,
+    PURGE,
+    STAGE,
+    EARLY,
+    HEDGE,
+    FIRST,
+) = range(13)
 
 Progress = Callable[[float], None]
 
@@ -51,7 +66,11 @@ class Engine:
         self.views = Views(self.world, sc, self.seed, self.nominal)
         # The scenario's policy with the strategy under test. The explanation list is trimmed
         # to the decision's own order: it changes what `meshd explain` would list, not the choice.
-        self.policy = dataclasses.replace(sc.policy, strategy=strategy, explain_limit=0)
+        # The fallback list is cut to what the simulation can use (every attempt plus a hedge).
+        self.policy = dataclasses.replace(
+            sc.policy, strategy=strategy, explain_limit=0,
+            max_fallbacks=min(sc.policy.max_fallbacks, sc.run.max_attempts + 1),
+        )  # fmt: skip
         self.route_rng = random.Random(self.seed * 7 + 1)
         self.net_rng = random.Random(self.seed * 13 + 2)
         self.event_rng = random.Random(self.seed * 19 + 4)
@@ -63,11 +82,26 @@ class Engine:
         self.outstanding = 0
         self.rid = 0
         self.active_streams = 0
-        self.whole = {m for n in self.world.nodes for m in n.whole_models}
+        # Models some node serves as a layer range go through the planner (which may still pick
+        # a whole-model node); the others through the router and the strategy under test.
+        self.planned = {s.model for n in self.world.nodes for s in n.serving if not s.whole} | {
+            e.serve[0].model
+            for e in sc.events
+            if e.serve
+            and any(
+                x.layer_start != 0 or x.layer_end != sc.models[x.model].num_layers for x in e.serve
+            )
+        }
         self.stop_s = sc.run.duration_s + sc.run.drain_s
         self.last_event_s = 0.0
         self.events = 0
         self.early = sc.gossip.early_adverts
+        self.tick = min(0.01, sc.gossip.advert_interval_s / 50.0)
+        self.tick_now = -1
+        self.wheel: list[list[SimNode]] = [
+            [] for _ in range(math.ceil(sc.gossip.advert_interval_s / self.tick) + 2)
+        ]
+        self.hedge = self.policy.hedge_factor > 0.0
         self.gap = sc.gossip.min_advert_gap_s
 
     # -- scheduling --------------------------------------------------------------------------
@@ -83,7 +117,8 @@ class Engine:
         for node in self.world.nodes:
             phase = phase_rng.random() * interval
             self.views.publish_advert(node, phase - interval)
-            self.push(phase, ADVERT, node)
+            self._schedule_advert(node, phase)
+        self.push(0.0, ADVERT, 0)
         for s in self.streams:
             t = s.next_time()
             if t <= sc.run.duration_s:
@@ -95,6 +130,8 @@ class Engine:
             self.push(ev.at_s, SCENARIO_EVENT, i)
 
     def run(self, progress: Progress | None = None) -> dict[str, Any]:
+        if progress is not None:
+            progress(0.0)
         self._start()
         heap = self.heap
         pop = heapq.heappop
@@ -114,11 +151,13 @@ class Engine:
             elif kind == ARRIVAL:
                 self._arrival(a, t)
             elif kind == ADVERT:
-                self._periodic_advert(a, t)
+                self._advert_tick(a, t)
             elif kind == EARLY:
                 a.adv_pending = False
-                if a.alive and t - a.adv_last >= self.gap and significant_change(
-                    a.adv_load, (len(a.queue), a.running)
+                if (
+                    a.alive
+                    and t - a.adv_last >= self.gap
+                    and significant_change(a.adv_load, (len(a.queue), a.running))
                 ):
                     self.views.publish_advert(a, t)
             elif kind == BUSY:
@@ -126,11 +165,15 @@ class Engine:
                     self._retry(a, t, "busy")
             elif kind == DEAD:
                 if b == a.gen:
-                    self.world.nodes[a.entry].known_dead.add(a.server)
+                    note_dead(self.world.nodes[a.entry], a.server)
                     self.world.nodes[a.entry].measured.pop(a.server, None)
                     self._retry(a, t, "dead")
             elif kind == STAGE:
                 pipeline.at_stage(self, a, b, t)
+            elif kind == HEDGE:
+                hedging.fire(self, a, b, t)
+            elif kind == FIRST:
+                hedging.first_token(self, a, b, t)
             elif kind == SUMMARY:
                 self.views.publish_summaries(t)
                 if t + self.sc.gossip.summary_interval_s <= stop:
@@ -153,15 +196,29 @@ class Engine:
             progress(1.0)
         return self.summary()
 
-    def _periodic_advert(self, node: SimNode, now: float) -> None:
+    # Periodic adverts sit on a timing wheel of ``tick``-second slots instead of the heap (one
+    # heap event per tick, not per advert): at 100,000 nodes that halves the heap.
+
+    def _schedule_advert(self, node: SimNode, at: float) -> None:
+        k = max(math.ceil(at / self.tick - 1e-9), self.tick_now + 1)
+        node.adv_due = k
+        self.wheel[k % len(self.wheel)].append(node)
+
+    def _advert_tick(self, k: int, now: float) -> None:
+        self.tick_now = k
+        slot = k % len(self.wheel)
+        due, self.wheel[slot] = self.wheel[slot], []
         interval = self.sc.gossip.advert_interval_s
-        if not node.alive:
-            return
-        if now - node.adv_last >= interval - 1e-9:
-            self.views.publish_advert(node, now)
-        nxt = node.adv_last + interval
+        publish = self.views.publish_advert
+        for node in due:
+            if node.adv_due != k or not node.alive:
+                continue
+            if now - node.adv_last >= interval - self.tick / 2:
+                publish(node, now)
+            self._schedule_advert(node, node.adv_last + interval)
+        nxt = (k + 1) * self.tick
         if nxt <= self.stop_s:
-            self.push(nxt, ADVERT, node)
+            self.push(nxt, ADVERT, k + 1)
 
     def load_changed(self, t: SimNode, now: float) -> None:
         """The daemon advertises early when its load changed significantly (node.py)."""
@@ -175,14 +232,14 @@ class Engine:
             self.push(now + self.sc.gossip.advert_settle_s, EARLY, t)
 
     def _leftovers(self) -> list[SimRequest]:
-        seen: dict[int, SimRequest] = {}
+        seen: dict[int, SimRequest] = {}  # by object: hedged copies share a request id
         for node in self.world.nodes:
             for r in list(node.queue) + list(node.active):
-                seen[r.rid] = r
+                seen[id(r)] = r
         for _, _, kind, a, b in self.heap:
             if kind in (AT_SERVER, DONE, BUSY, DEAD, STAGE) and a.gen == b:
-                seen[a.rid] = a
-        return [seen[k] for k in sorted(seen)]
+                seen[id(a)] = a
+        return sorted(seen.values(), key=_rid)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -194,10 +251,7 @@ class Engine:
             self.active_streams -= 1
         spec = s.spec
         regions = self.world.region_names
-        if spec.region == "*":
-            ri = s.rng.randrange(len(regions))
-        else:
-            ri = regions.index(spec.region)
+        ri = s.rng.randrange(len(regions)) if spec.region == "*" else regions.index(spec.region)
         alive = self.world.region_alive[ri]
         entry = alive[s.rng.randrange(len(alive))] if alive else -1
         prompt, output = s.sizes()
@@ -221,7 +275,7 @@ class Engine:
             request_id=str(r.rid), model=r.model, prompt_tokens=r.effective_prompt,
             max_tokens=r.remaining_output, residency=r.residency, exclude=exclude,
         )  # fmt: skip
-        if r.model not in self.whole:
+        if r.model in self.planned:
             pipeline.plan_and_send(self, r, req, snap, now)
             return
         try:
@@ -234,6 +288,8 @@ class Engine:
         r.order = [by_peer[p] for p in dec.order]
         r.pos = 0
         self._send(r, now)
+        if self.hedge:
+            hedging.arm(self, r, dec, self.policy, now)
 
     def _send(self, r: SimRequest, now: float) -> None:
         j = r.order[r.pos]
@@ -273,6 +329,9 @@ class Engine:
         t.active.add(r)
         self.push(r.end_s, DONE, r, r.gen)
         self.load_changed(t, now)
+        fam = r.family
+        if fam is not None and fam.winner is None and fam.live > 1:
+            hedging.watch(self, r)
 
     def _next(self, t: SimNode, now: float) -> None:
         if not t.alive:
@@ -280,7 +339,7 @@ class Engine:
         q = t.queue
         timeout = self.sc.run.timeout_s
         while q and t.running < t.slots:
-            r = q.popleft()
+            r = q.pop(0)
             if now - r.arrival > timeout:
                 self._fail(r, "timeout")
                 continue
@@ -320,19 +379,30 @@ class Engine:
         self.load_changed(t, now)
 
     def _complete(self, r: SimRequest, at: float) -> None:
+        r.gen += 1  # a pending hedge check of this request is void now
+        p = hedging.settle(r) if r.family is not None else r
+        if p is None:
+            return
         self.outstanding -= 1
-        if r.measured:
-            self.m.complete(r.ttft_s, at - r.arrival, r.prompt, r.output)
+        if p.measured:
+            self.m.complete(r.ttft_s, at - p.arrival, p.prompt, p.output)
 
     def _fail(self, r: SimRequest, reason: str) -> None:
-        self.outstanding -= 1
+        if r.family is not None and hedging.drop_if_sibling_lives(r):
+            return
         r.gen += 1
         if r.held:
             pipeline.release(self, r, self.now)
-        if r.measured:
+        p = hedging.settle(r) if r.family is not None else r
+        if p is None:
+            return
+        self.outstanding -= 1
+        if p.measured:
             self.m.fail(reason)
 
     def _retry(self, r: SimRequest, now: float, reason: str) -> None:
+        if r.family is not None and hedging.drop_if_sibling_lives(r):
+            return
         if r.measured:
             self.m.retries += 1
         r.attempts += 1
@@ -341,7 +411,9 @@ class Engine:
             return
         e = self.world.nodes[r.entry]
         r.pos += 1
-        while r.pos < len(r.order) and r.order[r.pos] in e.known_dead:
+        while r.pos < len(r.order) and (
+            r.order[r.pos] in e.known_dead or r.order[r.pos] in r.tried
+        ):
             r.pos += 1
         if r.stages is None and r.pos < len(r.order):
             self._send(r, now)
@@ -359,8 +431,7 @@ class Engine:
                 node = w.join(ri, self.sc.hardware[ev.hardware or ""], ev.serve, now)
                 self.views.set_rate(node)
                 self.views.publish_advert(node, now)
-                self.push(now + self.sc.gossip.advert_interval_s, ADVERT, node)
-                # (its periodic chain starts there; early adverts work from the start)
+                self._schedule_advert(node, now + self.sc.gossip.advert_interval_s)
             return
         pool = [
             n.idx for n in w.nodes

@@ -21,8 +21,11 @@ FAIL_REASONS = ("busy", "dead", "timeout", "no_route", "no_entry", "unfinished")
 
 @dataclass
 class Metrics:
-    ttft_ms: array = field(default_factory=lambda: array("d"))
-    e2e_ms: array = field(default_factory=lambda: array("d"))
+    ttft_ms: array[float] = field(default_factory=lambda: array("d"))
+    pipeline_ttft_ms: array[float] = field(
+        default_factory=lambda: array("d")
+    )  # pipelined ones only
+    e2e_ms: array[float] = field(default_factory=lambda: array("d"))
     arrived: int = 0  # measured requests only (arrived at or after the warm-up)
     completed: int = 0
     failed: Counter[str] = field(default_factory=Counter)
@@ -32,6 +35,8 @@ class Metrics:
     cross_cell: int = 0  # requests served outside the entry node's cell
     local: int = 0  # requests served by their entry node itself
     pipelined: int = 0
+    hedges: int = 0  # hedge copies sent
+    hedge_wins: int = 0  # ... whose first token came first
     served_by_hardware: Counter[str] = field(default_factory=Counter)
 
     def complete(self, ttft_s: float, e2e_s: float, prompt: int, output: int) -> None:
@@ -45,7 +50,7 @@ class Metrics:
         self.failed[reason] += 1
 
 
-def _pct(a: array, q: float) -> float:
+def _pct(a: array[float], q: float) -> float:
     if len(a) == 0:
         return float("nan")
     return float(np.percentile(np.frombuffer(a, dtype=np.float64), q))
@@ -84,7 +89,12 @@ def summarise(
         "served_locally": m.local,
         "served_cross_cell": m.cross_cell,
         "pipelined": m.pipelined,
+        "hedges": m.hedges,
+        "hedge_wins": m.hedge_wins,
         "served_by_hardware": dict(sorted(m.served_by_hardware.items())),
     }
+    if m.pipeline_ttft_ms:
+        out["pipeline_ttft_p50_ms"] = _pct(m.pipeline_ttft_ms, 50)
+        out["pipeline_ttft_p95_ms"] = _pct(m.pipeline_ttft_ms, 95)
     out.update(extra)
     return out

@@ -1,19 +1,22 @@
-"""Requests for a model no node holds whole: planned by ``meshd.core.planner.plan``, run as a chain.
+"""Requests for a model served in layer ranges: planned by ``meshd.core.planner.plan``, run as a chain.
 
-The plan's hops are the stages. The request visits them in order: at each it waits for a slot
-(the stage's KV session), prefills its share of the layers, and sends the activations to the next
-stage directly. The last stage's prefill yields the first token, which goes back to the entry
-node. Each further token then goes round the chain once: per token, every stage's share of the
-decode plus every link's one-way delay, last stage back to the first included. A stage holds its
-slot until the request ends. A stage with a full queue answers busy; a dead stage is noticed
-after ``failure_detect_s``; both release every slot held and make the entry node plan again
-without that peer.
+The planner returns either one node serving the whole model (then the request is served like any
+routed one) or a chain of stages. The request visits the stages in order: at each it waits for a
+slot (the stage's KV session), prefills its share of the layers, and sends the activations to the
+next stage directly. The last stage's prefill yields the first token, which goes back to the entry
+node. The entry node drives the decode loop (it holds the tokens a failover replays), so each
+further token goes round the ring entry -> first stage -> ... -> last stage -> entry: per token,
+every stage's share of the decode plus every link's one-way delay, as the planner predicts. A
+stage holds its slot until the request ends. A stage with a full queue answers busy; a dead stage
+is noticed after ``failure_detect_s``; both release every slot held and make the entry node plan
+again without that peer.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from meshd.core import planner
 from meshd.core.snapshot import MeshSnapshot, RouteRequest
 from meshd.errors import RoutingError
 
@@ -23,9 +26,9 @@ if TYPE_CHECKING:
     from meshd.sim.world import SimNode
 
 
-def plan_and_send(eng: Engine, r: SimRequest, req: RouteRequest, snap: MeshSnapshot, now: float) -> None:
-    from meshd.core import planner  # the daemon's planner, imported as it is
-
+def plan_and_send(
+    eng: Engine, r: SimRequest, req: RouteRequest, snap: MeshSnapshot, now: float
+) -> None:
     w = eng.world
     try:
         plan = planner.plan(req, snap, eng.policy)
@@ -33,9 +36,13 @@ def plan_and_send(eng: Engine, r: SimRequest, req: RouteRequest, snap: MeshSnaps
         eng._fail(r, "no_route")
         return
     n_layers = w.models[r.model]
-    r.stages = [
-        (w.by_peer[h.peer_id], (h.layer_end - h.layer_start) / n_layers) for h in plan.hops
-    ]
+    if len(plan.hops) == 1:  # a node serving the whole model won: an ordinary request
+        r.stages = None
+        r.order = [w.by_peer[plan.hops[0].peer_id]]
+        r.pos = 0
+        eng._send(r, now)
+        return
+    r.stages = [(w.by_peer[h.peer_id], (h.layer_end - h.layer_start) / n_layers) for h in plan.hops]
     r.stage_i = 0
     r.held = []
     e = w.nodes[r.entry]
@@ -102,9 +109,11 @@ def slot_granted(eng: Engine, t: SimNode, r: SimRequest, now: float) -> None:
         return
     nodes = eng.world.nodes
     per_token = 0.0
-    for k, (j, f) in enumerate(r.stages):
-        per_token += f / nodes[j].decode_tps
-        per_token += _oneway_s(eng, j, r.stages[(k + 1) % len(r.stages)][0])
+    prev = r.entry
+    for j, f in r.stages:
+        per_token += f / nodes[j].decode_tps + _oneway_s(eng, prev, j)
+        prev = j
+    per_token += _oneway_s(eng, prev, r.entry)
     r.first_s = now + prefill
     r.end_s = r.first_s + (r.remaining_output - 1) * per_token
     r.rtt_s = 2.0 * _oneway_s(eng, t.idx, r.entry)
@@ -135,6 +144,7 @@ def finish(eng: Engine, r: SimRequest, now: float) -> None:
         r.ttft_s = r.first_s + half - r.arrival
     if r.measured:
         eng.m.pipelined += 1
+        eng.m.pipeline_ttft_ms.append(r.ttft_s * 1000.0)
     release(eng, r, now)
     eng._complete(r, now + half)
 

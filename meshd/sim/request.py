@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SimRequest:
     """Mutable per-request state. Times are simulated seconds; ``gen`` invalidates stale events.
@@ -14,7 +16,7 @@ class SimRequest:
     __slots__ = (
         "rid", "arrival", "entry", "model", "prompt", "output", "residency", "measured",
         "tried", "order", "pos", "attempts", "server", "rtt_s", "gen", "ttft_s", "start_s",
-        "first_s", "end_s", "done_tokens", "hops", "stages", "stage_i", "held",
+        "first_s", "end_s", "done_tokens", "hops", "stages", "stage_i", "held", "family",
     )  # fmt: skip
 
     def __init__(
@@ -47,6 +49,7 @@ class SimRequest:
         self.stages: list[tuple[int, float]] | None = None
         self.stage_i = 0
         self.held: list[tuple[int, float]] = []  # (node idx, since)
+        self.family: Any = None  # a hedging.Family once a hedge copy is sent
 
     @property
     def remaining_output(self) -> int:

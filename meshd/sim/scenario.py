@@ -43,22 +43,25 @@ class GossipSettings:
     advert_delay_ms: tuple[float, float] = (20.0, 80.0)  # propagation through the cell
     advert_loss: float = 0.0  # chance that one receiver misses one advert
     advert_ttl_s: float = 0.0  # 0: three advert intervals
-    cell_size: int = 256  # nodes sharing full adverts; a region splits into equal cells
+    cell_size: int = 64  # nodes sharing full adverts; a region splits into equal cells
     summary_interval_s: float = 5.0
     summary_delay_ms: float = 200.0
     summary_top_k: int = 4  # least-loaded nodes each cell summary names
-    probes: int = 2  # remote candidates an entry node keeps probed
+    summary_fanout: int = 64  # summaries form a tree: at most this many per topic
+    probes: int = 4  # remote candidates an entry node keeps probed
     probe_interval_s: float = 1.0
-    advert_bytes: int = 240
-    summary_bytes: int = 420
+    # Sizes on the wire. An advert as meshd.core.advert encodes it (591 bytes with one model and
+    # an 8-d coordinate) plus its signature, its author's certificate and framing: 930 bytes.
+    advert_bytes: int = 930
+    summary_bytes: int = 1000  # a signed cell summary (or region digest) naming 4 nodes
     probe_bytes: int = 160  # one probe and its answer
-    gossip_degree: int = 6  # gossipsub mesh degree: copies of each message a node relays
+    gossip_degree: int = 4  # gossipsub mesh degree D (the daemon's default): copies relayed
 
 
 @dataclass(frozen=True)
 class VivaldiSettings:
     mode: str = "vivaldi"  # or "oracle": every node knows every true RTT
-    warmup_rounds: int = 16  # RTT samples per node before the run (a mesh already running)
+    warmup_rounds: int = 200  # RTT samples per node before the run (a mesh already running)
     measured_ttl_s: float = 30.0  # a measured RTT overrides the estimate this long
 
 

@@ -31,7 +31,7 @@ ACTIONS = ("fail", "join")
 
 
 def parse_scenario(root: Table, path: Path) -> Scenario:
-    name = root.str("name", path.stem)
+    name = root.text("name", path.stem)
     run = _run(root.table("sim"))
     gossip = _gossip(root.table("gossip"))
     viv = _vivaldi(root.table("vivaldi"))
@@ -69,13 +69,13 @@ def parse_scenario(root: Table, path: Path) -> Scenario:
 def _run(t: Table) -> RunSettings:
     d = RunSettings()
     r = RunSettings(
-        duration_s=t.float("duration_s", d.duration_s, min_value=0.001),
-        drain_s=t.float("drain_s", d.drain_s, min_value=0.0),
-        seed=t.int("seed", d.seed),
-        timeout_s=t.float("timeout_s", d.timeout_s, min_value=0.001),
-        max_attempts=t.int("max_attempts", d.max_attempts, min_value=1),
-        failure_detect_s=t.float("failure_detect_s", d.failure_detect_s, min_value=0.0),
-        warmup_s=t.float("warmup_s", d.warmup_s, min_value=0.0),
+        duration_s=t.number("duration_s", d.duration_s, min_value=0.001),
+        drain_s=t.number("drain_s", d.drain_s, min_value=0.0),
+        seed=t.integer("seed", d.seed),
+        timeout_s=t.number("timeout_s", d.timeout_s, min_value=0.001),
+        max_attempts=t.integer("max_attempts", d.max_attempts, min_value=1),
+        failure_detect_s=t.number("failure_detect_s", d.failure_detect_s, min_value=0.0),
+        warmup_s=t.number("warmup_s", d.warmup_s, min_value=0.0),
     )
     t.done()
     return r
@@ -84,23 +84,24 @@ def _run(t: Table) -> RunSettings:
 def _gossip(t: Table) -> GossipSettings:
     d = GossipSettings()
     g = GossipSettings(
-        advert_interval_s=t.float("advert_interval_s", d.advert_interval_s, min_value=0.01),
-        early_adverts=t.bool("early_adverts", d.early_adverts),
-        min_advert_gap_s=t.float("min_advert_gap_s", d.min_advert_gap_s, min_value=0.0),
-        advert_settle_s=t.float("advert_settle_s", d.advert_settle_s, min_value=0.0),
+        advert_interval_s=t.number("advert_interval_s", d.advert_interval_s, min_value=0.01),
+        early_adverts=t.flag("early_adverts", d.early_adverts),
+        min_advert_gap_s=t.number("min_advert_gap_s", d.min_advert_gap_s, min_value=0.0),
+        advert_settle_s=t.number("advert_settle_s", d.advert_settle_s, min_value=0.0),
         advert_delay_ms=t.range("advert_delay_ms", d.advert_delay_ms),
-        advert_loss=t.float("advert_loss", d.advert_loss, min_value=0.0),
-        advert_ttl_s=t.float("advert_ttl_s", d.advert_ttl_s, min_value=0.0),
-        cell_size=t.int("cell_size", d.cell_size, min_value=1),
-        summary_interval_s=t.float("summary_interval_s", d.summary_interval_s, min_value=0.01),
-        summary_delay_ms=t.float("summary_delay_ms", d.summary_delay_ms, min_value=0.0),
-        summary_top_k=t.int("summary_top_k", d.summary_top_k, min_value=0),
-        probes=t.int("probes", d.probes, min_value=0),
-        probe_interval_s=t.float("probe_interval_s", d.probe_interval_s, min_value=0.01),
-        advert_bytes=t.int("advert_bytes", d.advert_bytes, min_value=1),
-        summary_bytes=t.int("summary_bytes", d.summary_bytes, min_value=1),
-        probe_bytes=t.int("probe_bytes", d.probe_bytes, min_value=1),
-        gossip_degree=t.int("gossip_degree", d.gossip_degree, min_value=1),
+        advert_loss=t.number("advert_loss", d.advert_loss, min_value=0.0),
+        advert_ttl_s=t.number("advert_ttl_s", d.advert_ttl_s, min_value=0.0),
+        cell_size=t.integer("cell_size", d.cell_size, min_value=1),
+        summary_interval_s=t.number("summary_interval_s", d.summary_interval_s, min_value=0.01),
+        summary_delay_ms=t.number("summary_delay_ms", d.summary_delay_ms, min_value=0.0),
+        summary_top_k=t.integer("summary_top_k", d.summary_top_k, min_value=0),
+        summary_fanout=t.integer("summary_fanout", d.summary_fanout, min_value=2),
+        probes=t.integer("probes", d.probes, min_value=0),
+        probe_interval_s=t.number("probe_interval_s", d.probe_interval_s, min_value=0.01),
+        advert_bytes=t.integer("advert_bytes", d.advert_bytes, min_value=1),
+        summary_bytes=t.integer("summary_bytes", d.summary_bytes, min_value=1),
+        probe_bytes=t.integer("probe_bytes", d.probe_bytes, min_value=1),
+        gossip_degree=t.integer("gossip_degree", d.gossip_degree, min_value=1),
     )
     if g.advert_loss >= 1.0:
         raise t.error("advert_loss", "must be below 1")
@@ -111,9 +112,9 @@ def _gossip(t: Table) -> GossipSettings:
 def _vivaldi(t: Table) -> VivaldiSettings:
     d = VivaldiSettings()
     v = VivaldiSettings(
-        mode=t.str("mode", d.mode),
-        warmup_rounds=t.int("warmup_rounds", d.warmup_rounds, min_value=0),
-        measured_ttl_s=t.float("measured_ttl_s", d.measured_ttl_s, min_value=0.0),
+        mode=t.text("mode", d.mode),
+        warmup_rounds=t.integer("warmup_rounds", d.warmup_rounds, min_value=0),
+        measured_ttl_s=t.number("measured_ttl_s", d.measured_ttl_s, min_value=0.0),
     )
     if v.mode not in ("vivaldi", "oracle"):
         raise t.error("mode", f"must be 'vivaldi' or 'oracle', not {v.mode!r}")
@@ -125,18 +126,18 @@ def _latency(t: Table, regions: set[str]) -> LatencySettings:
     d = LatencySettings()
     matrix: dict[tuple[str, str], float] = {}
     m = t.table("inter_region_ms")
-    for key in m.keys():
+    for key in m.all_keys():
         a, sep, b = key.partition("/")
         if not sep or a not in regions or b not in regions or a == b:
             raise m.error(key, "must be 'regionA/regionB' naming two different regions")
-        ms = m.float(key, min_value=0.0)
+        ms = m.number(key, min_value=0.0)
         matrix[(a, b)] = matrix[(b, a)] = ms
     m.done()
     lat = LatencySettings(
         intra_region_ms=t.range("intra_region_ms", d.intra_region_ms),
         access_ms=t.range("access_ms", d.access_ms),
-        jitter_ms=t.float("jitter_ms", d.jitter_ms, min_value=0.0),
-        default_inter_region_ms=t.float(
+        jitter_ms=t.number("jitter_ms", d.jitter_ms, min_value=0.0),
+        default_inter_region_ms=t.number(
             "default_inter_region_ms", d.default_inter_region_ms, min_value=0.0
         ),
         inter_region_ms=matrix,
@@ -148,23 +149,23 @@ def _latency(t: Table, regions: set[str]) -> LatencySettings:
 def _policy(t: Table) -> Policy:
     kwargs: dict[str, Any] = {}
     fields = policy_fields()
-    for key in t.keys():
+    for key in t.all_keys():
         if key not in fields:
             raise ConfigError(f"{t.file}: unknown key 'policy.{key}'")
         default = getattr(Policy(), key)
         if isinstance(default, bool):
-            kwargs[key] = t.bool(key)
+            kwargs[key] = t.flag(key)
         elif isinstance(default, int):
-            kwargs[key] = t.int(key)
+            kwargs[key] = t.integer(key)
         elif isinstance(default, float):
-            kwargs[key] = t.float(key)
+            kwargs[key] = t.number(key)
         elif isinstance(default, frozenset):
             kwargs[key] = frozenset(t.str_list(key))
         elif isinstance(default, str):
-            kwargs[key] = t.str(key)
+            kwargs[key] = t.text(key)
         elif isinstance(default, dict):
             sub = t.table(key)
-            kwargs[key] = {k: sub.int(k) for k in sub.keys()}
+            kwargs[key] = {k: sub.integer(k) for k in sub.all_keys()}
         else:
             raise t.error(key, "cannot be set from a scenario")
     return Policy(**kwargs)
@@ -174,12 +175,12 @@ def _hardware(tables: list[Table]) -> dict[str, Hardware]:
     out: dict[str, Hardware] = {}
     for t in tables:
         hw = Hardware(
-            name=t.str("name"),
-            prefill_tps=t.float("prefill_tps", min_value=0.001),
-            decode_tps=t.float("decode_tps", min_value=0.001),
-            concurrency=t.int("concurrency", 1, min_value=1),
-            max_queue=t.int("max_queue", 64, min_value=0),
-            cost_per_hour=t.float("cost_per_hour", 0.0, min_value=0.0),
+            name=t.text("name"),
+            prefill_tps=t.number("prefill_tps", min_value=0.001),
+            decode_tps=t.number("decode_tps", min_value=0.001),
+            concurrency=t.integer("concurrency", 1, min_value=1),
+            max_queue=t.integer("max_queue", 64, min_value=0),
+            cost_per_hour=t.number("cost_per_hour", 0.0, min_value=0.0),
         )
         if hw.name in out:
             raise t.error("name", f"repeats hardware class {hw.name!r}")
@@ -193,7 +194,7 @@ def _hardware(tables: list[Table]) -> dict[str, Hardware]:
 def _models(tables: list[Table]) -> dict[str, ModelSpec]:
     out: dict[str, ModelSpec] = {}
     for t in tables:
-        m = ModelSpec(name=t.str("name"), num_layers=t.int("num_layers", min_value=1))
+        m = ModelSpec(name=t.text("name"), num_layers=t.integer("num_layers", min_value=1))
         if m.name in out:
             raise t.error("name", f"repeats model {m.name!r}")
         t.done()
@@ -222,10 +223,10 @@ def parse_serve(t: Table, key: str, item: str, models: dict[str, ModelSpec]) -> 
 
 
 def _region(t: Table, hardware: dict[str, Hardware], models: dict[str, ModelSpec]) -> RegionSpec:
-    name = t.str("name")
+    name = t.text("name")
     groups = []
     for g in t.tables("nodes"):
-        hw = g.str("hardware")
+        hw = g.text("hardware")
         if hw not in hardware:
             raise g.error("hardware", f"names unknown hardware class {hw!r}")
         serve = tuple(parse_serve(g, "serve", s, models) for s in g.str_list("serve"))
@@ -234,7 +235,7 @@ def _region(t: Table, hardware: dict[str, Hardware], models: dict[str, ModelSpec
         groups.append(
             NodeGroup(
                 hardware=hw,
-                count=g.int("count", min_value=0),
+                count=g.integer("count", min_value=0),
                 serve=serve,
                 labels=frozenset(g.str_list("labels", ())),
             )
@@ -245,15 +246,15 @@ def _region(t: Table, hardware: dict[str, Hardware], models: dict[str, ModelSpec
 
 
 def _length(t: Table) -> LengthDist:
-    dist = t.str("dist")
+    dist = t.text("dist")
     if dist not in DISTS:
         raise t.error("dist", f"must be one of {', '.join(DISTS)}, not {dist!r}")
     d = LengthDist(
         dist=dist,
-        mean=t.float("mean", 0.0, min_value=0.0),
-        sigma=t.float("sigma", 0.0, min_value=0.0),
-        low=t.int("min", 1, min_value=1),
-        high=t.int("max", 1 << 20, min_value=1),
+        mean=t.number("mean", 0.0, min_value=0.0),
+        sigma=t.number("sigma", 0.0, min_value=0.0),
+        low=t.integer("min", 1, min_value=1),
+        high=t.integer("max", 1 << 20, min_value=1),
     )
     if d.low > d.high:
         raise t.error("min", "must not exceed max")
@@ -265,29 +266,29 @@ def _length(t: Table) -> LengthDist:
 
 def _arrival(t: Table, regions: set[str], models: dict[str, ModelSpec]) -> ArrivalSpec:
     d = ArrivalSpec("", "", "poisson", 0.0, LengthDist("fixed", 1), LengthDist("fixed", 1))
-    region = t.str("region")
+    region = t.text("region")
     if region != "*" and region not in regions:
         raise t.error("region", f"names unknown region {region!r}")
-    model = t.str("model")
+    model = t.text("model")
     if model not in models:
         raise t.error("model", f"names unknown model {model!r}")
-    process = t.str("process", "poisson")
+    process = t.text("process", "poisson")
     if process not in PROCESSES:
         raise t.error("process", f"must be one of {', '.join(PROCESSES)}, not {process!r}")
     a = ArrivalSpec(
         region=region,
         model=model,
         process=process,
-        rate_per_s=t.float("rate_per_s", min_value=0.0),
+        rate_per_s=t.number("rate_per_s", min_value=0.0),
         prompt_tokens=_length(t.table("prompt_tokens")),
         output_tokens=_length(t.table("output_tokens")),
-        residency=t.str("residency", None),
-        burst_factor=t.float("burst_factor", d.burst_factor, min_value=1.0),
-        burst_mean_s=t.float("burst_mean_s", d.burst_mean_s, min_value=0.001),
-        calm_mean_s=t.float("calm_mean_s", d.calm_mean_s, min_value=0.001),
-        period_s=t.float("period_s", d.period_s, min_value=0.001),
-        amplitude=t.float("amplitude", d.amplitude, min_value=0.0),
-        phase_s=t.float("phase_s", d.phase_s),
+        residency=t.text("residency", None),
+        burst_factor=t.number("burst_factor", d.burst_factor, min_value=1.0),
+        burst_mean_s=t.number("burst_mean_s", d.burst_mean_s, min_value=0.001),
+        calm_mean_s=t.number("calm_mean_s", d.calm_mean_s, min_value=0.001),
+        period_s=t.number("period_s", d.period_s, min_value=0.001),
+        amplitude=t.number("amplitude", d.amplitude, min_value=0.0),
+        phase_s=t.number("phase_s", d.phase_s),
     )
     if a.amplitude > 1.0:
         raise t.error("amplitude", "must be between 0 and 1")
@@ -298,21 +299,21 @@ def _arrival(t: Table, regions: set[str], models: dict[str, ModelSpec]) -> Arriv
 def _event(
     t: Table, regions: set[str], hardware: dict[str, Hardware], models: dict[str, ModelSpec]
 ) -> EventSpec:
-    action = t.str("action")
+    action = t.text("action")
     if action not in ACTIONS:
         raise t.error("action", f"must be one of {', '.join(ACTIONS)}, not {action!r}")
-    region = t.str("region", None)
+    region = t.text("region", None)
     if region is not None and region not in regions:
         raise t.error("region", f"names unknown region {region!r}")
-    hw = t.str("hardware", None)
+    hw = t.text("hardware", None)
     if hw is not None and hw not in hardware:
         raise t.error("hardware", f"names unknown hardware class {hw!r}")
     serve = tuple(parse_serve(t, "serve", s, models) for s in t.str_list("serve", ()))
     e = EventSpec(
-        at_s=t.float("at_s", min_value=0.0),
+        at_s=t.number("at_s", min_value=0.0),
         action=action,
-        fraction=t.float("fraction", 0.0, min_value=0.0),
-        count=t.int("count", 0, min_value=0),
+        fraction=t.number("fraction", 0.0, min_value=0.0),
+        count=t.integer("count", 0, min_value=0),
         region=region,
         hardware=hw,
         serve=serve,

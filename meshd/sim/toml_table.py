@@ -43,13 +43,13 @@ class Table:
             return default
         return self._data[key]
 
-    def str(self, key: str, default: Any = _MISSING) -> Any:
+    def text(self, key: str, default: Any = _MISSING) -> Any:
         v = self.raw(key, default)
         if v is not default and not isinstance(v, str):
             raise self.error(key, f"must be a string, not {type(v).__name__}")
         return v
 
-    def float(self, key: str, default: Any = _MISSING, *, min_value: float | None = None) -> Any:
+    def number(self, key: str, default: Any = _MISSING, *, min_value: float | None = None) -> Any:
         v = self.raw(key, default)
         if v is default:
             return v
@@ -59,7 +59,7 @@ class Table:
             raise self.error(key, f"must be at least {min_value}, not {v}")
         return float(v)
 
-    def int(self, key: str, default: Any = _MISSING, *, min_value: int | None = None) -> Any:
+    def integer(self, key: str, default: Any = _MISSING, *, min_value: int | None = None) -> Any:
         v = self.raw(key, default)
         if v is default:
             return v
@@ -69,7 +69,7 @@ class Table:
             raise self.error(key, f"must be at least {min_value}, not {v}")
         return v
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def flag(self, key: str, default: Any = _MISSING) -> Any:
         v = self.raw(key, default)
         if v is not default and not isinstance(v, bool):
             raise self.error(key, f"must be true or false, not {type(v).__name__}")
@@ -105,7 +105,7 @@ class Table:
             raise self.error(key, "must be an array of tables ([[...]])")
         return [Table(x, f"{self._key(key)}[{i}]", self.file) for i, x in enumerate(v)]
 
-    def keys(self) -> list[str]:
+    def all_keys(self) -> list[str]:
         """Every key, marking all as read (for free-form maps such as an RTT matrix)."""
         self._used.update(self._data)
         return sorted(self._data)

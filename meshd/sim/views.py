@@ -40,6 +40,7 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(NodeView))
 _POSITIONAL = _FIELDS[: len(_EXPECTED_FIELDS)] == _EXPECTED_FIELDS
 _FREE_KV = 1 << 30
 _NONE: frozenset[int] = frozenset()
+PROBE_SLACK_MS = 50.0  # cells this close to the best one are equally worth probing
 
 
 def make_view_factory(t: SimNode) -> None:
@@ -57,7 +58,10 @@ def _view(
     coord: Coord,
 ) -> NodeView:  # fmt: skip
     if t.nv is not None:
-        return t.nv(q, inf, *t.nv_tail, rtt, src, age, sent, t.cost_per_hour, _FREE_KV, local, t.rate, coord)
+        v: NodeView = t.nv(
+            q, inf, *t.nv_tail, rtt, src, age, sent, t.cost_per_hour, _FREE_KV, local, t.rate, coord
+        )
+        return v
     return NodeView(
         peer_id=t.peer_id, name=t.name, region=t.region_name, labels=t.labels,
         serving=t.serving, queue_depth=q, in_flight=inf, max_concurrency=t.slots,
@@ -70,13 +74,17 @@ def _view(
 class Views:
     """Advert and summary state of the whole mesh, and the snapshot builder."""
 
-    def __init__(self, world: World, scenario: Scenario, seed: int, nominal: tuple[int, int]) -> None:
+    def __init__(
+        self, world: World, scenario: Scenario, seed: int, nominal: tuple[int, int]
+    ) -> None:
         g = scenario.gossip
         self.world = world
         self.g = g
         self.ttl = g.advert_ttl_s or 3.0 * g.advert_interval_s
         self.measured_ttl = scenario.vivaldi.measured_ttl_s
         self.oracle = scenario.vivaldi.mode == "oracle"
+        # Per-entry RTT estimate cache: worth its memory while the mesh is not huge.
+        self.cache_rtt = scenario.node_count <= 20_000
         self.rng = random.Random(seed * 17 + 3)
         self.nominal = nominal  # (prompt, output) tokens of a typical request, for summaries
         # Summaries: per cell, {model: [node idx, ...] best first}; the round in force and the
@@ -87,6 +95,9 @@ class Views:
         self.ranked: dict[tuple[int, str], list[int]] = {}  # (region, model) -> best cells
         self.probes_sent = 0
         self.adverts_published = 0
+        self.adverts_in_window = 0  # published during the run's arrival window
+        self.advert_receipts = 0  # ... times the cell members that receive each
+        self.window_s = scenario.run.duration_s
         self.decisions = 0
         self.candidates_seen = 0
         for node in world.nodes:
@@ -123,6 +134,9 @@ class Views:
         node.adv_last = now
         node.adv_load = load
         self.adverts_published += 1
+        if now <= self.window_s:
+            self.adverts_in_window += 1
+            self.advert_receipts += len(self.world.cells[node.cell]) - 1
         node.adverts.append((node.adv_seq, now, now + delay, load[0], load[1], node.coord, lost))
         if len(node.adverts) > 4:
             del node.adverts[0]
@@ -164,39 +178,54 @@ class Views:
             self.ranked.clear()
 
     def _best_cells(self, region: int, model: str) -> list[int]:
+        """The cells an entry node of ``region`` may probe into, best first.
+
+        A cell's score is the typical RTT to its region plus its best predicted wait (from its
+        summary). The candidates are every cell within ``PROBE_SLACK_MS`` of the best score, and
+        at least the best ``4 * probes``: in a large mesh many cells are equally good, and
+        drawing among all of them keeps a region's entry nodes from piling onto the same few.
+        """
         key = (region, model)
         r = self.ranked.get(key)
         if r is None:
             lat = self.world.latency
             cr = self.world.cell_region
-            scored = [
+            scored = sorted(
                 (lat.region_rtt_ms(region, cr[c]) + self.summary_score[c], c)
                 for c, top in enumerate(self.summary)
                 if top.get(model)
-            ]
-            r = [c for _, c in sorted(scored)[:4]]
+            )
+            least = max(4, 4 * self.g.probes)
+            cut = scored[0][0] + PROBE_SLACK_MS if scored else 0.0
+            r = [c for i, (sc, c) in enumerate(scored) if i < least or sc <= cut]
             self.ranked[key] = r
         return r
 
     def _probe(self, e: SimNode, now: float, model: str) -> None:
-        """Ask a few nodes of the best other cells for their load; answers come an RTT later."""
-        pend = [p for p in e.probe_pending if p[2] > now]
-        done = [p for p in e.probe_pending if p[2] <= now]
-        if done:
-            e.probes = done
-        e.probe_pending = pend
+        """Ask a few nodes of good other cells for their load; answers come an RTT later.
+
+        The cells are drawn at random among the best few, and a node at random among each
+        one's least-loaded, so that the entry nodes of a region do not all probe (and then
+        pile onto) the same handful of nodes.
+        """
+        if e.probe_pending:
+            done = [p for p in e.probe_pending if p[2] <= now]
+            if done:
+                e.probes = done
+                e.probe_pending = [p for p in e.probe_pending if p[2] > now]
         if now - e.probe_at < self.g.probe_interval_s or not self.summary:
             return
         e.probe_at = now
-        pool: list[int] = []
-        for c in self._best_cells(e.region, model):
-            if c != e.cell:
-                pool.extend(self.summary[c][model])
-                if len(pool) >= 2 * self.g.probes:
-                    break
-        if not pool:
+        rng = self.rng
+        cells = [c for c in self._best_cells(e.region, model) if c != e.cell]
+        if not cells:
             return
-        picks = sorted(self.rng.sample(pool, min(self.g.probes, len(pool))))
+        picks = sorted(
+            {
+                rng.choice(self.summary[c][model])
+                for c in rng.sample(cells, min(self.g.probes, len(cells)))
+            }
+        )
         nodes = self.world.nodes
         for j in picks:
             t = nodes[j]
@@ -225,6 +254,9 @@ class Views:
         oracle = self.oracle
         lat_rtt = world.latency.rtt_ms
         est = estimate_rtt_ms
+        cache = e.view_cache if self.cache_rtt else None
+        if cache is None and self.cache_rtt:
+            cache = e.view_cache = {}
         for j in world.cells[e.cell]:
             t = nodes[j]
             if model not in t.models_any:
@@ -261,6 +293,14 @@ class Views:
                 m = measured.get(j)
                 if m is not None and now - m[1] <= mttl:
                     rtt, src = m[0], "measured"
+                elif cache is not None:
+                    # Estimated when this advert (with its coordinate) is first used, as a peer
+                    # table would when the advert arrives; kept until the next advert.
+                    c = cache.get(j)
+                    if c is None or c[0] != a[0]:
+                        c = (a[0], est(ecoord, a[5]))
+                        cache[j] = c
+                    rtt, src = c[1], "vivaldi"
                 else:
                     rtt, src = est(ecoord, a[5]), "vivaldi"
             nv = t.nv
@@ -278,7 +318,17 @@ class Views:
                 s = sent_map.get(j)
                 n_sent = sum(1 for x in s if x > asked) if s else 0
                 views.append(
-                    _view(nodes[j], q, inf, rtt, "measured", now - asked, n_sent, False, nodes[j].coord)
+                    _view(
+                        nodes[j],
+                        q,
+                        inf,
+                        rtt,
+                        "measured",
+                        now - asked,
+                        n_sent,
+                        False,
+                        nodes[j].coord,
+                    )
                 )
             views.sort(key=_peer_id)
         self.decisions += 1
@@ -300,9 +350,48 @@ def _peer_id(v: NodeView) -> str:
     return v.peer_id
 
 
+def summary_bytes_per_node_s(cells: int, fanout: int, size: int, interval_s: float) -> float:
+    """Summary traffic a node receives in a tree of topics of at most ``fanout`` entries.
+
+    Level 1 carries the summaries of the cells of one group of ``fanout`` cells, level 2 one
+    digest per group of groups, and so on up to a single root; a node subscribes to one topic
+    per level, so it hears at most ``fanout`` messages per level per interval.
+    """
+    total = 0
+    groups = cells
+    while groups > 1:
+        total += min(fanout, groups)
+        groups = -(-groups // fanout)
+    return total * size / interval_s
+
+
 def stats(views: Views) -> dict[str, Any]:
+    """Decision and gossip figures: bytes per node per second, by kind (docs/gossip-at-scale.md).
+
+    Adverts: what each node receives from its cell (payload, once per advert). Summaries: one
+    topic per level of the summary tree (``summary_bytes_per_node_s``). Probes:
+    what it sends and gets back. ``wire`` multiplies the gossip parts by the gossipsub degree
+    (each message can reach a node once per mesh peer); ``flat`` is what every node would
+    receive if every advert went to the whole mesh, at the advert rate measured.
+    """
+    w = views.world
+    g = views.g
+    n = max(len(w.nodes), 1)
+    dur = max(views.window_s, 1e-9)
+    adverts = views.advert_receipts * g.advert_bytes / n / dur
+    summaries = summary_bytes_per_node_s(len(w.cells), g.summary_fanout, g.summary_bytes,
+                                         g.summary_interval_s) if g.probes else 0.0  # fmt: skip
+    probes = views.probes_sent * g.probe_bytes / n / dur
+    flat = views.adverts_in_window * (n - 1) * g.advert_bytes / n / dur
     return {
         "decisions": views.decisions,
         "mean_candidates": views.candidates_seen / max(views.decisions, 1),
         "probes_sent": views.probes_sent,
+        "adverts_per_node_s": views.adverts_in_window / n / dur,
+        "gossip_advert_bytes_per_node_s": adverts,
+        "gossip_summary_bytes_per_node_s": summaries,
+        "gossip_probe_bytes_per_node_s": probes,
+        "gossip_payload_bytes_per_node_s": adverts + summaries + probes,
+        "gossip_wire_bytes_per_node_s": (adverts + summaries) * g.gossip_degree + probes,
+        "flat_advert_bytes_per_node_s": flat,
     }

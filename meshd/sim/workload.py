@@ -56,7 +56,9 @@ class ArrivalStream:
     def rate_at(self, t: float) -> float:
         s = self.spec
         if s.process == "diurnal":
-            return s.rate_per_s * (1.0 + s.amplitude * math.sin(2 * math.pi * (t + s.phase_s) / s.period_s))
+            return s.rate_per_s * (
+                1.0 + s.amplitude * math.sin(2 * math.pi * (t + s.phase_s) / s.period_s)
+            )
         if s.process == "bursty":
             return self.burst_rate if self.in_burst else self.calm_rate
         return s.rate_per_s

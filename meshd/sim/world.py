@@ -9,7 +9,6 @@ RTTs it measured, peers it found dead, its round-robin index, its probes).
 from __future__ import annotations
 
 import random
-from collections import deque
 from typing import Any
 
 from meshd.core.snapshot import Serving
@@ -20,12 +19,39 @@ from meshd.sim.scenario import Hardware, Scenario, ServeSpec
 VIVALDI = VivaldiConfig()
 
 
+_NO_DEAD: frozenset[int] = frozenset()
+_SERVING: dict[Any, tuple[tuple[Serving, ...], frozenset[str], frozenset[str]]] = {}
+
+
+def _serving(
+    serve: tuple[ServeSpec, ...], models: dict[str, int]
+) -> tuple[tuple[Serving, ...], frozenset[str], frozenset[str]]:
+    """What a group of nodes serves, shared by all of them (100,000 nodes, a few groups)."""
+    key = (serve, tuple(sorted(models.items())))
+    hit = _SERVING.get(key)
+    if hit is None:
+        serving = tuple(
+            Serving(s.model, models[s.model], s.layer_start, s.layer_end) for s in serve
+        )
+        whole = frozenset(s.model for s in serving if s.whole)
+        hit = (serving, whole, frozenset(s.model for s in serving))
+        _SERVING[key] = hit
+    return hit
+
+
+def note_dead(node: SimNode, peer: int) -> None:
+    """``node`` found ``peer`` dead (it stops routing there)."""
+    if not node.known_dead:
+        node.known_dead = set()
+    node.known_dead.add(peer)  # type: ignore[union-attr]
+
+
 class SimNode:
     __slots__ = (
         "idx", "peer_id", "name", "region", "region_name", "cell", "hw", "serving", "labels",
         "slots", "max_queue", "prefill_tps", "decode_tps", "cost_per_hour",
         "alive", "born_s", "died_s", "queue", "running", "busy_s", "cost", "active",
-        "coord", "adverts", "adv_seq", "adv_last", "adv_load", "adv_pending",
+        "coord", "adverts", "adv_seq", "adv_last", "adv_load", "adv_pending", "adv_due",
         "sent", "measured", "known_dead", "rr", "probe_at", "probes", "probe_pending",
         "view_cache", "whole_models", "models_any", "rate", "nv", "nv_tail",
     )  # fmt: skip
@@ -41,9 +67,7 @@ class SimNode:
         self.region_name = region_name
         self.cell = -1
         self.hw = hw
-        self.serving = tuple(Serving(s.model, models[s.model], s.layer_start, s.layer_end) for s in serve)
-        self.whole_models = frozenset(s.model for s in self.serving if s.whole)
-        self.models_any = frozenset(s.model for s in self.serving)
+        self.serving, self.whole_models, self.models_any = _serving(serve, models)
         self.labels = labels
         self.slots = hw.concurrency
         self.max_queue = hw.max_queue
@@ -53,7 +77,7 @@ class SimNode:
         self.alive = True
         self.born_s = born_s
         self.died_s = -1.0
-        self.queue: deque[Any] = deque()
+        self.queue: list[Any] = []  # FIFO; short (max_queue), so a list beats a deque's memory
         self.running = 0
         self.busy_s = 0.0  # slot-seconds of work done (for utilisation and cost)
         self.cost = 0.0
@@ -66,9 +90,10 @@ class SimNode:
         self.adv_last = -1e18  # when the last advert was published
         self.adv_load = (-1, -1)  # (queue, in_flight) it announced
         self.adv_pending = False  # an early advert is scheduled
+        self.adv_due = -1  # the timing-wheel tick of its next periodic advert
         self.sent: dict[int, list[float]] = {}  # peer idx -> send instants (recent)
         self.measured: dict[int, tuple[float, float]] = {}  # peer idx -> (rtt_ms, at_s)
-        self.known_dead: set[int] = set()
+        self.known_dead: set[int] | frozenset[int] = _NO_DEAD  # a set once one is found
         self.rr = 0
         self.probe_at = -1e18
         self.probes: list[tuple[int, float, float, int, int, float]] = []
@@ -109,7 +134,9 @@ class World:
              labels: frozenset[str], born_s: float) -> int:  # fmt: skip
         idx = len(self.nodes)
         self.latency.place(region, self.rng)
-        node = SimNode(idx, region, self.region_names[region], hw, serve, self.models, labels, born_s)
+        node = SimNode(
+            idx, region, self.region_names[region], hw, serve, self.models, labels, born_s
+        )
         self.nodes.append(node)
         self.by_peer[node.peer_id] = idx
         ra = self.region_alive[region]
