@@ -222,3 +222,14 @@ def decode_advert(body: bytes) -> Advert:
 
 def signing_payload(body: bytes) -> bytes:
     return SIGN_CONTEXT + body
+
+
+def significant_load_change(old: tuple[int, int], new: tuple[int, int]) -> bool:
+    """Whether a (queue depth, in flight) change is worth an advert before the periodic one:
+    any change into or out of idle, or a change of 2+ requests. ``old[0] < 0`` means nothing
+    was published yet. The daemon and the simulator both decide with this."""
+    if old == new:
+        return False
+    if old[0] < 0:
+        return True
+    return abs(new[0] - old[0]) + abs(new[1] - old[1]) >= 2 or (sum(new) == 0) != (sum(old) == 0)

@@ -12,11 +12,13 @@ import trio
 from meshd.core.messages import MessageType
 from meshd.core.routing import route
 from meshd.core.snapshot import RouteRequest
+from meshd.core.vivaldi import estimate_rtt_ms
 from meshd.core.wire import Message
 from meshd.errors import BusyError, MeshdError, PeerGoneError, RemoteError, RoutingError
 from meshd.net.framed import FramedStream
 from meshd.node.entry import Target, serve_request
 from meshd.node.generation import gen_config_from, gen_fields
+from meshd.node.view import coord_of, peer_rtt
 
 if TYPE_CHECKING:
     from meshd.node.node import Node
@@ -75,15 +77,10 @@ class ControlMixin:
 
     def peers_listing(self: Node) -> list[dict[str, Any]]:  # type: ignore[misc]
         now = trio.current_time()
-        from meshd.node.view import peer_rtt
-
         rows = []
         for pid, e in sorted(self.table.entries.items()):
             a = e.advert
             rtt, source = peer_rtt(e, self.coord, now)
-            from meshd.node.view import coord_of
-            from meshd.core.vivaldi import estimate_rtt_ms
-
             remote = coord_of(a)
             est = estimate_rtt_ms(self.coord, remote) if remote is not None and len(remote.vec) == len(self.coord.vec) else None
             rows.append(

@@ -19,7 +19,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from meshd.config import Config
 from meshd.control.server import ControlServer
-from meshd.core.advert import Advert, ModelAdvert, decode_advert, signing_payload
+from meshd.core.advert import (
+    Advert,
+    ModelAdvert,
+    decode_advert,
+    significant_load_change,
+    signing_payload,
+)
 from meshd.core.messages import (
     ADVERT_TOPIC,
     REQUEST_PROTOCOL,
@@ -242,7 +248,7 @@ class Node(ControlMixin):
             now = trio.current_time()
             load = (self.runner.queue_depth(), self.runner.in_flight())
             due = now - last >= g.advert_interval_s
-            significant = _significant(published_load, load) and now - last >= g.min_advert_gap_s
+            significant = significant_load_change(published_load, load) and now - last >= g.min_advert_gap_s
             if due or significant:
                 await self.publish_advert()
                 last = trio.current_time()
@@ -324,9 +330,7 @@ class Node(ControlMixin):
     # ------------------------------------------------------------------ revocations
 
     def _validate_revocation(self, author: str, data: bytes) -> bool:
-        if self.attestor.certificate_of(author) is None and author != self.peer_id:
-            # only attested peers may spread lists (the CA signature is what counts)
-            pass
+        # any author may relay a list: the CA's signature is what counts
         try:
             msg = decode_message(data, 300_000, frozenset({int(MessageType.REVOCATION)}))
             from meshd.core.cert import verify_revocation_list
@@ -353,9 +357,6 @@ class Node(ControlMixin):
         for pid in list(self.table.entries):
             cert = self.attestor.certificate_of(pid)
             if pid in gone or (cert is not None and cert.serial in revoked):
-                self.table.drop(pid)
-        for pid in list(self.table.entries):
-            if pid in gone:
                 self.table.drop(pid)
         self.revoked_peer_ids.update(gone)
         if changed and gossip and self.gossip is not None:
@@ -395,15 +396,6 @@ class Node(ControlMixin):
 
     def new_request_id(self) -> str:
         return uuid.uuid4().hex[:16]
-
-
-def _significant(old: tuple[int, int], new: tuple[int, int]) -> bool:
-    """A load change worth an early advert: any change from idle, or a change of 2+ requests."""
-    if old == new:
-        return False
-    if old[0] < 0:
-        return True
-    return abs(new[0] - old[0]) + abs(new[1] - old[1]) >= 2 or (sum(new) == 0) != (sum(old) == 0)
 
 
 def _fields(adv: Advert) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from meshd.core import routing
+from meshd.core.advert import significant_load_change
 from meshd.core.snapshot import RouteRequest
 from meshd.core.vivaldi import update
 from meshd.errors import RoutingError
@@ -157,7 +158,7 @@ class Engine:
                 if (
                     a.alive
                     and t - a.adv_last >= self.gap
-                    and significant_change(a.adv_load, (len(a.queue), a.running))
+                    and significant_load_change(a.adv_load, (len(a.queue), a.running))
                 ):
                     self.views.publish_advert(a, t)
             elif kind == BUSY:
@@ -226,7 +227,7 @@ class Engine:
             self.early
             and not t.adv_pending
             and now - t.adv_last >= self.gap
-            and significant_change(t.adv_load, (len(t.queue), t.running))
+            and significant_load_change(t.adv_load, (len(t.queue), t.running))
         ):
             t.adv_pending = True
             self.push(now + self.sc.gossip.advert_settle_s, EARLY, t)
@@ -495,19 +496,6 @@ class Engine:
         extra = {"events": self.events, "nodes": len(w.nodes), "cells": len(w.cells)}
         extra.update(stats(self.views))
         return summarise(self.m, window_s=window, total_cost=cost, utilisation=util, extra=extra)
-
-
-def significant_change(old: tuple[int, int], new: tuple[int, int]) -> bool:
-    """A load change worth an early advert: any change from idle, or a change of 2+ requests.
-
-    The daemon's rule (``meshd.node.node._significant``), repeated here because it lives in the
-    node layer; it belongs in meshd.core so that both import it.
-    """
-    if old == new:
-        return False
-    if old[0] < 0:
-        return True
-    return abs(new[0] - old[0]) + abs(new[1] - old[1]) >= 2 or (sum(new) == 0) != (sum(old) == 0)
 
 
 def _rid(r: SimRequest) -> int:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from meshd.cli.main import main
-from meshd.sim.engine import Engine, significant_change
+from meshd.core.advert import significant_load_change
+from meshd.sim.engine import Engine
 from meshd.sim.latency import LatencyModel
 from meshd.sim.scenario import ArrivalSpec, LatencySettings, LengthDist
 from meshd.sim.workload import ArrivalStream, mean_length, sample_length
@@ -92,7 +93,7 @@ def test_latency_model_is_symmetric_and_in_range() -> None:
     ],
 )
 def test_significant_change_rule(old: tuple, new: tuple, want: bool) -> None:
-    assert significant_change(old, new) is want
+    assert significant_load_change(old, new) is want
 
 
 def test_hedging_sends_copies_and_counts_requests_once() -> None:
