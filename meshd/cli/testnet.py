@@ -14,8 +14,7 @@ HELP = """\
 Start N attested daemons on loopback in the background, with a fresh CA and fresh keys and an
 embedded default config (every node serves the shipped model), and return once every node sees
 all the others. `meshd submit`, `status`, `peers` and `explain` then reach the first node
-without any path. With --scenario, the nodes, regions, link latencies and models come from a
-scenario file (see testnet/README.md).
+without any path. (--scenario, for regions and emulated link latency, is not built yet.)
 """
 
 
@@ -27,7 +26,7 @@ def register(sub: Any) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     up.add_argument("--nodes", "-n", type=int, default=3, help="number of daemons (default 3)")
     up.add_argument("--dir", help=f"state directory (default {default_testnet_dir()})")
-    up.add_argument("--scenario", help="a testnet scenario file (regions, RTTs, speeds, models)")
+    up.add_argument("--scenario", help="a testnet scenario file (not built yet: gives a clear error)")
     up.add_argument("--advert-interval", type=float, default=2.0,
                     help="advert interval in seconds (default 2)")
     up.set_defaults(func=run_up)
@@ -43,9 +42,8 @@ def run_up(args: argparse.Namespace) -> int:
 
     directory = Path(args.dir) if args.dir else default_testnet_dir()
     if args.scenario:
-        from meshd.testnet.scenario import up_scenario
-
-        index = up_scenario(Path(args.scenario), directory)
+        raise LocalError("--scenario testnets (regions, emulated link latency) are not built yet; "
+                         "use --nodes N")
     else:
         if args.nodes < 1:
             raise LocalError("--nodes must be at least 1")
