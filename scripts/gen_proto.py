@@ -23,6 +23,7 @@ GOLDEN = {
                               "resume_ids": [7], "deadline_ms": 30000, "hops": 1}),
     "ping": (MessageType.PING, {"n": 42}),
     "cancel": (MessageType.CANCEL, {"rid": "r1"}),
+    "sync_req": (MessageType.SYNC_REQ, {"n": 7}),
 }
 
 

@@ -47,6 +47,8 @@ class MessageType(enum.IntEnum):
     REQ = 20
     PING = 22
     PONG = 23
+    SYNC_REQ = 24
+    SYNC = 25
     # Stage protocol (layer-wise pipelines)
     STAGE_OPEN = 30
     STAGE_STEP = 31
@@ -217,6 +219,17 @@ SPECS: tuple[MessageSpec, ...] = (
     _m(MessageType.PING, "heartbeat and RTT probe", Field("n", F.INT)),
     _m(MessageType.PONG, "answer to PING", Field("n", F.INT), _opt("queue", F.INT)),
     _m(
+        MessageType.SYNC_REQ,
+        "a new link asks the peer for the signed adverts it holds (join without waiting a period)",
+        Field("n", F.INT),
+    ),
+    _m(
+        MessageType.SYNC,
+        "answer to SYNC_REQ: signed ADVERT messages as gossiped, each checked like gossip",
+        Field("n", F.INT),
+        Field("adverts", F.LIST),
+    ),
+    _m(
         MessageType.STAGE_OPEN,
         "open a stage session for a request's layer range",
         Field("rid", F.STR),
@@ -295,6 +308,8 @@ REQUEST_TYPES = frozenset(
         MessageType.PING,
         MessageType.PONG,
         MessageType.ROUTE,
+        MessageType.SYNC_REQ,
+        MessageType.SYNC,
     )
 )
 STAGE_TYPES = frozenset(

@@ -53,7 +53,8 @@ def _unpack(body: bytes, max_bytes: int) -> Any:
 
 def pack(obj: Any) -> bytes:
     """msgpack-encode a plain value (maps, lists, str, bytes, numbers)."""
-    return msgpack.packb(obj, use_bin_type=True)
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
 
 
 def unpack(body: bytes, max_bytes: int) -> Any:

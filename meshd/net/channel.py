@@ -50,6 +50,7 @@ class PeerChannel:
         self.rtt_ms: float = math.nan
         self.peer_queue: int | None = None
         self._cancel: trio.CancelScope | None = None
+        self._syncs: dict[int, trio.MemorySendChannel[list[Any]]] = {}
 
     @property
     def alive(self) -> bool:
@@ -99,6 +100,11 @@ class PeerChannel:
             if t == MessageType.PING:
                 await self.framed.send(MessageType.PONG, {"n": msg["n"]})
                 continue
+            if t == MessageType.SYNC:
+                waiter = self._syncs.pop(msg["n"], None)
+                if waiter is not None:
+                    waiter.send_nowait(msg["adverts"])
+                continue
             rid = msg.get("rid")
             chan = self._waiting.get(rid) if isinstance(rid, str) else None
             if chan is None:
@@ -140,6 +146,24 @@ class PeerChannel:
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
         self._waiting.clear()
+
+    async def sync(self, timeout_s: float) -> list[Any]:
+        """Ask the peer for the signed adverts it holds (SYNC_REQ/SYNC); [] if it cannot say."""
+        if self.dead is not None:
+            return []
+        self._ping_n += 1
+        n = self._ping_n
+        send, recv = trio.open_memory_channel[list[Any]](1)
+        self._syncs[n] = send
+        try:
+            with trio.move_on_after(timeout_s):
+                await self.framed.send(MessageType.SYNC_REQ, {"n": n})
+                return await recv.receive()
+        except PeerGoneError:
+            pass
+        finally:
+            self._syncs.pop(n, None)
+        return []
 
     async def request(self, fields: dict[str, Any]) -> AsyncIterator[Message]:
         """Send a REQ and yield the frames answering it until DONE or ERROR (inclusive).

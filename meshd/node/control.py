@@ -69,6 +69,7 @@ class ControlMixin:
                 "node": dict(self.stats),
                 "advert_rejections": dict(self.rejections),
                 "gossip": dict(self.gossip.stats) if self.gossip else {},
+                "advert_delay_ms": delay_summary(self.advert_delays_ms, self.stats["adverts_timed"]),
                 "attestation": self.attestor.statistics(),
                 "links": self.links.statistics() if self.links else {},
                 "request_server": dict(self.server.stats),
@@ -287,6 +288,17 @@ class ControlMixin:
                                   tokens_per_s=s["tokens_per_s"], served_by=s["served_by"] or None,
                                   route=s["route"], error=outcome.error, retries=s["retries"],
                                   hedges=s["hedges"])
+
+
+def delay_summary(samples: Any, total: int) -> dict[str, Any]:
+    """Publish-to-receipt delay of recent adverts heard by gossip: p50/p99 over the recent
+    samples, the samples, and ``n`` = how many were ever taken (the recent ones are a ring)."""
+    xs = sorted(samples)
+    if not xs:
+        return {"n": total, "p50": None, "p99": None, "recent": []}
+    def pct(q: float) -> float:
+        return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
+    return {"n": total, "p50": pct(0.5), "p99": pct(0.99), "recent": [round(x, 3) for x in samples]}
 
 
 def _target(n: Any) -> Target:

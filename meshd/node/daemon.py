@@ -25,9 +25,11 @@ PROVIDERS = {
 
 
 def load_runner(cfg: Config) -> Runner:
+    runner = Runner()
+    if not cfg.models:
+        return runner  # a relay/router-only node: do not even import onnxruntime (~20 MB)
     from meshd import engine
 
-    runner = Runner()
     for i, m in enumerate(cfg.models):
         path = default_model_dir() if m.path == "default" else cfg.path(m.path)
         if not Path(path).exists():

@@ -42,7 +42,8 @@ class Links:
         self.channels: dict[str, PeerChannel] = {}
         self._opening: dict[str, trio.Event] = {}
         self._revocation_gossip_pending = False
-        self.stats = {"dials": 0, "dial_failures": 0, "channels_opened": 0, "stalls": 0}
+        self.stats = {"dials": 0, "dial_failures": 0, "channels_opened": 0, "stalls": 0,
+                      "synced_adverts": 0}
 
     # ---------------------------------------------------------------- dialling
 
@@ -138,7 +139,14 @@ class Links:
         self.channels[ch.peer_id] = ch
         self.stats["channels_opened"] += 1
         await self.nursery.start(ch.run)
+        self.nursery.start_soon(self._sync, ch)
         return ch
+
+    async def _sync(self, ch: PeerChannel) -> None:
+        """Learn the mesh from a new link at once (a joining node need not wait an advert period)."""
+        items = await ch.sync(DIAL_TIMEOUT_S)
+        applied = self.node.accept_synced(items)
+        self.stats["synced_adverts"] += applied
 
     def _on_dead(self, peer_id: str, reason: str) -> None:
         if self.channels.get(peer_id) is not None and not self.channels[peer_id].alive:

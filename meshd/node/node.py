@@ -9,6 +9,7 @@ import logging
 import random
 import time
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from meshd.core.snapshot import Policy
 from meshd.core.vivaldi import Coord, update
 from meshd.core.wire import MAX_ADVERT_BYTES, MAX_REQUEST_FRAME, decode_message, encode_message
 from meshd.errors import MeshdError, ProtocolError
-from meshd.net.attest import Attestor, apply_revocation, make_host
+from meshd.net.attest import Attestor, apply_revocation, disconnect_all, make_host
 from meshd.net.framed import FramedStream
 from meshd.net.gossip import Gossip, open_gossip
 from meshd.net.identity import NodeIdentity
@@ -51,6 +52,8 @@ from meshd.node.view import build_snapshot, coord_of
 log = logging.getLogger(__name__)
 
 VALIDATED_CACHE = 2048
+SYNC_MAX_ADVERTS = 256  # adverts handed to a new link (fits a request frame with room to spare)
+DELAY_SAMPLES = 512
 
 
 class Node(ControlMixin):
@@ -95,17 +98,22 @@ class Node(ControlMixin):
             max_hops=config.routing.max_hops,
         )
         self.client_in_flight: dict[str, int] = {}
-        self.server = RequestServer(runner, self.node_name, max_hops=config.routing.max_hops)
+        self.server = RequestServer(runner, self.node_name, max_hops=config.routing.max_hops,
+                                    adverts=self.signed_adverts)
         self.host: Any = None
         self.gossip: Gossip | None = None
         self.links: Links | None = None
         self._validated: dict[bytes, Advert] = {}
+        self._signed: dict[str, bytes] = {}  # latest accepted signed advert of each peer
+        self._own_signed: bytes | None = None
+        self.advert_delays_ms: deque[float] = deque(maxlen=DELAY_SAMPLES)
         self.ready = trio.Event()
         self.stats: dict[str, int] = {
             "adverts_published": 0,
             "adverts_accepted": 0,
             "adverts_rejected": 0,
             "adverts_replayed": 0,
+            "adverts_timed": 0,
             "requests_submitted": 0,
             "requests_failed": 0,
             "requests_local": 0,
@@ -127,7 +135,8 @@ class Node(ControlMixin):
         cfg = self.config
         self.started_mono = trio.current_time()
         listen = [multiaddr.Multiaddr(a) for a in cfg.node.listen]
-        self.host = make_host(self.identity, self.attestor)
+        # the daemon redials on its own schedule; a peer that failed attestation fails again
+        self.host = make_host(self.identity, self.attestor, dial_retries=0)
         async with self.host.run(listen):
             self.addrs = [str(a) for a in cfg.node.announce] or [
                 str(a) for a in self.host.get_addrs()
@@ -156,7 +165,13 @@ class Node(ControlMixin):
                     log.info("node ready name=%s peer_id=%s addrs=%s", self.node_name, self.peer_id,
                              ",".join(self.addrs))
                     task_status.started()
-                    await trio.sleep_forever()
+                    try:
+                        await trio.sleep_forever()
+                    finally:
+                        # close links cleanly so peers drop us at once (and no socket is left
+                        # to the garbage collector by the library's own shutdown)
+                        with trio.CancelScope(shield=True):
+                            await disconnect_all(self.host, timeout_s=2.0)
 
     def _guarded(self, handler: Any) -> Any:
         """Any exception escaping a libp2p stream handler kills the host: contain it here."""
@@ -233,6 +248,7 @@ class Node(ControlMixin):
         data = encode_message(
             MessageType.ADVERT, {"body": body, "sig": sig, "cert": self.identity.certificate_bytes}
         )
+        self._own_signed = data
         try:
             with trio.fail_after(5):
                 await self.gossip.publish(ADVERT_TOPIC, data)
@@ -307,19 +323,61 @@ class Node(ControlMixin):
             adv = self._validated.pop(data, None)
             if adv is None:
                 continue  # our own advert, or one that failed validation
-            now = trio.current_time()
-            verdict = self.table.apply(adv, now, time.time())
-            if verdict in (Verdict.NEW, Verdict.UPDATED):
-                self.stats["adverts_accepted"] += 1
-                if self.links is not None:
-                    self.links.on_advert(adv, new=verdict is Verdict.NEW)
-                if verdict is Verdict.NEW:
-                    log.info("peer joined name=%s peer_id=%s", adv.name, adv.peer_id)
-                    if self.revocation_bytes is not None and self.links is not None:
-                        self.links.schedule_revocation_gossip()
-            elif verdict in (Verdict.REPLAY, Verdict.STALE):
-                self.stats["adverts_replayed"] += 1
-                self._reject(verdict.value)
+            if self._apply_advert(adv, data):
+                # publish-to-receipt delay (meaningful where clocks agree: the benchmark's loopback)
+                self.advert_delays_ms.append(max(0.0, (time.time() - adv.ts) * 1000.0))
+                self.stats["adverts_timed"] += 1
+
+    def _apply_advert(self, adv: Advert, data: bytes) -> bool:
+        """Put a validated advert in the table; True when it was new information."""
+        verdict = self.table.apply(adv, trio.current_time(), time.time())
+        if verdict in (Verdict.NEW, Verdict.UPDATED):
+            self.stats["adverts_accepted"] += 1
+            self._signed[adv.peer_id] = data
+            if self.links is not None:
+                self.links.on_advert(adv, new=verdict is Verdict.NEW)
+            if verdict is Verdict.NEW:
+                log.info("peer joined name=%s peer_id=%s", adv.name, adv.peer_id)
+                if self.revocation_bytes is not None and self.links is not None:
+                    self.links.schedule_revocation_gossip()
+            return True
+        if verdict in (Verdict.REPLAY, Verdict.STALE):
+            self.stats["adverts_replayed"] += 1
+            self._reject(verdict.value)
+        return False
+
+    def signed_adverts(self) -> list[bytes]:
+        """The signed adverts this node holds (its own first), for a new link's SYNC."""
+        live = {e.advert.peer_id for e in self.table.live()}
+        out = [self._own_signed] if self._own_signed is not None else []
+        out += [d for pid, d in sorted(self._signed.items()) if pid in live]
+        return out[:SYNC_MAX_ADVERTS]
+
+    def accept_synced(self, items: list[Any]) -> int:
+        """Check adverts a peer handed over on a new link exactly as gossip is checked, then
+        apply them, so a joining node knows the mesh at once instead of after one period."""
+        applied = 0
+        for data in items[:SYNC_MAX_ADVERTS]:
+            if not isinstance(data, bytes) or len(data) > MAX_ADVERT_BYTES + 2048:
+                self._reject("malformed")
+                continue
+            try:
+                body = decode_message(data, MAX_ADVERT_BYTES + 2048, frozenset({int(MessageType.ADVERT)}))
+                claimed = decode_advert(body["body"])
+            except ProtocolError:
+                self._reject("malformed")
+                continue
+            author = claimed.peer_id
+            if author == self.peer_id or author in self.revoked_peer_ids:
+                continue
+            if self.table.last_seq.get(author, -1) >= claimed.seq:
+                continue  # nothing new: not a replay attack, just what we already know
+            if not self._validate_advert(author, data):
+                continue
+            adv = self._validated.pop(data, None)
+            if adv is not None and self._apply_advert(adv, data):
+                applied += 1
+        return applied
 
     async def _expiry_loop(self) -> None:
         while True:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -27,8 +28,16 @@ FLUSH_INTERVAL_S = 0.01
 
 
 class RequestServer:
-    def __init__(self, runner: Runner, node_name: str, *, max_hops: int) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        node_name: str,
+        *,
+        max_hops: int,
+        adverts: Callable[[], list[bytes]] | None = None,
+    ) -> None:
         self.runner = runner
+        self._adverts = adverts
         self.node_name = node_name
         self.max_hops = max_hops
         self.stats = {"streams": 0, "requests": 0, "errors": 0, "malformed": 0, "cancelled": 0}
@@ -57,6 +66,9 @@ class RequestServer:
                             scope = trio.CancelScope()
                             scopes[rid] = scope
                             nursery.start_soon(self._serve_one, framed, msg, scope, scopes, peer_id)
+                        elif t == MessageType.SYNC_REQ:
+                            held = self._adverts() if self._adverts is not None else []
+                            await framed.send(MessageType.SYNC, {"n": msg["n"], "adverts": held})
                         elif t == MessageType.CANCEL:
                             s = scopes.get(msg["rid"])
                             if s is not None:
