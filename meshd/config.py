@@ -55,6 +55,12 @@ class ModelConfig:
     layers: tuple[int, int] | str = "all"  # "all", [start, end) or "auto"
     max_concurrency: int = 2  # requests generating at once
     max_queue: int = 32  # waiting requests beyond which we answer busy
+    # cap this model's decode rate on this node (tokens/s per request; 0 = no cap), e.g. to share
+    # a device or keep a fanless box cool; measured speeds, and so adverts, reflect the cap
+    max_decode_tokens_per_s: float = 0.0
+    # with layers = "auto": how many layers this node has room for (0: every layer that fits in
+    # half of the free memory at start); the range itself follows the mesh's weakest coverage
+    max_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,10 @@ def _validate(cfg: Config, src: str) -> None:
             raise bad(f"[[models]][{i}].layers", "must be [start, end] with 0 <= start < end")
         if m.max_concurrency < 1 or m.max_queue < 0:
             raise bad(f"[[models]][{i}]", "max_concurrency must be >= 1 and max_queue >= 0")
+        if m.max_layers < 0:
+            raise bad(f"[[models]][{i}].max_layers", "must be >= 0 (0 = as many as fit)")
+        if m.max_decode_tokens_per_s < 0:
+            raise bad(f"[[models]][{i}].max_decode_tokens_per_s", "must be >= 0 (0 = no cap)")
     if cfg.routing.sample_d < 1:
         raise bad("[routing] sample_d", "must be >= 1")
     if cfg.routing.max_hops < 1:

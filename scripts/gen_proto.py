@@ -23,6 +23,14 @@ GOLDEN = {
                               "resume_ids": [7], "deadline_ms": 30000, "hops": 1}),
     "ping": (MessageType.PING, {"n": 42}),
     "cancel": (MessageType.CANCEL, {"rid": "r1"}),
+    "stage_open": (MessageType.STAGE_OPEN, {"rid": "r1.1@2", "model": "tiny-en", "layer_start": 2,
+                                            "layer_end": 4, "deadline_ms": 120000,
+                                            "next": ["12D3KooWPeer", "r1.1@4"], "wire_dtype": "f16"}),
+    "stage_step": (MessageType.STAGE_STEP, {"rid": "r1.1@2", "step": 3, "pos": [7], "dtype": "f16",
+                                            "shape": [1, 4], "data": bytes(8)}),
+    "stage_out": (MessageType.STAGE_OUT, {"rid": "r1.1@4", "step": 3, "ids": [42], "text": " and"}),
+    "stage_ready": (MessageType.STAGE_READY, {"rid": "r1.1@4", "prompt_ids": [1, 2, 3]}),
+    "stage_free": (MessageType.STAGE_FREE, {"rid": "r1.1@2"}),
     "sync_req": (MessageType.SYNC_REQ, {"n": 7}),
 }
 

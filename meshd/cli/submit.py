@@ -41,6 +41,9 @@ def register(sub: Any) -> None:
     p.add_argument("--residency", help="only nodes whose certificate labels carry this tag may serve")
     p.add_argument("--strategy", help="routing strategy for this request (default: the node's)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--pipeline", choices=["auto", "never", "always"],
+                   help="run as a pipeline of layer-range stages: auto (the planner decides, "
+                   "default), never, or always (even when one node serves the whole model)")
     p.add_argument("--json", action="store_true", help="print one JSON object at the end, no stream")
     add_socket_arg(p)
     p.set_defaults(func=run)
@@ -55,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         return Exit.USAGE
     fields: dict[str, Any] = {"rid": uuid.uuid4().hex[:16], "prompt": prompt, "chat": args.chat,
                               "max_tokens": args.max_tokens, "temperature": args.temperature}
-    for k in ("model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy"):
+    for k in ("model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy",
+              "pipeline"):
         v = getattr(args, k)
         if v is not None:
             fields[k] = v

@@ -14,7 +14,13 @@ HELP = """\
 Start N attested daemons on loopback in the background, with a fresh CA and fresh keys and an
 embedded default config (every node serves the shipped model), and return once every node sees
 all the others. `meshd submit`, `status`, `peers` and `explain` then reach the first node
-without any path. (--scenario, for regions and emulated link latency, is not built yet.)
+without any path.
+
+With --scenario FILE (see docs/testnet.md and testnet/regions-12.toml) the nodes, regions, speeds
+and models come from the file, and each daemon runs in its own network namespace with its own
+address; a user-space link emulator gives every pair of nodes the scenario's round-trip time,
+jitter and loss. Without root or the `ip` tool it falls back to loopback without emulation and
+says so.
 """
 
 
@@ -26,9 +32,12 @@ def register(sub: Any) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     up.add_argument("--nodes", "-n", type=int, default=3, help="number of daemons (default 3)")
     up.add_argument("--dir", help=f"state directory (default {default_testnet_dir()})")
-    up.add_argument("--scenario", help="a testnet scenario file (not built yet: gives a clear error)")
-    up.add_argument("--advert-interval", type=float, default=2.0,
-                    help="advert interval in seconds (default 2)")
+    up.add_argument("--scenario", help="a testnet scenario file (regions, RTT matrix, nodes)")
+    up.add_argument("--isolation", choices=("auto", "netns", "loopback"), default="auto",
+                    help="with --scenario: network namespaces with emulated links (netns), plain "
+                         "loopback, or netns where possible (auto, the default)")
+    up.add_argument("--advert-interval", type=float, default=None,
+                    help="advert interval in seconds (default 2, or the scenario's)")
     up.set_defaults(func=run_up)
     down = tsub.add_parser("down", help="stop a local mesh",
                            description="Stop the daemons of a testnet (SIGTERM, then SIGKILL).")
@@ -41,17 +50,31 @@ def run_up(args: argparse.Namespace) -> int:
     from meshd.testnet.launcher import NodeSpec, up
 
     directory = Path(args.dir) if args.dir else default_testnet_dir()
+    if args.advert_interval is not None and args.advert_interval <= 0:
+        raise LocalError("--advert-interval must be > 0")
     if args.scenario:
-        raise LocalError("--scenario testnets (regions, emulated link latency) are not built yet; "
-                         "use --nodes N")
+        from meshd.testnet.scenario import load_scenario
+        from meshd.testnet.scenario_up import up_scenario
+
+        scenario = load_scenario(args.scenario)
+        index = up_scenario(directory, scenario, isolation=args.isolation,
+                            advert_interval_s=args.advert_interval)
     else:
         if args.nodes < 1:
             raise LocalError("--nodes must be at least 1")
         specs = [NodeSpec(name=f"node{i + 1}") for i in range(args.nodes)]
-        index = up(directory, specs, advert_interval_s=args.advert_interval)
+        index = up(directory, specs, advert_interval_s=args.advert_interval or 2.0)
     print(f"testnet of {len(index['nodes'])} nodes is up in {index['dir']}")
+    net = index.get("network")
+    if net is not None and net["mode"] == "netns":
+        print(f"network: one namespace per node ({net['prefix']}-*), links emulated in user space "
+              f"by the forwarder (pid {net['forwarder_pid']}) in {net['router']}")
+    elif net is not None:
+        print(f"network: LOOPBACK, NO LATENCY EMULATION ({net['reason']}); "
+              "every link is as fast as loopback")
     for n in index["nodes"]:
-        print(f"  {n['name']:<10} {n['addr']}")
+        region = f"[{n['region']}]" if index.get("scenario") else ""
+        print(f"  {n['name']:<10} {region:<8} {n['addr']}")
         print(f"  {'':<10} socket {n['socket']}  log {n['dir']}/meshd.log")
     print('try:  meshd submit "Once upon a time"      (reaches the first node)')
     print(f"      meshd peers --socket {index['nodes'][-1]['socket']}")
@@ -65,6 +88,14 @@ def run_down(args: argparse.Namespace) -> int:
     directory = Path(args.dir) if args.dir else last_testnet_dir()
     if directory is None:
         raise LocalError("no testnet to stop (none started, or pass --dir)")
+    from meshd.testnet import netns
+
+    had_net = netns.load_state(directory) is not None
     stopped = down(directory)
     print(f"stopped {len(stopped)} daemons in {directory}")
+    if had_net:
+        left = netns.namespaces(netns.prefix_for(directory))
+        if left:
+            raise LocalError(f"could not remove network namespaces: {', '.join(left)}")
+        print("removed the network namespaces, links and the link emulator")
     return Exit.OK

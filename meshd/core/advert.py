@@ -33,6 +33,9 @@ class ModelAdvert:
     decode_tps: float = 0.0
     free_kv_tokens: int = 0
     hidden_size: int = 0
+    # Per-layer speed of this range, measured by the stage server (0: not measured yet).
+    prefill_ms_per_layer_token: float = 0.0
+    decode_ms_per_layer: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,9 @@ class Advert:
                     "decode_tps": m.decode_tps,
                     "free_kv_tokens": m.free_kv_tokens,
                     "hidden_size": m.hidden_size,
+                    **({"prefill_ms_layer": m.prefill_ms_per_layer_token,
+                        "decode_ms_layer": m.decode_ms_per_layer}
+                       if m.prefill_ms_per_layer_token or m.decode_ms_per_layer else {}),
                 }
                 for m in self.models
             ],
@@ -158,6 +164,8 @@ def _model(d: Any) -> ModelAdvert:
         decode_tps=_num(d, "decode_tps"),
         free_kv_tokens=_count(d, "free_kv_tokens"),
         hidden_size=_count(d, "hidden_size"),
+        prefill_ms_per_layer_token=_num(d, "prefill_ms_layer"),
+        decode_ms_per_layer=_num(d, "decode_ms_layer"),
     )
 
 

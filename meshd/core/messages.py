@@ -54,6 +54,7 @@ class MessageType(enum.IntEnum):
     STAGE_STEP = 31
     STAGE_FREE = 32
     STAGE_OUT = 33
+    STAGE_READY = 34
     # Gossip payloads
     ADVERT = 40
     REVOCATION = 41
@@ -181,6 +182,7 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("rid", F.STR),
         Field("code", F.STR),
         Field("message", F.STR),
+        _opt("peer", F.STR),
     ),
     _m(MessageType.STATUS_REQ, "ask the node's status"),
     _m(MessageType.STATUS, "the node's status", Field("data", F.MAP)),
@@ -222,6 +224,7 @@ SPECS: tuple[MessageSpec, ...] = (
         MessageType.SYNC_REQ,
         "a new link asks the peer for the signed adverts it holds (join without waiting a period)",
         Field("n", F.INT),
+        _opt("adverts", F.LIST, nullable=False),
     ),
     _m(
         MessageType.SYNC,
@@ -239,6 +242,12 @@ SPECS: tuple[MessageSpec, ...] = (
         Field("deadline_ms", F.INT),
         _opt("next", F.LIST),
         _opt("gen", F.MAP),
+        _opt("prompt_ids", F.INTS),
+        _opt("prompt", F.STR),
+        _opt("chat", F.BOOL, nullable=False),
+        _opt("max_tokens", F.INT),
+        _opt("wire_dtype", F.STR),
+        _opt("idle_ms", F.INT),
     ),
     _m(
         MessageType.STAGE_STEP,
@@ -258,6 +267,15 @@ SPECS: tuple[MessageSpec, ...] = (
         Field("step", F.INT),
         Field("ids", F.INTS),
         _opt("stats", F.MAP),
+        _opt("text", F.STR),
+        _opt("finish", F.STR),
+    ),
+    _m(
+        MessageType.STAGE_READY,
+        "a stage session is open (the prompt's token ids when the stage encoded them)",
+        Field("rid", F.STR),
+        _opt("prompt_ids", F.INTS),
+        _opt("free_kv_tokens", F.INT),
     ),
     _m(
         MessageType.ADVERT,
@@ -319,6 +337,7 @@ STAGE_TYPES = frozenset(
         MessageType.STAGE_STEP,
         MessageType.STAGE_FREE,
         MessageType.STAGE_OUT,
+        MessageType.STAGE_READY,
         MessageType.ERROR,
         MessageType.PING,
         MessageType.PONG,
@@ -341,4 +360,5 @@ ERROR_CODES = {
     "bad_tensor": "an activation tensor was malformed or not finite",
     "quota": "the client's quota is exhausted",
     "internal": "a bug in meshd; the node logged it",
+    "no_session": "no open stage session has this id (never opened, freed or expired)",
 }

@@ -656,8 +656,11 @@ def _nothing_qualifies(req: RouteRequest, excluded: Sequence[tuple[NodeView, str
     for reason, names in sorted(groups.items()):
         more = f" and {len(names) - 5} more" if len(names) > 5 else ""
         parts.append(f"{reason}: {', '.join(names[:5])}{more}")
+    tagged = f" with residency {req.residency!r}" if req.residency is not None else ""
+    if not excluded:
+        return f"request {req.request_id}: no node serves model {req.model!r}{tagged}"
     return (
-        f"request {req.request_id}: no node may serve model {req.model!r}; "
+        f"request {req.request_id}: no node may serve model {req.model!r}{tagged}; "
         f"{len(excluded)} excluded ({'; '.join(parts)})"
     )
 

@@ -67,8 +67,8 @@ class PeerChannel:
                     task_status.started()
                     reason = await self._reader()
                     nursery.cancel_scope.cancel()
-            except (PeerGoneError, ProtocolError) as e:
-                reason = str(e)
+            except* (PeerGoneError, ProtocolError) as eg:  # the nursery wraps them in a group
+                reason = str(eg.exceptions[0])
         if scope.cancelled_caught and reason == "closed":
             reason = self.dead or "stalled"
         self._fail_all(reason)
@@ -147,8 +147,9 @@ class PeerChannel:
                 pass
         self._waiting.clear()
 
-    async def sync(self, timeout_s: float) -> list[Any]:
-        """Ask the peer for the signed adverts it holds (SYNC_REQ/SYNC); [] if it cannot say."""
+    async def sync(self, timeout_s: float, own: list[bytes] | None = None) -> list[Any]:
+        """Hand the peer our own signed advert(s) and ask for the adverts it holds (SYNC_REQ ->
+        SYNC); [] if it cannot say in time."""
         if self.dead is not None:
             return []
         self._ping_n += 1
@@ -157,7 +158,7 @@ class PeerChannel:
         self._syncs[n] = send
         try:
             with trio.move_on_after(timeout_s):
-                await self.framed.send(MessageType.SYNC_REQ, {"n": n})
+                await self.framed.send(MessageType.SYNC_REQ, {"n": n, "adverts": own or []})
                 return await recv.receive()
         except PeerGoneError:
             pass

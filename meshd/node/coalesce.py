@@ -32,6 +32,14 @@ async def pump_coalesced(
                     await send.send(item)
             except Exception as e:
                 error.append(e)
+            finally:
+                # Close an abandoned async generator here, in the task that iterated it: left
+                # to the garbage collector, its cleanup (the runner releasing its model slot)
+                # runs in another task and fails, and the slot is lost for good.
+                aclose = getattr(source, "aclose", None)
+                if aclose is not None:
+                    with trio.CancelScope(shield=True):
+                        await aclose()
 
     async def consume() -> None:
         last = -1e9

@@ -73,6 +73,8 @@ class ControlMixin:
                 "attestation": self.attestor.statistics(),
                 "links": self.links.statistics() if self.links else {},
                 "request_server": dict(self.server.stats),
+                "stage_server": self.stage_server.statistics(),
+                "placement": self.placer.statistics(),
             },
         }
 
@@ -152,6 +154,17 @@ class ControlMixin:
         snap = self.snapshot()
         journal = self._journal(rid)
         journal("received", {"model": model, "prompt_tokens": req.prompt_tokens, "client": client})
+        from meshd.node.pipeline import choose_pipeline, submit_pipeline
+
+        try:
+            pipe = choose_pipeline(req, snap, policy, msg.get("pipeline"))  # plan() decides
+        except RoutingError as e:
+            self.stats["requests_failed"] += 1
+            await self._record_failure(rid, strategy, snap, str(e))
+            raise RemoteError(str(e), "no_route") from None
+        if pipe is not None:
+            await submit_pipeline(self, pipe, req, msg, prompt_ids, out, journal, strategy, policy)
+            return
         try:
             decision = route(req, snap, policy, self.rng, self.rr_index)
         except RoutingError as e:
@@ -342,6 +355,7 @@ def flatten_explain(record: dict[str, Any] | None) -> dict[str, Any] | None:
         "candidates": d.get("candidates") or [],
         "chosen": d.get("chosen"),
         "constraints": d.get("constraints"),
+        "plan": d.get("plan"),
     }
 
 

@@ -35,6 +35,10 @@ def load_runner(cfg: Config) -> Runner:
         if not Path(path).exists():
             raise ModelError(f"[[models]][{i}].path: model directory {path} does not exist")
         layers = None if m.layers in ("all", "auto") else m.layers
+        if m.layers == "auto":  # [0, capacity) until the node has heard the mesh (autoplace.py)
+            from meshd.node.autoplace import initial_range
+
+            layers = initial_range(Path(path), m.max_layers)
         providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
         model = engine.load_model(path, providers=providers, layers=layers,
                                   threads=cfg.engine.threads or None,
@@ -45,7 +49,8 @@ def load_runner(cfg: Config) -> Runner:
             raise ModelError(f"[[models]][{i}].layers: [{start}, {end}) is outside the model's {n} layers")
         name = m.name or model.manifest.name
         runner.add(Served(name=name, model=EngineModel(model), layer_start=start, layer_end=end,
-                          num_layers=n, max_concurrency=m.max_concurrency, max_queue=m.max_queue))
+                          num_layers=n, max_concurrency=m.max_concurrency, max_queue=m.max_queue,
+                          max_decode_tps=m.max_decode_tokens_per_s))
         log.info("model loaded name=%s layers=%d-%d provider=%s", name, start, end,
                  getattr(model, "provider", "?"))
     return runner

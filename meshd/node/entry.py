@@ -137,6 +137,7 @@ async def _race(
     names: dict[int, Target] = {}
     alive: set[int] = set()
     winner: list[int] = []
+    losers: list[Target] = []  # cancelled because another copy answered first: still usable
     status = "failed"
 
     async def launch(idx: int, target: Target, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -198,6 +199,8 @@ async def _race(
                     for j, s in scopes.items():
                         if j != idx:
                             s.cancel()
+                            if j in alive:
+                                losers.append(names[j])
                     if not route_sent:
                         await _announce(out, names[idx], entry_name, sink)
                         route_sent = True
@@ -235,6 +238,9 @@ async def _race(
                 if not alive:
                     nursery.cancel_scope.cancel()
                     break
+    if status != "done":
+        # a hedge copy that lost the race did nothing wrong: it is the next one to fail over to
+        queue[:0] = [t for t in losers if t not in queue]
     return status
 
 

@@ -42,8 +42,7 @@ class Links:
         self.channels: dict[str, PeerChannel] = {}
         self._opening: dict[str, trio.Event] = {}
         self._revocation_gossip_pending = False
-        self.stats = {"dials": 0, "dial_failures": 0, "channels_opened": 0, "stalls": 0,
-                      "synced_adverts": 0}
+        self.stats = {"dials": 0, "dial_failures": 0, "channels_opened": 0, "stalls": 0}
 
     # ---------------------------------------------------------------- dialling
 
@@ -144,9 +143,9 @@ class Links:
 
     async def _sync(self, ch: PeerChannel) -> None:
         """Learn the mesh from a new link at once (a joining node need not wait an advert period)."""
-        items = await ch.sync(DIAL_TIMEOUT_S)
-        applied = self.node.accept_synced(items)
-        self.stats["synced_adverts"] += applied
+        own = self.node.own_signed_advert()
+        items = await ch.sync(DIAL_TIMEOUT_S, [own] if own is not None else [])
+        self.node.accept_synced(items)
 
     def _on_dead(self, peer_id: str, reason: str) -> None:
         if self.channels.get(peer_id) is not None and not self.channels[peer_id].alive:

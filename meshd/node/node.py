@@ -32,6 +32,7 @@ from meshd.core.messages import (
     REQUEST_PROTOCOL,
     REQUEST_TYPES,
     REVOCATION_TOPIC,
+    STAGE_PROTOCOL,
     MessageType,
 )
 from meshd.core.peertable import PeerTable, Verdict
@@ -43,10 +44,13 @@ from meshd.net.attest import Attestor, apply_revocation, disconnect_all, make_ho
 from meshd.net.framed import FramedStream
 from meshd.net.gossip import Gossip, open_gossip
 from meshd.net.identity import NodeIdentity
+from meshd.node.autoplace import AutoPlacer
 from meshd.node.control import ControlMixin
 from meshd.node.links import Links
 from meshd.node.runner import Runner
 from meshd.node.serve import RequestServer
+from meshd.node.stagelinks import StageLinks
+from meshd.node.stages import StageServer
 from meshd.node.view import build_snapshot, coord_of
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,7 @@ log = logging.getLogger(__name__)
 VALIDATED_CACHE = 2048
 SYNC_MAX_ADVERTS = 256  # adverts handed to a new link (fits a request frame with room to spare)
 DELAY_SAMPLES = 512
+RTT_WINDOW = 8  # ping samples per peer whose minimum is taken as its RTT
 
 
 class Node(ControlMixin):
@@ -99,7 +104,11 @@ class Node(ControlMixin):
         )
         self.client_in_flight: dict[str, int] = {}
         self.server = RequestServer(runner, self.node_name, max_hops=config.routing.max_hops,
-                                    adverts=self.signed_adverts)
+                                    adverts=self.signed_adverts, accept_adverts=self.accept_synced)
+        self.stage_server = StageServer(runner, self.node_name)  # pipelines: docs/pipeline.md
+        self.stage_links = StageLinks(self, self.stage_server)
+        self.stage_server.links = self.stage_links
+        self.placer = AutoPlacer(self)  # layers = "auto"
         self.host: Any = None
         self.gossip: Gossip | None = None
         self.links: Links | None = None
@@ -107,6 +116,7 @@ class Node(ControlMixin):
         self._signed: dict[str, bytes] = {}  # latest accepted signed advert of each peer
         self._own_signed: bytes | None = None
         self.advert_delays_ms: deque[float] = deque(maxlen=DELAY_SAMPLES)
+        self._rtt_samples: dict[str, deque[float]] = {}
         self.ready = trio.Event()
         self.stats: dict[str, int] = {
             "adverts_published": 0,
@@ -114,6 +124,7 @@ class Node(ControlMixin):
             "adverts_rejected": 0,
             "adverts_replayed": 0,
             "adverts_timed": 0,
+            "adverts_synced": 0,
             "requests_submitted": 0,
             "requests_failed": 0,
             "requests_local": 0,
@@ -156,6 +167,10 @@ class Node(ControlMixin):
                     self.links = Links(self, nursery)
                     self.host.get_network().register_notifee(self.links.notifee())
                     await nursery.start(ControlServer(self.socket_path(), self).run)
+                    await nursery.start(self.stage_server.run)
+                    await nursery.start(self.stage_links.run)
+                    await nursery.start(self.placer.run)
+                    self.host.set_stream_handler(STAGE_PROTOCOL, self._guarded(self.stage_links.on_stream))
                     nursery.start_soon(self._receive_adverts, adverts)
                     nursery.start_soon(self._receive_revocations, revocations)
                     nursery.start_soon(self._advert_loop)
@@ -208,8 +223,10 @@ class Node(ControlMixin):
                     layer_end=s.layer_end,
                     prefill_tps=round(s.prefill_tps, 1),
                     decode_tps=round(s.decode_tps, 1),
-                    free_kv_tokens=0,
+                    free_kv_tokens=self.stage_server.free_kv_tokens(s.name),
                     hidden_size=int(getattr(s.model, "hidden_size", 0) or 0),
+                    prefill_ms_per_layer_token=round(self.stage_server.speed(s.name).prefill_ms_per_layer_token, 4),
+                    decode_ms_per_layer=round(self.stage_server.speed(s.name).decode_ms_per_layer, 4),
                 )
             )
         served = list(self.runner.models.values())
@@ -346,6 +363,9 @@ class Node(ControlMixin):
             self._reject(verdict.value)
         return False
 
+    def own_signed_advert(self) -> bytes | None:
+        return self._own_signed
+
     def signed_adverts(self) -> list[bytes]:
         """The signed adverts this node holds (its own first), for a new link's SYNC."""
         live = {e.advert.peer_id for e in self.table.live()}
@@ -377,6 +397,7 @@ class Node(ControlMixin):
             adv = self._validated.pop(data, None)
             if adv is not None and self._apply_advert(adv, data):
                 applied += 1
+        self.stats["adverts_synced"] += applied
         return applied
 
     async def _expiry_loop(self) -> None:
@@ -442,7 +463,18 @@ class Node(ControlMixin):
 
     # ------------------------------------------------------------------ RTT / Vivaldi
 
-    def on_rtt(self, peer_id: str, rtt_ms: float) -> None:
+    def on_rtt(self, peer_id: str, raw_ms: float) -> None:
+        """A ping's round trip. A busy node (ours or the peer's) only ever adds delay to a
+        sample, so the network's RTT is the floor of the recent ones: the minimum of the last
+        ``RTT_WINDOW`` (about 16 s of pings) feeds both the table and Vivaldi. Without it, CPU
+        saturation on a small box drags every coordinate away (measured on the testnet)."""
+        window = self._rtt_samples.get(peer_id)
+        if window is None:
+            if len(self._rtt_samples) > 4 * self.config.node.max_peers:  # forget departed peers
+                self._rtt_samples = {p: w for p, w in self._rtt_samples.items() if p in self.table.entries}
+            window = self._rtt_samples[peer_id] = deque(maxlen=RTT_WINDOW)
+        window.append(raw_ms)
+        rtt_ms = min(window)
         self.table.record_rtt(peer_id, rtt_ms, trio.current_time())
         e = self.table.get(peer_id)
         remote = coord_of(e.advert) if e is not None else None

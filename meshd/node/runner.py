@@ -58,6 +58,7 @@ class Served:
     busy_refusals: int = 0
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
+    max_decode_tps: float = 0.0  # config's max_decode_tokens_per_s: per-request pacing, 0 = none
 
     def __post_init__(self) -> None:
         self.limiter = trio.CapacityLimiter(self.max_concurrency)
@@ -151,6 +152,8 @@ class Runner:
                 if first is None:
                     first = time.perf_counter()
                     s.prefill_tps = _ewma(s.prefill_tps, len(prompt_ids) / max(first - t0, 1e-6))
+                elif s.max_decode_tps > 0:  # pace token n+1 to no earlier than first + n / cap
+                    await trio.sleep(max(0.0, first + n / s.max_decode_tps - time.perf_counter()))
                 n += 1
                 yield Token(int(ev.token_id), ev.text)
             if first is not None and n > 1:

@@ -35,9 +35,11 @@ class RequestServer:
         *,
         max_hops: int,
         adverts: Callable[[], list[bytes]] | None = None,
+        accept_adverts: Callable[[list[Any]], int] | None = None,
     ) -> None:
         self.runner = runner
         self._adverts = adverts
+        self._accept_adverts = accept_adverts
         self.node_name = node_name
         self.max_hops = max_hops
         self.stats = {"streams": 0, "requests": 0, "errors": 0, "malformed": 0, "cancelled": 0}
@@ -67,6 +69,8 @@ class RequestServer:
                             scopes[rid] = scope
                             nursery.start_soon(self._serve_one, framed, msg, scope, scopes, peer_id)
                         elif t == MessageType.SYNC_REQ:
+                            if self._accept_adverts is not None and msg.get("adverts"):
+                                self._accept_adverts(msg["adverts"])  # the asker's own advert
                             held = self._adverts() if self._adverts is not None else []
                             await framed.send(MessageType.SYNC, {"n": msg["n"], "adverts": held})
                         elif t == MessageType.CANCEL:

@@ -26,7 +26,8 @@ def view_of_advert(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,
             v for k, v in a.labels.items() if k in ("region", "residency")
         ) | frozenset(t for k, v in a.labels.items() if k == "residency" for t in v.split(",")),
         serving=tuple(
-            Serving(m.name, m.num_layers, m.layer_start, m.layer_end) for m in a.models
+            Serving(m.name, m.num_layers, m.layer_start, m.layer_end,
+                    m.prefill_ms_per_layer_token, m.decode_ms_per_layer) for m in a.models
         ),
         queue_depth=a.queue_depth,
         in_flight=a.in_flight,

@@ -196,6 +196,9 @@ def _decision_lines(decision: Mapping[str, Any], names: _Names) -> list[str]:
             for h in hops
         )
         lines.append(f"Split into {_plural(len(hops), 'stage')}: {stages}.")
+        why = _text(_map(decision.get("plan")).get("reason"))
+        if why:
+            lines.append(f"Why: the planner chose the {why}.")
     if chosen is not None:
         label = _text(chosen.get("name")) or chosen_id
         local = " (this node)" if _text(chosen.get("rtt_source")) == "local" else ""

@@ -89,7 +89,9 @@ def issue_keys(directory: Path, specs: list[NodeSpec]) -> dict[str, str]:
     ids = {}
     with contextlib.redirect_stdout(io.StringIO()):
         if main(["keys", "init-ca", "--dir", str(ca_dir)]) != 0:
-            raise LocalError(f"cannot create a CA in {ca_dir}")
+            hint = " (left by an earlier testnet: remove the folder or use another --dir)" \
+                if (ca_dir / "ca.key").exists() else ""
+            raise LocalError(f"cannot create a CA in {ca_dir}{hint}")
         for s in specs:
             argv = ["keys", "issue", s.name, "--dir", str(ca_dir), "--out", str(directory / s.name),
                     "--days", "30", "--label", f"region={s.region}"]
@@ -191,14 +193,21 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0,
-       wait: bool = True, env_for: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
-    directory = directory.resolve()
+def check_not_running(directory: Path) -> None:
     if (directory / "testnet.json").exists():
         existing = json.loads((directory / "testnet.json").read_text())
         if any(_alive(n["pid"]) for n in existing.get("nodes", [])):
             raise LocalError(f"a testnet is already running in {directory}; "
                              f"stop it with `meshd testnet down --dir {directory}`")
+
+
+def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0,
+       wait: bool = True, env_for: dict[str, dict[str, str]] | None = None,
+       extra_index: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Start the daemons of ``specs``; ``extra_index`` is recorded in testnet.json (the scenario
+    launcher notes its network there). Nodes with ``netns`` set run in that namespace."""
+    directory = directory.resolve()
+    check_not_running(directory)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     for s in specs:
         if not s.port:
@@ -220,8 +229,8 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
         dirs[s.name] = d
         nodes.append({"name": s.name, "peer_id": ids[s.name], "pid": pid, "socket": str(d / "meshd.sock"),
                       "addr": f"/ip4/{s.host}/tcp/{s.port}/p2p/{ids[s.name]}", "region": s.region,
-                      "dir": str(d), "netns": s.netns})
-    index = {"dir": str(directory), "nodes": nodes, "started": time.time()}
+                      "dir": str(d), "netns": s.netns, "host": s.host})
+    index = {"dir": str(directory), "nodes": nodes, "started": time.time(), **(extra_index or {})}
     (directory / "testnet.json").write_text(json.dumps(index, indent=2))
     remember_testnet(directory)
     if wait:
@@ -234,10 +243,24 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
 
 
 def down(directory: Path, timeout_s: float = 10.0) -> list[str]:
+    """Stop the daemons, then remove the emulated network (namespaces, forwarder) if any."""
+    from meshd.testnet import netns
+
     try:
         index = json.loads((directory / "testnet.json").read_text())
     except (OSError, ValueError):
+        if netns.load_state(directory) is not None:  # a scenario `up` that failed early
+            netns.teardown(directory)
+            return []
         raise LocalError(f"no testnet in {directory}") from None
+    try:
+        return _stop_daemons(index, timeout_s)
+    finally:
+        if netns.load_state(directory) is not None:
+            netns.teardown(directory)
+
+
+def _stop_daemons(index: dict[str, Any], timeout_s: float) -> list[str]:
     stopped = []
     for n in index["nodes"]:
         pid = n["pid"]

@@ -1,0 +1,606 @@
+"""Issue 4's acceptance benchmark: every routing strategy on a testnet of real daemons with
+emulated distances, side by side, plus the accuracy of the Vivaldi RTT estimates.
+
+    .venv/bin/python benchmarks/bench_testnet.py [--scenario testnet/regions-12.toml] [--quick]
+        [--duration S] [--load 0.7] [--max-tokens 16] [--entries 6] [--seed 1]
+        [--strategies meshd,round_robin,...] [--isolation auto|netns|loopback] [--out FILE.json]
+
+It starts the scenario (`meshd testnet up --scenario`: each daemon in its own network namespace,
+links emulated in user space), warms every node up so that its adverts carry measured speeds,
+computes the mesh's capacity from those speeds, and then, for each strategy in
+``meshd.core.routing.STRATEGIES``, replays the same seeded open-loop Poisson arrivals at
+``--load`` x capacity, spread over entry nodes in every region, through the daemons' control
+sockets with the request's ``strategy`` field. Between strategies the mesh drains to idle.
+It samples every node's queue once a second, the CPU the testnet uses, and at the end (at least
+60 s after the mesh formed) compares each node's Vivaldi estimate of its RTT to every peer with
+the scenario's configured RTT. One table per run, the command line in its header; ``--out``
+also writes every figure as JSON. A full run takes ~8 minutes, ``--quick`` ~4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from meshd.control.client import call, connect, raise_if_error  # noqa: E402
+from meshd.core.messages import MessageType  # noqa: E402
+from meshd.core.routing import STRATEGIES  # noqa: E402
+from meshd.errors import MeshdError  # noqa: E402
+from meshd.testnet.launcher import _alive, down  # noqa: E402
+from meshd.testnet.netem import percentile  # noqa: E402
+from meshd.testnet.scenario import Scenario, load_scenario  # noqa: E402
+from meshd.testnet.scenario_up import up_scenario  # noqa: E402
+
+PROMPTS = [
+    "In the beginning", "And the LORD said unto Moses", "Blessed are the meek",
+    "The king of Babylon", "And it came to pass", "Now the serpent was", "Hear, O Israel",
+    "For God so loved the world", "The heavens declare", "And Jesus answered and said",
+    "Then went out the people", "Unto thee, O LORD", "And the children of Israel",
+    "Let not your heart be troubled", "Praise ye the LORD", "And David said",
+]  # fmt: skip
+REQUEST_TIMEOUT_S = 60.0
+DRAIN_TIMEOUT_S = 60.0
+SAMPLE_EVERY_S = 1.0
+VIVALDI_AFTER_S = 60.0
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ control-socket helpers
+
+
+async def ask(sock: str, mtype: MessageType, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    try:
+        with trio.fail_after(timeout_s):
+            return dict(await call(sock, mtype, {}))
+    except (MeshdError, trio.TooSlowError, OSError):
+        return None
+
+
+async def ask_all(socks: dict[str, str], mtype: MessageType) -> dict[str, dict[str, Any] | None]:
+    out: dict[str, dict[str, Any] | None] = {}
+
+    async def one(name: str, sock: str) -> None:
+        out[name] = await ask(sock, mtype)
+
+    async with trio.open_nursery() as n:
+        for name, sock in socks.items():
+            n.start_soon(one, name, sock)
+    return out
+
+
+@dataclass
+class Result:
+    strategy: str
+    entry: str
+    scheduled: float
+    lag_ms: float = 0.0  # how late the client sent it (open-loop fidelity)
+    ttft_ms: float | None = None
+    e2e_ms: float | None = None
+    served_by: str = ""
+    tokens: int = 0
+    hedges: int = 0
+    retries: int = 0
+    error: str = ""
+
+
+async def submit(sock: str, fields: dict[str, Any], res: Result) -> None:
+    t0 = trio.current_time()
+    res.lag_ms = (t0 - res.scheduled) * 1000.0
+    try:
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            async with connect(sock) as framed:
+                await framed.send(MessageType.SUBMIT, fields)
+                while True:
+                    msg = await framed.recv()
+                    if msg is None:
+                        res.error = "daemon closed the connection"
+                        return
+                    raise_if_error(msg)
+                    if msg["t"] == MessageType.TOKENS and res.ttft_ms is None:
+                        res.ttft_ms = (trio.current_time() - t0) * 1000.0
+                    elif msg["t"] == MessageType.DONE:
+                        st = msg.get("stats") or {}
+                        res.e2e_ms = (trio.current_time() - t0) * 1000.0
+                        res.served_by = st.get("served_by") or ""
+                        res.tokens = int(st.get("tokens") or 0)
+                        res.hedges = int(st.get("hedges") or 0)
+                        res.retries = int(st.get("retries") or 0)
+                        return
+    except trio.TooSlowError:
+        res.error = "timeout"
+    except MeshdError as e:
+        res.error = type(e).__name__ + ": " + str(e)[:100]
+    except OSError as e:
+        res.error = f"OSError: {e}"
+
+
+def fields_for(i: int, strategy: str, max_tokens: int, run_tag: str) -> dict[str, Any]:
+    return {"rid": f"{run_tag}-{strategy[:4]}-{i:05d}", "prompt": PROMPTS[i % len(PROMPTS)],
+            "strategy": strategy, "max_tokens": max_tokens, "temperature": 0.0, "seed": i,
+            "client": "bench"}
+
+
+# ------------------------------------------------------------------ CPU accounting
+
+
+def cpu_total() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine."""
+    with open("/proc/stat") as f:
+        vals = [float(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0.0)
+    return sum(vals) - idle, sum(vals)
+
+
+def proc_cpu_s(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                parts = f.read().rsplit(")", 1)[1].split()
+            total += (float(parts[11]) + float(parts[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+# ------------------------------------------------------------------ one strategy
+
+
+@dataclass
+class Run:
+    strategy: str
+    results: list[Result] = field(default_factory=list)
+    samples: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # node -> (queued, running)
+    served_delta: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    cpu_machine_cores: float = 0.0
+    cpu_testnet_cores: float = 0.0
+
+
+async def drain(socks: dict[str, str], timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
+    deadline = trio.current_time() + timeout_s
+    while trio.current_time() < deadline:
+        st = await ask_all(socks, MessageType.STATUS_REQ)
+        if all(s is not None and s["data"]["queue_depth"] == 0 and s["data"]["in_flight"] == 0
+               for s in st.values()):
+            return True
+        await trio.sleep(0.5)
+    return False
+
+
+def served_counts(st: dict[str, dict[str, Any] | None]) -> dict[str, int]:
+    return {n: sum(m["served"] for m in s["data"]["models"]) if s else 0 for n, s in st.items()}
+
+
+async def run_strategy(strategy: str, arrivals: list[tuple[float, str]], socks: dict[str, str],
+                       max_tokens: int, pids: list[int], run_tag: str) -> Run:
+    run = Run(strategy, samples={n: [] for n in socks})
+    before = served_counts(await ask_all(socks, MessageType.STATUS_REQ))
+    busy0, tot0 = cpu_total()
+    proc0 = proc_cpu_s(pids)
+    w0 = time.monotonic()
+    done_arrivals = trio.Event()
+
+    async def sampler() -> None:
+        while not done_arrivals.is_set():
+            st = await ask_all(socks, MessageType.STATUS_REQ)
+            for n, s in st.items():
+                if s is not None:
+                    run.samples[n].append((s["data"]["queue_depth"], s["data"]["in_flight"]))
+            with trio.move_on_after(SAMPLE_EVERY_S):
+                await done_arrivals.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sampler)
+        async with trio.open_nursery() as reqs:
+            t0 = trio.current_time()
+            for i, (at, entry) in enumerate(arrivals):
+                await trio.sleep_until(t0 + at)
+                res = Result(strategy, entry, t0 + at)
+                run.results.append(res)
+                reqs.start_soon(submit, socks[entry], fields_for(i, strategy, max_tokens, run_tag), res)
+            await trio.sleep_until(t0 + arrivals[-1][0] + 0.01)
+            done_arrivals.set()  # sample the offered-load window only, not the drain
+        run.wall_s = time.monotonic() - w0
+    busy1, tot1 = cpu_total()
+    ncpu = os.cpu_count() or 1
+    run.cpu_machine_cores = (busy1 - busy0) / max(tot1 - tot0, 1.0) * ncpu
+    run.cpu_testnet_cores = (proc_cpu_s(pids) - proc0) / max(run.wall_s, 1e-6)
+    after = served_counts(await ask_all(socks, MessageType.STATUS_REQ))
+    run.served_delta = {n: after[n] - before.get(n, 0) for n in socks}
+    return run
+
+
+def arrivals_for(rate_rps: float, duration_s: float, entries: list[str], seed: int) -> list[tuple[float, str]]:
+    rng = random.Random(seed)
+    out: list[tuple[float, str]] = []
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate_rps)
+        if t > duration_s:
+            return out
+        out.append((t, rng.choice(entries)))
+
+
+# ------------------------------------------------------------------ summaries
+
+
+def summarize(run: Run, slots: dict[str, int], region_of: dict[str, str]) -> dict[str, Any]:
+    ok = [r for r in run.results if not r.error and r.ttft_ms is not None]
+    ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
+    e2e = [r.e2e_ms for r in ok if r.e2e_ms is not None]
+    mean_q = {n: statistics.fmean(q + f for q, f in s) if s else 0.0 for n, s in run.samples.items()}
+    util = {n: statistics.fmean(min(f, slots[n]) / slots[n] for _, f in s) if s else 0.0
+            for n, s in run.samples.items()}
+    mesh_mean = statistics.fmean(mean_q.values()) if mean_q else 0.0
+    cross = [r for r in ok if r.served_by and region_of.get(r.served_by) != region_of.get(r.entry)]
+    errors: dict[str, int] = {}
+    for r in run.results:
+        if r.error:
+            key = re.sub(r"[0-9a-f]{8,}|\d+(\.\d+)?", "N", r.error)[:70]
+            errors[key] = errors.get(key, 0) + 1
+    return {
+        "strategy": run.strategy,
+        "submitted": len(run.results),
+        "completed": len(ok),
+        "failed": len(run.results) - len(ok),
+        "errors": errors,
+        "ttft_ms": {q: round(percentile(ttft, q), 1) for q in (50, 95, 99)},
+        "e2e_ms": {q: round(percentile(e2e, q), 1) for q in (50, 95)},
+        "cross_region_pct": round(100.0 * len(cross) / max(len(ok), 1), 1),
+        "hedged": sum(r.hedges for r in ok),
+        "retried": sum(r.retries for r in ok),
+        "mean_queue": {n: round(v, 2) for n, v in mean_q.items()},
+        "utilisation": {n: round(v, 3) for n, v in util.items()},
+        "served": run.served_delta,
+        "max_over_mean_queue": round(max(mean_q.values()) / mesh_mean, 2) if mesh_mean > 0 else None,
+        "client_lag_ms_p99": round(percentile([r.lag_ms for r in run.results], 99), 1),
+        "cpu_machine_cores": round(run.cpu_machine_cores, 2),
+        "cpu_testnet_cores": round(run.cpu_testnet_cores, 2),
+    }
+
+
+async def vivaldi_errors(socks: dict[str, str], scenario: Scenario) -> dict[str, Any]:
+    listing = await ask_all(socks, MessageType.PEERS_REQ)
+    est_err, meas_err, est_vs_meas = [], [], []
+    by_kind: dict[str, list[float]] = {"intra": [], "inter": []}
+    missing = 0
+    for node, reply in listing.items():
+        for p in (reply or {}).get("peers", []):
+            try:
+                conf = scenario.link(node, p["name"]).rtt_ms
+            except KeyError:
+                continue
+            est, meas = p.get("rtt_estimated_ms"), p.get("rtt_measured_ms")
+            if est is None or conf <= 0:
+                missing += 1
+                continue
+            e = abs(est - conf) / conf
+            est_err.append(e)
+            same = scenario.node(node).region == scenario.node(p["name"]).region
+            by_kind["intra" if same else "inter"].append(e)
+            if meas is not None:
+                meas_err.append(abs(meas - conf) / conf)
+                est_vs_meas.append(abs(est - meas) / meas if meas > 0 else 0.0)
+    def med(xs: list[float]) -> float | None:
+        return round(100 * statistics.median(xs), 1) if xs else None
+
+    return {
+        "pairs": len(est_err), "pairs_without_estimate": missing,
+        "median_rel_error_pct": med(est_err),
+        "p90_rel_error_pct": round(100 * percentile(est_err, 90), 1) if est_err else None,
+        "median_rel_error_intra_pct": med(by_kind["intra"]),
+        "median_rel_error_inter_pct": med(by_kind["inter"]),
+        "measured_vs_configured_median_pct": med(meas_err),
+        "estimated_vs_measured_median_pct": med(est_vs_meas),
+    }
+
+
+def probe_links(index: dict[str, Any], scenario: Scenario) -> list[dict[str, Any]]:
+    """A raw TCP round trip (no daemon) for one pair per region pair: the emulator's accuracy."""
+    if (index.get("network") or {}).get("mode") != "netns":
+        return []
+    nodes = {n["name"]: n for n in index["nodes"]}
+    firsts: dict[str, list[str]] = {}
+    for n in scenario.nodes:
+        firsts.setdefault(n.region, []).append(n.name)
+    regions = sorted(firsts)
+    pairs = [(firsts[r][0], firsts[r][1]) for r in regions if len(firsts[r]) > 1]
+    pairs += [(firsts[a][0], firsts[b][0]) for i, a in enumerate(regions) for b in regions[i + 1:]]
+    out = []
+    py = sys.executable
+    for a, b in pairs:
+        host = nodes[b]["host"]
+        srv = subprocess.Popen(["ip", "netns", "exec", nodes[b]["netns"], py, "-m", "meshd.testnet.probe",
+                                "serve", host, "7001", "--idle", "5"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout is not None
+            srv.stdout.readline()  # "ready"
+            r = subprocess.run(["ip", "netns", "exec", nodes[a]["netns"], py, "-m", "meshd.testnet.probe",
+                                "ping", host, "7001", "--count", "10"], capture_output=True, text=True,
+                               timeout=30)
+            got = json.loads(r.stdout)
+        finally:
+            srv.terminate()
+            srv.wait(timeout=10)
+            if srv.stdout is not None:
+                srv.stdout.close()
+        out.append({"a": a, "b": b, "configured_ms": scenario.link(a, b).rtt_ms,
+                    "probe_median_ms": got["median_ms"], "probe_min_ms": got["min_ms"]})
+    return out
+
+
+# ------------------------------------------------------------------ main
+
+
+def pick_entries(scenario: Scenario, k: int) -> list[str]:
+    """``k`` entry nodes, round-robin over the regions (so every region has one)."""
+    per: dict[str, list[str]] = {}
+    for n in scenario.nodes:
+        per.setdefault(n.region, []).append(n.name)
+    out: list[str] = []
+    while len(out) < min(k, len(scenario.nodes)):
+        for r in sorted(per):
+            if per[r] and len(out) < k:
+                out.append(per[r].pop(0))
+    return out
+
+
+async def warm_up(socks: dict[str, str], entries: list[str], max_tokens: int, n_nodes: int) -> None:
+    """round_robin from each entry until every node has served and measured its speeds, then
+    wait until every entry's peer table carries those speeds."""
+    rounds = 0
+    while True:
+        st = await ask_all(socks, MessageType.STATUS_REQ)
+        cold = [n for n, s in st.items() if s is None or any(m["decode_tps"] <= 0 for m in s["data"]["models"])]
+        if not cold or rounds >= 6:
+            break
+        rounds += 1
+        async with trio.open_nursery() as n:
+            for i in range(n_nodes):
+                e = entries[i % len(entries)]
+                res = Result("warmup", e, trio.current_time())
+                n.start_soon(submit, socks[e], fields_for(rounds * 1000 + i, "round_robin", max_tokens, "warm"), res)
+    deadline = trio.current_time() + 30
+    while trio.current_time() < deadline:
+        peers = await ask_all({e: socks[e] for e in entries}, MessageType.PEERS_REQ)
+        if all(r is not None and all(p["decode_tps"] > 0 for p in r["peers"]) for r in peers.values()):
+            return
+        await trio.sleep(0.5)
+
+
+def capacity(statuses: dict[str, dict[str, Any] | None], max_tokens: int, prompt_tokens: float,
+             scenario: Scenario) -> tuple[float, float, dict[str, int]]:
+    """(measured, configured) requests/s the mesh completes when saturated; slots per node."""
+    measured = configured = 0.0
+    slots: dict[str, int] = {}
+    for n in scenario.nodes:
+        s = statuses[n.name]
+        m = s["data"]["models"][0] if s else None
+        slots[n.name] = int(m["max_concurrency"]) if m else 2
+        if m and m["decode_tps"] > 0 and m["prefill_tps"] > 0:
+            t = prompt_tokens / m["prefill_tps"] + (max_tokens - 1) / m["decode_tps"]
+            measured += slots[n.name] / t
+        cap = n.max_decode_tokens_per_s
+        if cap > 0:
+            configured += slots[n.name] / ((max_tokens - 1) / cap)
+    return measured, configured, slots
+
+
+def fmt_table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+
+    def line(r: list[Any]) -> str:
+        return "  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths, strict=True)))
+
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+async def bench(args: argparse.Namespace, scenario: Scenario, index: dict[str, Any], t_mesh: float) -> dict[str, Any]:
+    socks = {n["name"]: n["socket"] for n in index["nodes"]}
+    pids = [n["pid"] for n in index["nodes"]]
+    fwd = (index.get("network") or {}).get("forwarder_pid")
+    if fwd:
+        pids.append(int(fwd))
+    region_of = {n.name: n.region for n in scenario.nodes}
+    entries = pick_entries(scenario, args.entries)
+    log(f"warming up (entries {', '.join(entries)})")
+    await warm_up(socks, entries, args.max_tokens, len(scenario.nodes))
+    c0, b0, w0 = proc_cpu_s(pids), cpu_total(), time.monotonic()
+    await trio.sleep(5.0)
+    idle_cores = (proc_cpu_s(pids) - c0) / (time.monotonic() - w0)
+    b1 = cpu_total()
+    machine_cores = (b1[0] - b0[0]) / max(b1[1] - b0[1], 1.0) * (os.cpu_count() or 1)
+    log(f"idle testnet uses {idle_cores:.2f} cores (machine-wide {machine_cores:.2f})")
+    st = await ask_all(socks, MessageType.STATUS_REQ)
+    prompt_tokens = 8.0
+    measured, configured, slots = capacity(st, args.max_tokens, prompt_tokens, scenario)
+    base = measured if measured > 0 else configured
+    rate = args.load * base
+    log(f"capacity measured {measured:.2f} rps, configured {configured:.2f} rps; offering {rate:.2f} rps")
+    arrivals = arrivals_for(rate, args.duration, entries, args.seed)
+    wait = t_mesh + VIVALDI_AFTER_S - time.monotonic()
+    if wait > 0:
+        log(f"waiting {wait:.0f} s on the idle mesh so Vivaldi has had {VIVALDI_AFTER_S:.0f} s")
+        await trio.sleep(wait)
+    viv = await vivaldi_errors(socks, scenario)
+    viv["after_s"] = round(time.monotonic() - t_mesh, 1)
+    log(f"Vivaldi on the idle mesh: median relative error {viv['median_rel_error_pct']}%")
+    runs = []
+    tag = f"b{int(time.time()) % 100000}"
+    for strategy in args.strategies:
+        log(f"strategy {strategy}: {len(arrivals)} requests over {args.duration:.0f} s")
+        run = await run_strategy(strategy, arrivals, socks, args.max_tokens, pids, tag)
+        s = summarize(run, slots, region_of)
+        log(f"  done {s['completed']}/{s['submitted']} ttft p50/p95/p99 {s['ttft_ms'][50]}/{s['ttft_ms'][95]}/"
+            f"{s['ttft_ms'][99]} ms; cpu {s['cpu_machine_cores']} cores (testnet {s['cpu_testnet_cores']})")
+        runs.append(s)
+        if not await drain(socks):
+            log(f"  warning: the mesh did not drain within {DRAIN_TIMEOUT_S:.0f} s")
+        dead = [n["name"] for n in index["nodes"] if not _alive(n["pid"])]
+        if dead:
+            s["nodes_down_after"] = dead
+            log(f"  warning: daemons no longer running: {', '.join(dead)}")
+    viv_load = await vivaldi_errors(socks, scenario)
+    viv_load["after_s"] = round(time.monotonic() - t_mesh, 1)
+    return {"runs": runs, "vivaldi": viv, "vivaldi_after_load": viv_load, "idle_testnet_cores": round(idle_cores, 2),
+            "idle_machine_cores": round(machine_cores, 2), "capacity_measured_rps": round(measured, 3),
+            "capacity_configured_rps": round(configured, 3), "offered_rps": round(rate, 3),
+            "requests_per_strategy": len(arrivals), "entries": entries,
+            "speeds": {n: {"decode_tps": s["data"]["models"][0]["decode_tps"],
+                           "prefill_tps": s["data"]["models"][0]["prefill_tps"]} if s else None
+                       for n, s in st.items()}}
+
+
+def report(args: argparse.Namespace, scenario: Scenario, out: dict[str, Any]) -> str:
+    runs = out["runs"]
+    lines = []
+    lines.append(f"offered load: {out['offered_rps']} requests/s = {args.load:.0%} of measured capacity "
+                 f"{out['capacity_measured_rps']} rps (configured caps: {out['capacity_configured_rps']} rps); "
+                 f"{out['requests_per_strategy']} requests per strategy over {args.duration:.0f} s, "
+                 f"max_tokens {args.max_tokens}, entries {', '.join(out['entries'])}")
+    rows = []
+    for r in runs:
+        rows.append([r["strategy"], r["completed"], r["failed"], r["ttft_ms"][50], r["ttft_ms"][95],
+                     r["ttft_ms"][99], r["e2e_ms"][50], r["e2e_ms"][95], f"{r['cross_region_pct']}%",
+                     r["max_over_mean_queue"], r["hedged"], f"{r['cpu_machine_cores']}/{r['cpu_testnet_cores']}"])
+    lines.append("")
+    lines.append(fmt_table(rows, ["strategy", "done", "failed", "TTFT p50", "p95", "p99", "e2e p50", "p95",
+                                  "cross-region", "maxQ/meanQ", "hedges", "CPU cores all/testnet"]))
+    for r in runs:
+        if r["errors"] or r.get("nodes_down_after"):
+            lines.append(f"  {r['strategy']}: errors {r['errors'] or '{}'}"
+                         + (f"; daemons down afterwards: {', '.join(r['nodes_down_after'])}"
+                            if r.get("nodes_down_after") else ""))
+    lines.append(f"idle mesh (before the runs): the testnet's processes use {out['idle_testnet_cores']} "
+                 f"cores, the whole machine {out['idle_machine_cores']} of {os.cpu_count()}")
+    lines.append("(times in ms at the client; maxQ/meanQ = the busiest node's mean queue (waiting + "
+                 "running) over the mesh mean; CPU = machine-wide / the testnet's processes)")
+    names = [n.name for n in scenario.nodes]
+    rows = []
+    for n in names:
+        row = [f"{n} ({scenario.node(n).max_decode_tokens_per_s:g} t/s)"]
+        for r in runs:
+            row.append(f"{100 * r['utilisation'][n]:.0f}% / {r['mean_queue'][n]:.1f} / {r['served'][n]}")
+        rows.append(row)
+    lines.append("")
+    lines.append("per node: utilisation (running / slots) / mean queue (waiting + running) / requests served")
+    lines.append(fmt_table(rows, ["node (decode cap)"] + [r["strategy"] for r in runs]))
+    by = {r["strategy"]: r for r in runs}
+    lines.append("")
+    if "meshd" in by:
+        for other, goal in (("round_robin", 0.6), ("lwsq", 0.85)):
+            if other in by and by[other]["ttft_ms"][95] > 0:
+                ratio = by["meshd"]["ttft_ms"][95] / by[other]["ttft_ms"][95]
+                lines.append(f"TTFT p95 meshd / {other}: {ratio:.2f} (goal <= {goal}) "
+                             f"{'MET' if ratio <= goal else 'NOT MET'}")
+        q = by["meshd"]["max_over_mean_queue"]
+        if q is not None:
+            lines.append(f"meshd busiest node's mean queue / mesh mean: {q:.2f} (goal <= 2) "
+                         f"{'MET' if q <= 2 else 'NOT MET'}")
+    for label, v in (("idle mesh", out["vivaldi"]), ("after the load", out["vivaldi_after_load"])):
+        lines.append(f"Vivaldi, {label}, {v['after_s']} s after start: median relative error of estimated vs "
+                     f"configured RTT {v['median_rel_error_pct']}% over {v['pairs']} node pairs (goal < 15%; "
+                     f"p90 {v['p90_rel_error_pct']}%; inside regions {v['median_rel_error_intra_pct']}%, across "
+                     f"{v['median_rel_error_inter_pct']}%); daemons' measured RTT vs configured "
+                     f"{v['measured_vs_configured_median_pct']}%; estimated vs measured "
+                     f"{v['estimated_vs_measured_median_pct']}%")
+    if out.get("probes"):
+        lines.append("emulated links, raw TCP probe (no daemon): " + "; ".join(
+            f"{p['a']}-{p['b']} configured {p['configured_ms']:g} ms, median {p['probe_median_ms']:.1f}"
+            for p in out["probes"]))
+    if out.get("forwarder"):
+        f = out["forwarder"]
+        lines.append(f"link emulator: {f.get('delayed')} packets delayed, {f.get('dropped')} dropped; released "
+                     f"late by p50 {f.get('late_ms_p50')} ms / p99 {f.get('late_ms_p99')} ms / max {f.get('late_ms_max')} ms")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", default=str(ROOT / "testnet" / "regions-12.toml"))
+    p.add_argument("--quick", action="store_true", help="20 s per strategy instead of 45")
+    p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per strategy")
+    p.add_argument("--load", type=float, default=0.7, help="offered load as a fraction of capacity")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--entries", type=int, default=6, help="entry nodes, spread over the regions")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--isolation", default="auto", choices=("auto", "netns", "loopback"))
+    p.add_argument("--dir", help="testnet directory (default: a fresh temporary one)")
+    p.add_argument("--out", help="write every figure to this JSON file")
+    args = p.parse_args()
+    args.duration = args.duration or (20.0 if args.quick else 45.0)
+    args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    for s in args.strategies:
+        if s not in STRATEGIES:
+            p.error(f"unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+    scenario = load_scenario(args.scenario)
+    header = [
+        "# bench_testnet: " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+        f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  {platform.node()}  {os.cpu_count()} CPUs  "
+        f"python {platform.python_version()}  scenario {scenario.name} ({len(scenario.nodes)} nodes, "
+        f"{len(scenario.regions)} regions)",
+    ]
+    print("\n".join(header), flush=True)
+    directory = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-testnet-"))
+    t_start = time.monotonic()
+
+    def on_term(*_: Any) -> None:
+        raise KeyboardInterrupt  # so that `finally` stops the testnet
+
+    signal.signal(signal.SIGTERM, on_term)
+    log(f"starting {scenario.name} in {directory}")
+    index = up_scenario(directory, scenario, isolation=args.isolation)
+    t_mesh = time.monotonic()
+    net = index.get("network") or {}
+    if net.get("mode") == "netns":
+        net_line = "network: one namespace per node, links emulated in user space (delay, jitter, loss)"
+    else:
+        net_line = f"network: LOOPBACK WITHOUT LATENCY EMULATION ({net.get('reason')}): RTTs are not the scenario's"
+    print(f"# {net_line}; mesh formed in {t_mesh - t_start:.1f} s", flush=True)
+    try:
+        probes = probe_links(index, scenario)
+        out = trio.run(bench, args, scenario, index, t_mesh)
+        out["probes"] = probes
+        stats = net.get("stats")
+        if stats and Path(stats).exists():
+            out["forwarder"] = json.loads(Path(stats).read_text())
+    finally:
+        log("stopping the testnet")
+        down(directory)
+    out["command"] = header[0][len("# bench_testnet: "):]
+    out["network"] = net_line
+    out["wall_s"] = round(time.monotonic() - t_start, 1)
+    print(report(args, scenario, out))
+    print(f"# wall time {out['wall_s']} s; daemon and emulator logs in {directory}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
