@@ -50,6 +50,7 @@ off before it reaches any meshd protocol. See keys/README.md.
   meshd keys init-ca                      create the CA (once per mesh)
   meshd keys issue gw-eu-1 --role gateway --label region=eu-west
   meshd keys revoke 7                     add serial 7 to the signed revocation list
+  meshd keys push-revocations             hand that list to a running node; gossip spreads it
   meshd keys show FILE                    what a key, certificate or revocation list holds
 """
 
@@ -128,6 +129,38 @@ def register(sub: Any) -> None:
     q.add_argument("serials", metavar="SERIAL", nargs="+", type=_serial, help="serial to revoke")
     q.add_argument("--dir", type=Path, default=None, help=dir_help)
     q.set_defaults(func=run_revoke)
+
+    q = ks.add_parser(
+        "push-revocations",
+        help="hand a revocation list to a running daemon, which spreads it by gossip",
+        description="Send a CA-signed revocation list (default: DIR/revoked.crl, as written by "
+        "`meshd keys revoke`) to a running daemon over its control socket. The daemon checks "
+        "the CA signature, and if the list's version is newer than the one in force it applies "
+        "it: it closes its connections to the revoked peers at once, drops them from its peer "
+        "table, refuses their future connections, saves the list as data_dir/revocations.bin "
+        "(so it holds across restarts) and gossips it; every other node does the same when the "
+        "gossip reaches it, within seconds. One node is enough. A list whose version is not "
+        "newer changes nothing. No CA private key is needed: the list carries its signature.",
+        epilog="example: meshd keys revoke 7 && meshd keys push-revocations --socket "
+        "/run/meshd/meshd.sock",
+    )
+    q.add_argument(
+        "file",
+        metavar="FILE",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="the revocation list to push (default: DIR/revoked.crl)",
+    )
+    q.add_argument("--dir", type=Path, default=None, help=dir_help)
+    q.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="control socket of the daemon to hand it to (default: $MESHD_SOCKET, the system "
+        "daemon's /run/meshd/meshd.sock, else the first node of the last `meshd testnet up`)",
+    )
+    q.add_argument("--json", action="store_true", help="print one JSON object")
+    q.set_defaults(func=run_push_revocations)
 
     q = ks.add_parser(
         "list",
@@ -385,9 +418,66 @@ def run_revoke(args: argparse.Namespace) -> int:
         what = names.get(serial, "never issued by this CA")
         print(f"revoked serial={serial} ({what})")
     print(f"revocation list version {rl.version}: {len(serials)} serial(s) -> {path}")
-    print(
-        "a running mesh spreads it by gossip; nodes started later load it from [keys] revocations"
-    )
+    print(f"next: hand it to any running node with `meshd keys push-revocations {path} "
+          "[--socket PATH]`;")
+    print("the mesh spreads it by gossip; nodes started later load it from [keys] revocations")
+    return int(Exit.OK)
+
+
+def run_push_revocations(args: argparse.Namespace) -> int:
+    import trio
+
+    from meshd.control.client import call, find_socket
+    from meshd.core.messages import MessageType
+    from meshd.errors import RemoteError
+    from meshd.net import identity as ident
+
+    path = Path(args.file) if args.file is not None else _ca_dir(args) / ident.REVOCATION_FILE
+    if not path.exists():
+        raise LocalError(
+            f"{path}: no revocation list there; create one with `meshd keys revoke SERIAL`"
+        )
+    data = ident.read_file(path, max_bytes=MAX_REVOCATION_LIST_BYTES, private=False)
+    try:
+        if detect_kind(data) != CRL_KIND:
+            raise LocalError(f"{path}: not a revocation list (see `meshd keys show {path}`)")
+        rl = decode_revocation_list(data)
+    except LocalError:
+        raise
+    except MeshdError as err:
+        raise LocalError(f"{path}: not a usable revocation list: {err}") from None
+    sock = find_socket(args.socket)
+    try:
+        reply = trio.run(call, str(sock), MessageType.PUSH_REVOCATION, {"crl": data})
+    except RemoteError as err:
+        if err.code in ("malformed", "unattested"):
+            # the daemon checked the list and refused it (another CA, bad signature)
+            raise LocalError(f"the daemon refused {path}: {err}") from None
+        raise
+    info = dict(reply.get("data") or {})
+    in_force = int(info.get("version") or 0)
+    gone = [str(p) for p in info.get("disconnected") or []]
+    node = f"the daemon at {sock}"
+    result = {
+        "file": str(path),
+        "socket": str(sock),
+        "pushed_version": rl.version,
+        "version_in_force": in_force,
+        "applied": in_force == rl.version,
+        "newer_in_force": in_force > rl.version,
+        "disconnected": gone,
+        "revoked_serials": sorted(rl.serials),
+    }
+    if args.json:
+        print(json.dumps(result))
+        return int(Exit.OK)
+    if in_force > rl.version:
+        print(f"{node} already holds version {in_force}, newer than {path} (version "
+              f"{rl.version}); nothing changed")
+        return int(Exit.OK)
+    print(f"revocation list version {rl.version} ({len(rl.serials)} serial(s)) in force on {node}")
+    print(f"  disconnected {len(gone)} peer(s) now" + (f": {', '.join(gone)}" if gone else ""))
+    print("  the list spreads by gossip; every node closes its connections to revoked peers")
     return int(Exit.OK)
 
 

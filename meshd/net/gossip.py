@@ -79,6 +79,25 @@ class Gossip:
         for proto in self.router.get_protocols():
             self.pubsub.host.set_stream_handler(proto, guarded)
 
+    def _guard_push_msg(self) -> None:
+        """pubsub runs ``push_msg`` for every received message as a task of its service: an
+        exception there (py-libp2p's signature check raises DecodeError on a garbage ``key``
+        field) stops the service and with it the host. Drop such a message instead."""
+        inner = self.pubsub.push_msg
+        my_id = self.pubsub.my_id
+
+        async def guarded(forwarder: ID, msg: Any) -> None:
+            if forwarder == my_id:
+                await inner(forwarder, msg)  # our own publish: let the caller see its errors
+                return
+            try:
+                await inner(forwarder, msg)
+            except Exception as e:
+                self.stats["handler_errors"] += 1
+                log.warning("gossip message dropped peer=%s error=%s", forwarder, type(e).__name__)
+
+        self.pubsub.push_msg = guarded  # type: ignore[method-assign,assignment]
+
 
 @asynccontextmanager
 async def open_gossip(
@@ -100,6 +119,7 @@ async def open_gossip(
     pubsub = Pubsub(host, router, strict_signing=True)
     gossip = Gossip(pubsub, router)
     gossip._guard_stream_handler()
+    gossip._guard_push_msg()
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(background_trio_service(pubsub))
         await stack.enter_async_context(background_trio_service(router))
