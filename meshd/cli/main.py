@@ -9,7 +9,14 @@ import sys
 from collections.abc import Sequence
 
 from meshd import __version__
-from meshd.errors import ConfigError, KeyFileError, LocalError, MeshdError, RemoteError, RoutingError
+from meshd.errors import (
+    ConfigError,
+    KeyFileError,
+    LocalError,
+    MeshdError,
+    RemoteError,
+    RoutingError,
+)
 from meshd.exitcodes import Exit
 
 # Each name is a module in meshd.cli that defines register(subparsers) -> None; the parser it

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from meshd.core.wire import FrameDecoder, MAX_STAGE_FRAME
+from meshd.core.wire import MAX_STAGE_FRAME, FrameDecoder
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,6 @@ import trio
 from meshd.control.client import call
 from meshd.core.messages import MessageType
 from meshd.errors import MeshdError
-
 from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, start_process, up
 
 pytestmark = pytest.mark.slow

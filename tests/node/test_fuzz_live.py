@@ -348,7 +348,7 @@ def _tail(path: Path, n: int = 40) -> str:
         return ""
 
 
-def assert_healthy(t: Target, attacker: Attacker | None = None) -> None:
+def assert_healthy(t: Target) -> None:
     assert _alive(t.pid), f"the daemon died; its log ends:\n{_tail(t.log)}"
     try:
         out = _submit(t.sock, "Once upon a time")
