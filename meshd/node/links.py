@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 DIAL_TIMEOUT_S = 5.0
 BOOTSTRAP_RETRY_S = 2.0
+BOOTSTRAP_KEEP_S = 5.0  # how often a connected node checks its bootstrap links are still up
 ADDR_TTL_S = 600
 
 
@@ -47,20 +48,23 @@ class Links:
     # ---------------------------------------------------------------- dialling
 
     async def bootstrap_loop(self, addrs: list[str]) -> None:
-        """Dial each bootstrap address until it connects, then keep it connected."""
-        pending = list(addrs)
-        while pending:
-            for a in list(pending):
-                try:
-                    info = info_from_p2p_addr(multiaddr.Multiaddr(a))
-                except Exception:
-                    log.error("bad bootstrap address (needs /p2p/<peer id>) addr=%s", a)
-                    pending.remove(a)
+        """Dial each bootstrap address until it connects, then keep it connected: a node whose
+        links all dropped (a partition, a peer that froze and thawed) has no adverts left to
+        find anyone by, so the bootstrap peers are how it gets back into the mesh."""
+        infos = []
+        for a in addrs:
+            try:
+                infos.append(info_from_p2p_addr(multiaddr.Multiaddr(a)))
+            except Exception:
+                log.error("bad bootstrap address (needs /p2p/<peer id>) addr=%s", a)
+        while infos:
+            pending = False
+            for info in infos:
+                if info.peer_id.to_base58() in self.node.revoked_peer_ids:
                     continue
-                if await self._dial(info.peer_id, list(info.addrs)):
-                    pending.remove(a)
-            if pending:
-                await trio.sleep(BOOTSTRAP_RETRY_S)
+                if not self._connected(info.peer_id) and not await self._dial(info.peer_id, list(info.addrs)):
+                    pending = True
+            await trio.sleep(BOOTSTRAP_RETRY_S if pending else BOOTSTRAP_KEEP_S)
 
     async def _dial(self, peer_id: ID, addrs: list[Any]) -> bool:
         host = self.node.host
