@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ sys.path.insert(0, str(ROOT / "tests" / "engine"))
 
 import trio  # noqa: E402
 
-from meshd.control.client import connect, raise_if_error  # noqa: E402
+from meshd.control.client import submit_events  # noqa: E402
 from meshd.core.messages import MessageType  # noqa: E402
 from meshd.testnet import launcher  # noqa: E402
 
@@ -57,18 +58,13 @@ async def submit(sock: str, max_tokens: int, prompt: str) -> dict[str, Any]:
     fields = {"rid": uuid.uuid4().hex[:16], "prompt": prompt, "max_tokens": max_tokens,
               "temperature": 0.0}
     n = 0
-    async with connect(sock) as framed:
-        await framed.send(MessageType.SUBMIT, fields)
-        while True:
-            with trio.fail_after(120):
-                msg = await framed.recv()
-            if msg is None:
-                raise SystemExit("daemon closed the control stream")
-            raise_if_error(msg)
+    async with aclosing(submit_events(sock, fields, recv_timeout_s=120)) as events:
+        async for msg in events:
             if msg["t"] == MessageType.TOKENS:
                 n += len(msg["ids"])
             elif msg["t"] == MessageType.DONE:
                 return {**msg["stats"], "received": n}
+    raise SystemExit("the request ended without a DONE frame")
 
 
 def pct(xs: list[float], q: float) -> float:

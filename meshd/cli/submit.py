@@ -6,12 +6,13 @@ import argparse
 import sys
 import time
 import uuid
+from contextlib import aclosing
 from typing import Any
 
 import trio
 
 from meshd.cli.common import add_socket_arg, print_json
-from meshd.control.client import connect, raise_if_error
+from meshd.control.client import submit_events
 from meshd.core.messages import MessageType
 from meshd.errors import PeerGoneError
 from meshd.exitcodes import Exit
@@ -86,13 +87,8 @@ async def _submit(socket: str | None, fields: dict[str, Any], stream: bool) -> d
     t0 = time.perf_counter()
     first: float | None = None
     route: dict[str, Any] = {}
-    async with connect(socket) as framed:
-        await framed.send(MessageType.SUBMIT, fields)
-        while True:
-            msg = await framed.recv()
-            if msg is None:
-                raise PeerGoneError("the daemon closed the connection mid-request")
-            raise_if_error(msg)
+    async with aclosing(submit_events(socket, fields)) as events:
+        async for msg in events:
             t = msg["t"]
             if t == MessageType.ROUTE:
                 route = msg
@@ -108,3 +104,4 @@ async def _submit(socket: str | None, fields: dict[str, Any], stream: bool) -> d
                 stats.setdefault("route", route.get("route", []))
                 stats["client_ttft_ms"] = round((first - t0) * 1000, 3) if first else None
                 return stats
+    raise PeerGoneError("the daemon ended the request without a DONE frame")

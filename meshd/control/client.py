@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -71,3 +71,24 @@ async def call(explicit: str | None, mtype: MessageType, fields: dict[str, Any])
         raise PeerGoneError("the daemon closed the connection without answering")
     raise_if_error(reply)
     return reply
+
+
+async def submit_events(
+    explicit: str | None, fields: dict[str, Any], *, recv_timeout_s: float | None = None
+) -> AsyncGenerator[Message, None]:
+    """Submit a request and yield its ROUTE and TOKENS frames, then its DONE frame (last).
+
+    An ERROR frame raises ``RemoteError``; the daemon closing the socket mid-request raises
+    ``PeerGoneError``; ``recv_timeout_s`` bounds the wait for each frame.
+    """
+    async with connect(explicit) as framed:
+        await framed.send(MessageType.SUBMIT, fields)
+        while True:
+            with trio.fail_after(recv_timeout_s if recv_timeout_s is not None else float("inf")):
+                msg = await framed.recv()
+            if msg is None:
+                raise PeerGoneError("the daemon closed the connection mid-request")
+            raise_if_error(msg)
+            yield msg
+            if msg["t"] == MessageType.DONE:
+                return

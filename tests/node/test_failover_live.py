@@ -17,13 +17,14 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from meshd.control.client import call, connect, raise_if_error
+from meshd.control.client import call, submit_events
 from meshd.core.messages import MessageType
 from meshd.errors import RemoteError
 from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, up
@@ -55,13 +56,8 @@ async def stream(sock: str, fields: dict[str, Any], on_first: Any = None) -> dic
     """Submit through the control socket; call ``on_first(served_by)`` at the first tokens."""
     ids: list[int] = []
     routes: list[str] = []
-    async with connect(sock) as framed:
-        await framed.send(MessageType.SUBMIT, fields)
-        while True:
-            with trio.fail_after(60):
-                msg = await framed.recv()
-            assert msg is not None, "the daemon closed the control stream mid-request"
-            raise_if_error(msg)
+    async with aclosing(submit_events(sock, fields, recv_timeout_s=60)) as events:
+        async for msg in events:
             if msg["t"] == MessageType.ROUTE:
                 routes.append(msg["served_by"])
             elif msg["t"] == MessageType.TOKENS:
@@ -70,6 +66,7 @@ async def stream(sock: str, fields: dict[str, Any], on_first: Any = None) -> dic
                 ids.extend(msg["ids"])
             elif msg["t"] == MessageType.DONE:
                 return {"ids": ids, "served": routes, "stats": msg["stats"]}
+    raise AssertionError("the request ended without a DONE frame")
 
 
 def greedy(**extra: Any) -> dict[str, Any]:
