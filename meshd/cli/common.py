@@ -23,7 +23,7 @@ def print_json(obj: Any) -> None:
 
 def table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     out = [fmt.format(*header)]
     out.extend(fmt.format(*[str(x) for x in r]) for r in rows)
     return "\n".join(out)

@@ -105,5 +105,9 @@ class PeerTable:
         """Entries that may be routed to, sorted by peer id."""
         return [e for _, e in sorted(self.entries.items()) if not e.stalled]
 
+    def known(self) -> list[PeerEntry]:
+        """Every entry, stalled ones included, sorted by peer id."""
+        return [e for _, e in sorted(self.entries.items())]
+
     def __len__(self) -> int:
         return len(self.entries)

@@ -88,3 +88,33 @@ def choose_range(
     if then_min >= now_min and _weak(then, now_min + hysteresis) < _weak(now, now_min):
         return (best, best + size)
     return cur
+
+
+class MoveGate:
+    """A node moves only when two decisions in a row pick the same target on the same picture.
+
+    One decision can be made on a stale picture: another node's advert announcing its own move
+    is still in flight, or a peer looks gone for a moment. Acting on it makes two nodes swap
+    ranges back and forth. Asking for the same target, from the same coverage, one decision
+    later (a random fraction of an advert interval) lets that picture refresh first.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[str, tuple[tuple[int, int], tuple[float, ...]]] = {}
+
+    def confirm(self, model: str, current: tuple[int, int], target: tuple[int, int],
+                heard: Sequence[float]) -> bool:
+        """True when this node should move ``model`` to ``target`` now."""
+        if target == current:
+            self._pending.pop(model, None)
+            return False
+        seen = (target, tuple(heard))
+        if self._pending.get(model) == seen:
+            del self._pending[model]
+            return True
+        self._pending[model] = seen
+        return False
+
+    def pending(self, model: str) -> tuple[int, int] | None:
+        p = self._pending.get(model)
+        return None if p is None else p[0]

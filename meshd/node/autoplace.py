@@ -4,8 +4,11 @@ At start a node on ``auto`` loads ``[0, capacity)`` (or the whole model when it 
 there is nothing to choose). Once it has heard adverts it decides, at a random moment of each
 advert interval, with the pure ``meshd.core.placement.choose_range`` over the coverage it hears
 (replicas per layer of the same model, this node not counted): it moves only when the move
-clearly helps (hysteresis), never while it serves a request on that model, and after a move it
-waits two advert intervals, so that the others hear it, before deciding again. A move re-loads
+clearly helps (hysteresis), only when the next decision picks the same target on the same
+picture (``MoveGate``: a picture can be stale while another node's move is still being gossiped),
+never while it serves a request on that model, and after a move it waits two advert intervals,
+so that the others hear it, before deciding again. Coverage counts every peer in the table,
+stalled ones too: a peer that is slow for a moment has not left its layers. A move re-loads
 the model for the new range and publishes an advert at once.
 """
 
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from meshd.core.advert import Advert
-from meshd.core.placement import choose_range
+from meshd.core.placement import MoveGate, choose_range
 
 if TYPE_CHECKING:
     from meshd.node.node import Node
@@ -90,7 +93,9 @@ class AutoPlacer:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.rng = random.Random()
-        self.stats = {"decisions": 0, "moves": 0, "deferred": 0, "reload_failures": 0}
+        self.stats = {"decisions": 0, "moves": 0, "deferred": 0, "unconfirmed": 0,
+                      "reload_failures": 0}
+        self.gate = MoveGate()
         self.autos: list[_Auto] = []
 
     def _find(self) -> list[_Auto]:
@@ -129,11 +134,13 @@ class AutoPlacer:
         n = s.num_layers
         if a.capacity >= n:
             return False
-        heard = heard_coverage((e.advert for e in self.node.table.live()), a.name, n)
+        heard = heard_coverage((e.advert for e in self.node.table.known()), a.name, n)
         current = (s.layer_start, s.layer_end)
         self.stats["decisions"] += 1
         target = choose_range(a.name, n, a.capacity, heard, current, HYSTERESIS)
-        if target == current:
+        if not self.gate.confirm(a.name, current, target, heard):
+            if target != current:
+                self.stats["unconfirmed"] += 1
             return False
         busy = s.running or s.waiting or any(
             x.model == a.name for x in self.node.stage_server.sessions.values())

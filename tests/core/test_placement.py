@@ -1,4 +1,5 @@
-"""choose_range: table tests, convergence of nodes joining one by one, and no flapping."""
+"""choose_range: table tests, convergence of nodes joining one by one, and no flapping;
+MoveGate: a move needs the same target twice on the same picture."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 
 import pytest
 
-from meshd.core.placement import choose_range
+from meshd.core.placement import MoveGate, choose_range
 from meshd.errors import ConfigError
 
 
@@ -120,6 +121,48 @@ def test_recovers_coverage_when_a_node_leaves() -> None:
     del placed[2]  # the only node on 8-12 leaves
     heard = cov(layers, *[(s, e, 1.0) for n, (s, e) in placed.items() if n != 3])
     assert choose_range("m", layers, cap, heard, placed[3], 0.5) == (8, 12)
+
+
+def test_gate_moves_on_the_second_identical_decision_only() -> None:
+    gate = MoveGate()
+    heard = cov(6, (2, 4, 1), (4, 6, 1))
+    assert not gate.confirm("m", (2, 4), (0, 2), heard)
+    assert gate.pending("m") == (0, 2)
+    assert gate.confirm("m", (2, 4), (0, 2), heard)
+    assert gate.pending("m") is None
+    # after a move the next proposal starts over
+    assert not gate.confirm("m", (0, 2), (4, 6), heard)
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        ((2, 4), ((4, 6), cov(6, (2, 4, 1), (4, 6, 1)))),   # the picture refreshed: stay
+        ((2, 4), ((0, 2), cov(6, (2, 4, 1), (4, 6, 2)))),   # same target, other picture
+        ((2, 4), ((4, 6), cov(6, (0, 2, 1), (2, 4, 1)))),   # another target
+    ],
+)
+def test_gate_forgets_a_proposal_the_next_decision_does_not_repeat(second: tuple) -> None:
+    gate = MoveGate()
+    assert not gate.confirm("m", (2, 4), (0, 2), cov(6, (2, 4, 1), (4, 6, 1)))
+    current, (target, heard) = second
+    assert not gate.confirm("m", current, target, heard)
+    assert not gate.confirm("m", (2, 4), (0, 2), cov(6, (2, 4, 1), (4, 6, 1)))
+
+
+def test_one_stale_picture_does_not_move_a_settled_node() -> None:
+    """The CI failure of session 2: three nodes settled on 0-2, 2-4, 4-6; one decision of auto2
+    still heard auto3's advert from before its move (0-2), so it left 0-2 and auto3 then had to
+    move back. With the gate, one stale decision followed by a fresh one moves nobody."""
+    layers, cap = 6, 2
+    placed = {"a1": (2, 4), "a2": (0, 2), "a3": (4, 6)}
+    gate = MoveGate()
+    stale = cov(layers, (2, 4, 1), (0, 2, 1))  # a3 still heard on 0-2
+    fresh = cov(layers, (2, 4, 1), (4, 6, 1))
+    for heard in (stale, fresh, fresh):
+        target = choose_range("m", layers, cap, heard, placed["a2"], 0.5)
+        assert not gate.confirm("m", placed["a2"], target, heard)
+    assert choose_range("m", layers, cap, stale, placed["a2"], 0.5) != placed["a2"]  # it would
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,7 @@ def test_every_node_lists_the_other_four_with_fresh_adverts(mesh: dict[str, Any]
 
 
 def test_submit_on_any_node_returns_text(mesh: dict[str, Any]) -> None:
-    for name, sock in sockets(mesh).items():
+    for sock in sockets(mesh).values():
         out = json.loads(meshd("submit", "--json", "-n", "8", "--socket", sock, "Once upon a time").stdout)
         assert out["text"].strip(), out
         assert len(out["token_ids"]) == 8
