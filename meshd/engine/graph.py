@@ -10,18 +10,19 @@ Stage interface (batch 1; ``T`` new tokens, ``C`` cache slots, ``K`` logit rows)
 - inputs: ``input_ids`` int64 [T] (first stage) or ``hidden_in`` float32 [T, H];
   ``positions`` int64 [T], which must be ``P, P+1, ...`` where ``P`` is the number of tokens
   already cached; ``logit_rows`` int64 [K] (last stage: which of the T rows to project to
-  logits); per layer ``i`` of the range ``past_key.i`` float32 [kv_heads, C, head_dim] and
-  ``past_value.i`` float32 [kv_heads, head_dim, C] (values are stored transposed), of which
-  only the first ``P`` slots are read (the rest is masked).
+  logits); per layer ``i`` of the range ``past_key.i`` float32 [kv_heads, head_dim, C] (keys
+  are stored transposed) and ``past_value.i`` float32 [kv_heads, C, head_dim], of which only
+  the first ``P`` slots are read (the rest is masked).
 - outputs: ``hidden_out`` float32 [T, H] or ``logits`` float32 [K, V]; per layer
-  ``new_key.i`` [kv_heads, T, head_dim] and ``new_value.i`` [kv_heads, head_dim, T], the keys
+  ``new_key.i`` [kv_heads, head_dim, T] and ``new_value.i`` [kv_heads, T, head_dim], the keys
   (after RoPE) and values of the new tokens, which the caller writes into its cache at slots
   ``P..P+T-1``.
 
 Attention scores the cached keys and the new keys separately and joins only the small score
-matrices, so a decode step reads the cache in place and copies nothing of size ``C``; scores are
-kept transposed ([kv_heads, C, g*T]) so that in both products the cache is the operand that
-onnxruntime reads as it lies, and only the small one (queries, probabilities) gets repacked.
+matrices, so a decode step reads the cache in place and copies nothing of size ``C``; each
+query head is one row against its kv head's cache (a matrix-vector product when T = 1), with
+the cache as the wide operand in the layout it is stored in. ``KV_LAYOUT`` names this layout;
+a stage graph file built for another layout is rebuilt from the weights at load.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from meshd.engine.planning import EMBED, FINAL_NORM, LM_HEAD, check_range
 
 OPSET = 17
 IR_VERSION = 8
+KV_LAYOUT = "2"  # keys [kvh, d, C], values [kvh, C, d]; graph metadata key ``meshd.kv_layout``
+KV_LAYOUT_KEY = "meshd.kv_layout"
 INPUT_IDS, HIDDEN_IN, POSITIONS, LOGIT_ROWS = "input_ids", "hidden_in", "positions", "logit_rows"
 HIDDEN_OUT, LOGITS = "hidden_out", "logits"
 _ONNX_DTYPE = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
@@ -123,7 +126,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     check_range(arch.num_layers, start, end)
     first, last = start == 0, end == arch.num_layers
     b = _Builder(tensors, weights_file)
-    h_dim, d, kvh, g = arch.hidden_size, arch.head_dim, arch.num_kv_heads, arch.group_size
+    h_dim, d, kvh = arch.hidden_size, arch.head_dim, arch.num_kv_heads
     i64 = np.int64
 
     inputs = [helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["T"])]
@@ -142,13 +145,13 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     outputs = []
     for i in range(start, end):
         inputs.append(helper.make_tensor_value_info(past_key(i), TensorProto.FLOAT,
-                                                    [kvh, "C", d]))
-        inputs.append(helper.make_tensor_value_info(past_value(i), TensorProto.FLOAT,
                                                     [kvh, d, "C"]))
+        inputs.append(helper.make_tensor_value_info(past_value(i), TensorProto.FLOAT,
+                                                    [kvh, "C", d]))
         outputs.append(helper.make_tensor_value_info(new_key(i), TensorProto.FLOAT,
-                                                     [kvh, "T", d]))
-        outputs.append(helper.make_tensor_value_info(new_value(i), TensorProto.FLOAT,
                                                      [kvh, d, "T"]))
+        outputs.append(helper.make_tensor_value_info(new_value(i), TensorProto.FLOAT,
+                                                     [kvh, "T", d]))
 
     # Shared by every layer: RoPE tables and the attention mask.
     c = b.const
@@ -162,8 +165,8 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     cos_q, sin_q = b.op("Mul", [cos, scale]), b.op("Mul", [sin, scale])
 
     t_len = b.op("Shape", [POSITIONS])  # [1]
-    c_len = b.op("Slice", [b.op("Shape", [past_key(start)]), c("one", np.array([1], i64)),
-                           c("two", np.array([2], i64))])
+    c_len = b.op("Slice", [b.op("Shape", [past_key(start)]), c("two", np.array([2], i64)),
+                           c("three", np.array([3], i64))])
     zero_s, one_s = c("zero_s", np.array(0, i64)), c("one_s", np.array(1, i64))
     axes0 = c("axes_0", np.array([0], i64))
     p_len = b.op("Slice", [POSITIONS, c("zero", np.array([0], i64)), c("one", np.array([1], i64))])
@@ -176,10 +179,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
                                b.op("Concat", [t_len, c_len], axis=0)])
     bad = b.op("Concat", [past_bad, new_bad], axis=1)  # [T, C+T]
     mask = b.op("Where", [bad, c("neg_inf", np.array(-np.inf, np.float32)),
-                          c("zero_f", np.array(0.0, np.float32))])
-    if g > 1:
-        mask = b.op("Tile", [mask, c("tile_g", np.array([g, 1], i64))])  # [g*T, C+T]
-    mask = b.op("Transpose", [mask], perm=[1, 0])  # [C+T, g*T]: scores are kept transposed
+                          c("zero_f", np.array(0.0, np.float32))])  # broadcast over heads
     split_sizes = b.op("Concat", [c_len, t_len], axis=0)
 
     for i in range(start, end):
@@ -202,6 +202,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="meshd")
     model.ir_version = IR_VERSION
+    helper.set_model_props(model, {KV_LAYOUT_KEY: KV_LAYOUT})
     return model
 
 
@@ -229,7 +230,7 @@ def _layer(b: _Builder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_q: s
            mask: str, split_sizes: str) -> str:
     p = f"model.layers.{i}."
     c = b.const
-    d, nh, kvh = arch.head_dim, arch.num_heads, arch.num_kv_heads
+    d, nh, kvh, g = arch.head_dim, arch.num_heads, arch.num_kv_heads, arch.group_size
     half = c(f"half_{d}", np.array([d // 2, d // 2], np.int64))
     perm = [1, 0, 2]
 
@@ -240,23 +241,27 @@ def _layer(b: _Builder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_q: s
     q = b.op("Transpose", [b.op("Reshape", [q, c("shape_q", np.array([-1, nh, d]))])], perm=perm)
     k = b.op("Transpose", [b.op("Reshape", [k, c("shape_kv", np.array([-1, kvh, d]))])], perm=perm)
     v = b.op("Transpose", [b.op("Reshape", [v, c("shape_kv", np.array([-1, kvh, d]))])],
-             out=new_value(i), perm=[1, 2, 0])  # [kvh, d, T], the layout of the value cache
+             out=new_value(i), perm=perm)  # [kvh, T, d], the layout of the value cache
     q = _rope(b, q, cos_q, sin_q, half)  # [nh, T, d], already scaled by 1/sqrt(d)
-    _rope_k = _rope(b, k, cos, sin, half)
-    k = b.op("Identity", [_rope_k], out=new_key(i))  # [kvh, T, d]
+    k_t = b.op("Transpose", [_rope(b, k, cos, sin, half)], out=new_key(i),
+               perm=[0, 2, 1])  # [kvh, d, T], the layout of the key cache
 
-    # Grouped-query attention without repeating K/V: heads of one group share a kv head. The
-    # scores are computed transposed, [kvh, C, g*T], so that the big operand of both products
-    # is the cache itself, read in place (the small one, q or the probabilities, gets packed).
-    qg = b.op("Reshape", [q, c("shape_qg", np.array([kvh, -1, d]))])  # [kvh, g*T, d]
-    q_t = b.op("Transpose", [qg], perm=[0, 2, 1])  # [kvh, d, g*T]
-    s_past = b.op("MatMul", [past_key(i), q_t])  # [kvh, C, g*T]
-    s_new = b.op("MatMul", [k, q_t])  # [kvh, T, g*T]
-    s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=1), mask])
-    probs = b.op("Softmax", [s], axis=1)
-    p_past, p_new = b.ops("Split", [probs, split_sizes], 2, axis=1)
-    o = b.op("Add", [b.op("MatMul", [past_value(i), p_past]), b.op("MatMul", [v, p_new])])
-    o = b.op("Transpose", [o], perm=[0, 2, 1])  # [kvh, g*T, d]
+    # Grouped-query attention without repeating K/V: the heads of one group share a kv head
+    # through a broadcast batch dimension, [kvh, g, T, .] x [kvh, 1, ., .]. With one new token
+    # (T = 1) each head's product is a matrix-vector product whose long side is the cache,
+    # read in place in the layout it is stored in: keys [kvh, d, C] for the scores, values
+    # [kvh, C, d] for the output. onnxruntime runs those as its GEMV kernel; the transposed
+    # orientation ([C, d] x [d, g]) pads the narrow side to a full GEMM tile and costs twice as
+    # much per cached token.
+    axes1 = c("axes_1", np.array([1], np.int64))
+    qg = b.op("Reshape", [q, c("shape_qg", np.array([kvh, g, -1, d]))])  # [kvh, g, T, d]
+    s_past = b.op("MatMul", [qg, b.op("Unsqueeze", [past_key(i), axes1])])  # [kvh, g, T, C]
+    s_new = b.op("MatMul", [qg, b.op("Unsqueeze", [k_t, axes1])])  # [kvh, g, T, T]
+    s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=-1), mask])
+    probs = b.op("Softmax", [s], axis=-1)
+    p_past, p_new = b.ops("Split", [probs, split_sizes], 2, axis=-1)
+    o = b.op("Add", [b.op("MatMul", [p_past, b.op("Unsqueeze", [past_value(i), axes1])]),
+                     b.op("MatMul", [p_new, b.op("Unsqueeze", [v, axes1])])])  # [kvh, g, T, d]
     o = b.op("Reshape", [o, c("shape_heads", np.array([nh, -1, d]))])
     o = b.op("Reshape", [b.op("Transpose", [o], perm=perm), c("shape_flat", np.array([-1, nh * d]))])
     x = b.op("Add", [x, _linear(b, o, p + "self_attn.o_proj", arch.o_bias)])

@@ -84,8 +84,8 @@ class Stage:
         expected = [g.LOGITS if self.is_last else g.HIDDEN_OUT]
         for i in range(start, end):
             expected += [g.new_key(i), g.new_value(i)]
-        value_dims = session.get_outputs()[2].shape[:2] if len(expected) > 2 else []
-        if self.output_names != expected or value_dims != [arch.num_kv_heads, arch.head_dim]:
+        key_dims = session.get_outputs()[1].shape[:2] if len(expected) > 2 else []
+        if self.output_names != expected or key_dims != [arch.num_kv_heads, arch.head_dim]:
             raise ModelError(f"{model.manifest.name} layers [{start}, {end}): the stage graph "
                              "does not have the outputs this meshd expects (re-import the model)")
         self._open: weakref.WeakSet[StageSession] = weakref.WeakSet()
@@ -217,8 +217,8 @@ class StageSession:
         stage._run(b)
         outs = self._outputs
         for j in range(len(self._keys)):
-            self._keys[j][:, p:p + t] = outs[1 + 2 * j]
-            self._values[j][:, :, p:p + t] = outs[2 + 2 * j]
+            self._keys[j][:, :, p:p + t] = outs[1 + 2 * j]
+            self._values[j][:, p:p + t] = outs[2 + 2 * j]
         self.length += t
         return outs[0].copy()
 
@@ -231,7 +231,7 @@ class StageSession:
         main = (k, self._vocab) if stage.is_last else (t, self._hidden)
         self._outputs = [np.empty(main, np.float32)]
         for _ in range(stage.num_layers):
-            self._outputs += [np.empty((kvh, t, d), np.float32), np.empty((kvh, d, t), np.float32)]
+            self._outputs += [np.empty((kvh, d, t), np.float32), np.empty((kvh, t, d), np.float32)]
         b.clear_binding_outputs()
         for name, arr in zip(stage.output_names, self._outputs, strict=True):
             b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(arr))
@@ -260,11 +260,11 @@ class StageSession:
         keep = self.length
         keys, values = [], []
         for j in range(self.stage.num_layers):
-            k = np.zeros((kvh, cap, d), np.float32)  # keys [kv_heads, slot, head_dim]
-            v = np.zeros((kvh, d, cap), np.float32)  # values [kv_heads, head_dim, slot]
+            k = np.zeros((kvh, d, cap), np.float32)  # keys [kv_heads, head_dim, slot]
+            v = np.zeros((kvh, cap, d), np.float32)  # values [kv_heads, slot, head_dim]
             if keep:
-                k[:, :keep] = self._keys[j][:, :keep]
-                v[:, :, :keep] = self._values[j][:, :, :keep]
+                k[:, :, :keep] = self._keys[j][:, :, :keep]
+                v[:, :keep] = self._values[j][:, :keep]
             keys.append(k)
             values.append(v)
         self._keys, self._values, self._capacity = keys, values, cap
@@ -370,7 +370,11 @@ class Model:
             if hashlib.sha256(data).hexdigest() != prebuilt.sha256:
                 raise ModelError(f"{prebuilt.file}: hash mismatch (corrupt stage graph)")
             source = str(path)
-        else:
+            if _graph_layout(data) != g.KV_LAYOUT:
+                log.warning("stage graph rebuilt file=%s reason=%s", prebuilt.file,
+                            "built for another KV-cache layout by an older meshd")
+                prebuilt = None
+        if prebuilt is None:
             arch, tensors = self.manifest.arch, {t.name: t for t in self.manifest.tensors}
             source = g.build_stage_graph(arch, tensors, start, end,
                                          self.manifest.weights_file).SerializeToString()
@@ -409,6 +413,14 @@ class Model:
                       chat: bool = False) -> Iterator[TokenEvent]:
         """The same stream, computed in the calling thread (for the CLI and scripts)."""
         return generate_sync(self, prompt, cfg, chat=chat)
+
+
+def _graph_layout(data: bytes) -> str | None:
+    """The KV-cache layout a stage graph file was built for (None: before layouts were named)."""
+    import onnx
+
+    props = onnx.load_from_string(data).metadata_props
+    return next((p.value for p in props if p.key == g.KV_LAYOUT_KEY), None)
 
 
 def _prebuilt(stages: tuple[StageEntry, ...], start: int, end: int) -> StageEntry | None:

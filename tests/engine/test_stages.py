@@ -176,8 +176,43 @@ def test_prebuilt_stage_files_run_in_bare_onnxruntime(model_dirs: dict[str, Path
     ids = np.array(model.tokenizer.encode(PROMPT))
     feeds = {"input_ids": ids, "positions": np.arange(len(ids))}
     for i in (0, 1):
-        feeds[f"past_key.{i}"] = np.zeros((2, len(ids), 8), np.float32)
-        feeds[f"past_value.{i}"] = np.zeros((2, 8, len(ids)), np.float32)  # values: [kvh, d, C]
+        feeds[f"past_key.{i}"] = np.zeros((2, 8, len(ids)), np.float32)  # keys: [kvh, d, C]
+        feeds[f"past_value.{i}"] = np.zeros((2, len(ids), 8), np.float32)
     hidden = bare.run(["hidden_out"], feeds)[0]
     ours = model.stage(0, 2).open_session().step(ids, np.arange(len(ids)))
     np.testing.assert_allclose(hidden, ours, rtol=0, atol=1e-5)
+
+
+def test_a_graph_file_of_the_old_cache_layout_is_rebuilt(model_dirs: dict[str, Path],
+                                                        models: dict[str, Model], tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Stage files written before the KV layout was named (no ``meshd.kv_layout``) would read
+    the cache the wrong way round: the loader must rebuild them from the weights instead."""
+    import hashlib
+    import json
+    import shutil
+
+    import onnx
+
+    from meshd.engine import graph as g
+
+    d = tmp_path / "m"
+    shutil.copytree(model_dirs["llama"], d)
+    man = json.loads((d / "manifest.json").read_text())
+    entry = man["stages"][0]
+    proto = onnx.load(str(d / entry["file"]), load_external_data=False)
+    del proto.metadata_props[:]
+    data = proto.SerializeToString()
+    (d / entry["file"]).write_bytes(data)
+    entry["sha256"] = hashlib.sha256(data).hexdigest()
+    (d / "manifest.json").write_text(json.dumps(man))
+    assert runtime._graph_layout(data) is None
+    with caplog.at_level("WARNING", logger="meshd.engine.runtime"):
+        old = load_model(d, layers=tuple(entry["layers"]))
+    assert "stage graph rebuilt" in caplog.text
+    ids = np.array(old.tokenizer.encode(PROMPT))
+    start, end = entry["layers"]
+    want = models["llama"].stage(start, end).open_session().step(ids, np.arange(len(ids)))
+    got = old.stage(start, end).open_session().step(ids, np.arange(len(ids)))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert runtime._graph_layout((model_dirs["llama"] / entry["file"]).read_bytes()) == g.KV_LAYOUT
