@@ -2,7 +2,7 @@
 
 ``Store`` is the synchronous store (one connection, thread-safe); ``AsyncStore`` wraps it for
 trio with a single writer task that loses no write to cancellation; ``Recorder`` is the narrow
-write-side Protocol that both satisfy; ``explain_text`` turns ``explain()`` records into words.
+write side both inherit; ``explain_text`` turns ``explain()`` records into words.
 """
 
 from meshd.store.async_store import AsyncStore, StoreStatistics

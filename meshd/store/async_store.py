@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
 
-from meshd.store import rows
+from meshd.store.protocol import Recorder
 from meshd.store.rows import Row
 from meshd.store.store import Store
 
@@ -53,7 +53,7 @@ class StoreStatistics:
     batches: int
 
 
-class AsyncStore:
+class AsyncStore(Recorder):
     """Wraps a ``Store`` for trio code (see the module docstring)."""
 
     def __init__(self, store: Store, *, max_batch: int = 256, max_pending: int = 10_000) -> None:
@@ -118,7 +118,8 @@ class AsyncStore:
         self._failed += failed
         self._written += len(results) - failed
 
-    def _submit(self, row: Row) -> None:
+    def _put(self, row: Row) -> None:
+        """Queue a row (never awaits; see the module docstring)."""
         if self._state != "running":
             try:
                 self._count(self.store.write([row]))
@@ -142,84 +143,6 @@ class AsyncStore:
         target = self._enqueued
         while self._state == "running" and self._done < target:
             await self._progress.wait()
-
-    # -- records (never await; see the module docstring) ------------------------------------
-
-    def record_event(
-        self,
-        request_id: str,
-        kind: str,
-        *,
-        node: str = "",
-        payload: Mapping[str, Any] | None = None,
-        ts: float | None = None,
-    ) -> None:
-        self._submit(rows.event_row(request_id, kind, node=node, payload=payload, ts=ts))
-
-    def record_decision(
-        self,
-        request_id: str,
-        *,
-        strategy: str,
-        candidates: Sequence[Mapping[str, Any]],
-        constraints: Mapping[str, Any],
-        chosen: str | None,
-        order: Sequence[str],
-        plan: Mapping[str, Any] | None = None,
-        ts: float | None = None,
-    ) -> None:
-        self._submit(
-            rows.decision_row(
-                request_id,
-                strategy=strategy,
-                candidates=candidates,
-                constraints=constraints,
-                chosen=chosen,
-                order=order,
-                plan=plan,
-                ts=ts,
-            )
-        )
-
-    def record_outcome(
-        self,
-        request_id: str,
-        *,
-        ttft_ms: float | None,
-        tokens: int,
-        tokens_per_s: float | None,
-        served_by: str | None,
-        route: Sequence[str],
-        error: str | None = None,
-        retries: int = 0,
-        hedges: int = 0,
-        ts: float | None = None,
-    ) -> None:
-        self._submit(
-            rows.outcome_row(
-                request_id,
-                ttft_ms=ttft_ms,
-                tokens=tokens,
-                tokens_per_s=tokens_per_s,
-                served_by=served_by,
-                route=route,
-                error=error,
-                retries=retries,
-                hedges=hedges,
-                ts=ts,
-            )
-        )
-
-    def record_audit(
-        self,
-        kind: str,
-        *,
-        peer_id: str,
-        reason: str,
-        detail: Mapping[str, Any] | None = None,
-        ts: float | None = None,
-    ) -> None:
-        self._submit(rows.audit_row(kind, peer_id=peer_id, reason=reason, detail=detail, ts=ts))
 
     # -- reads ----------------------------------------------------------------------------
 

@@ -1,60 +1,37 @@
 """``Recorder``: what the node needs from the store on its request path.
 
 Writes only, and none of them awaits: ``AsyncStore`` queues them for its writer task,
-``Store`` writes them at once (use it directly only outside trio, or in tests).
+``Store`` writes them at once (use it directly only outside trio, or in tests). Each
+``record_*`` takes exactly the arguments of the row builder of the same name in
+``meshd.store.rows`` (which checks them and documents them) and hands the row to ``_put``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec
+
+from meshd.store import rows
+from meshd.store.rows import Row
+
+P = ParamSpec("P")
 
 
-class Recorder(Protocol):
-    def record_event(
-        self,
-        request_id: str,
-        kind: str,
-        *,
-        node: str = ...,
-        payload: Mapping[str, Any] | None = ...,
-        ts: float | None = ...,
-    ) -> None: ...
+def _recording(build: Callable[P, Row]) -> Callable[Concatenate[Recorder, P], None]:
+    def record(self: Recorder, /, *args: P.args, **kwargs: P.kwargs) -> None:
+        self._put(build(*args, **kwargs))
 
-    def record_decision(
-        self,
-        request_id: str,
-        *,
-        strategy: str,
-        candidates: Sequence[Mapping[str, Any]],
-        constraints: Mapping[str, Any],
-        chosen: str | None,
-        order: Sequence[str],
-        plan: Mapping[str, Any] | None = ...,
-        ts: float | None = ...,
-    ) -> None: ...
+    record.__doc__ = build.__doc__
+    return record
 
-    def record_outcome(
-        self,
-        request_id: str,
-        *,
-        ttft_ms: float | None,
-        tokens: int,
-        tokens_per_s: float | None,
-        served_by: str | None,
-        route: Sequence[str],
-        error: str | None = ...,
-        retries: int = ...,
-        hedges: int = ...,
-        ts: float | None = ...,
-    ) -> None: ...
 
-    def record_audit(
-        self,
-        kind: str,
-        *,
-        peer_id: str,
-        reason: str,
-        detail: Mapping[str, Any] | None = ...,
-        ts: float | None = ...,
-    ) -> None: ...
+class Recorder:
+    """Base of ``Store`` and ``AsyncStore``: the four writes, built by ``rows``."""
+
+    def _put(self, row: Row) -> None:
+        raise NotImplementedError
+
+    record_event = _recording(rows.event_row)
+    record_decision = _recording(rows.decision_row)
+    record_outcome = _recording(rows.outcome_row)
+    record_audit = _recording(rows.audit_row)

@@ -105,6 +105,7 @@ def event_row(
     payload: Mapping[str, Any] | None = None,
     ts: float | None = None,
 ) -> Row:
+    """Journal one lifecycle event of a request (``kind`` in ``EVENT_KINDS``)."""
     if kind not in EVENT_KINDS:
         raise StoreError(f"unknown request event kind {kind!r}; known: {sorted(EVENT_KINDS)}")
     return Row(
@@ -130,6 +131,7 @@ def decision_row(
     plan: Mapping[str, Any] | None = None,
     ts: float | None = None,
 ) -> Row:
+    """The routing decision of a request; a later one (a replan) replaces it."""
     return Row(
         "decisions",
         {
@@ -159,6 +161,7 @@ def outcome_row(
     hedges: int = 0,
     ts: float | None = None,
 ) -> Row:
+    """How a request ended (one per request; a later one replaces it)."""
     return Row(
         "outcomes",
         {
@@ -185,6 +188,7 @@ def audit_row(
     detail: Mapping[str, Any] | None = None,
     ts: float | None = None,
 ) -> Row:
+    """A security event (``AUDIT_*`` kinds, or any other short word)."""
     if not isinstance(kind, str) or not kind:
         raise StoreError("audit kind must be a non-empty string")
     return Row(

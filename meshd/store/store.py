@@ -17,13 +17,13 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlite_utils import Database
 
-from meshd.store import rows
+from meshd.store.protocol import Recorder
 from meshd.store.rows import Row, StoreError, from_json
 from meshd.store.schema import MIGRATIONS, Migration, migrate
 
@@ -35,7 +35,7 @@ _OUTCOME_COLS = (
 )  # fmt: skip
 
 
-class Store:
+class Store(Recorder):
     """Open (creating if needed) the store at ``path`` (``":memory:"`` for a throwaway one)
     and migrate it. ``migrations`` is the migration hook (tests pass extra ones).
 
@@ -84,90 +84,10 @@ class Store:
                     results.append(err)
         return results
 
-    def _write_one(self, row: Row) -> None:
+    def _put(self, row: Row) -> None:
         (err,) = self.write([row])
         if err is not None:
             raise StoreError(f"cannot write to the store {self.path}: {err}")
-
-    def record_event(
-        self,
-        request_id: str,
-        kind: str,
-        *,
-        node: str = "",
-        payload: Mapping[str, Any] | None = None,
-        ts: float | None = None,
-    ) -> None:
-        """Journal one lifecycle event of a request (``kind`` in ``rows.EVENT_KINDS``)."""
-        self._write_one(rows.event_row(request_id, kind, node=node, payload=payload, ts=ts))
-
-    def record_decision(
-        self,
-        request_id: str,
-        *,
-        strategy: str,
-        candidates: Sequence[Mapping[str, Any]],
-        constraints: Mapping[str, Any],
-        chosen: str | None,
-        order: Sequence[str],
-        plan: Mapping[str, Any] | None = None,
-        ts: float | None = None,
-    ) -> None:
-        """Record the routing decision of a request; a later one (a replan) replaces it."""
-        self._write_one(
-            rows.decision_row(
-                request_id,
-                strategy=strategy,
-                candidates=candidates,
-                constraints=constraints,
-                chosen=chosen,
-                order=order,
-                plan=plan,
-                ts=ts,
-            )
-        )
-
-    def record_outcome(
-        self,
-        request_id: str,
-        *,
-        ttft_ms: float | None,
-        tokens: int,
-        tokens_per_s: float | None,
-        served_by: str | None,
-        route: Sequence[str],
-        error: str | None = None,
-        retries: int = 0,
-        hedges: int = 0,
-        ts: float | None = None,
-    ) -> None:
-        """Record how a request ended (one per request; a later one replaces it)."""
-        self._write_one(
-            rows.outcome_row(
-                request_id,
-                ttft_ms=ttft_ms,
-                tokens=tokens,
-                tokens_per_s=tokens_per_s,
-                served_by=served_by,
-                route=route,
-                error=error,
-                retries=retries,
-                hedges=hedges,
-                ts=ts,
-            )
-        )
-
-    def record_audit(
-        self,
-        kind: str,
-        *,
-        peer_id: str,
-        reason: str,
-        detail: Mapping[str, Any] | None = None,
-        ts: float | None = None,
-    ) -> None:
-        """Record a security event (``rows.AUDIT_*`` kinds, or any other short word)."""
-        self._write_one(rows.audit_row(kind, peer_id=peer_id, reason=reason, detail=detail, ts=ts))
 
     def prune(self, before_ts: float) -> int:
         """Delete every row older than ``before_ts``; returns how many went."""

@@ -132,7 +132,7 @@ def test_a_failing_row_or_batch_does_not_stop_the_writer(astore, monkeypatch):
     async def main():
         async with trio.open_nursery() as nursery:
             await nursery.start(astore.run)
-            astore._submit(Row("journal", {"ts": None, "request_id": "r", "kind": "x"}))
+            astore._put(Row("journal", {"ts": None, "request_id": "r", "kind": "x"}))
             astore.record_event("r", "received")
             await astore.flush()
             assert (astore.statistics().failed, astore.statistics().written) == (1, 1)
