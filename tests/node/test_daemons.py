@@ -9,19 +9,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
-from meshd.control.client import call
-from meshd.core.messages import MessageType
-from meshd.errors import MeshdError
+from meshd.testnet.drive import cli as meshd
+from meshd.testnet.drive import peers_of, wait_for
 from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, start_process, up
 
 pytestmark = pytest.mark.slow
@@ -30,31 +25,7 @@ ADVERT_INTERVAL_S = 1.0
 SOLO_MODEL = "tiny-solo"
 
 
-def meshd(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "meshd", *args], capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"meshd {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
-    return proc
 
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def peers_of(sock: str) -> list[dict[str, Any]]:
-    """The node's peer table, asked in-process (a CLI process per poll would be slow)."""
-    try:
-        reply = trio.run(call, sock, MessageType.PEERS_REQ, {})
-    except MeshdError:
-        return []
-    return list(reply["peers"])
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +29,7 @@ from meshd.control.client import call, connect, raise_if_error
 from meshd.core.messages import MessageType
 from meshd.engine import GenerationConfig, default_model_path, load_model
 from meshd.node.activations import TensorError, decode_tensor, encode_hidden, encode_ids
+from meshd.testnet.drive import cli as meshd
 
 MODEL = str(default_model_path())
 PROMPTS = ["And it came to pass", "In the beginning God created", "Blessed are the",
@@ -269,13 +268,6 @@ def test_stage_capacity_busy_free_idle_and_entry_gone() -> None:
 
 
 # ---------------------------------------------------------------------------- real daemons
-
-def meshd(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "meshd", *args], capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"meshd {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
-    return proc
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,8 @@ from meshd.control.client import call
 from meshd.core.cert import decode_certificate
 from meshd.core.messages import MessageType
 from meshd.errors import MeshdError
+from meshd.testnet.drive import cli as meshd
+from meshd.testnet.drive import wait_for
 from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, start_process, up
 
 pytestmark = pytest.mark.slow
@@ -36,23 +37,6 @@ CUT_OFF_DEADLINE_S = 10.0  # push -> every daemon has dropped n3 and closed its 
 SOLO_MODEL = "tiny-solo"  # served by n1 only, so n3 needs the mesh to get it served
 
 
-def meshd(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "meshd", *args], capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"meshd {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
-    return proc
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def ask(sock: str, mtype: MessageType) -> dict[str, Any] | None:

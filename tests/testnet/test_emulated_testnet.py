@@ -11,14 +11,14 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from meshd.testnet import netns
+from meshd.testnet.drive import cli, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -58,23 +58,11 @@ config = {{ engine = {{ threads = 1 }} }}
 """
 
 
+
+
 def meshd(*args: str, check: bool = True, timeout: float = 150) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "MESHD_DEFAULT_MODEL"}  # the shipped model
-    proc = subprocess.run([sys.executable, "-m", "meshd", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"meshd {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return cli(*args, check=check, timeout=timeout, env=env)
 
 
 def probe(index: dict[str, Any], a: str, b: str, port: int) -> dict[str, Any]:

@@ -1,0 +1,52 @@
+"""Drive running daemons from scripts and tests: run the CLI, wait on a condition, read a
+node's peer table. Used by the live tests and the benchmarks; nothing here sleeps to wait for
+readiness except between polls of a condition that has a deadline."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import trio
+
+from meshd.control.client import call
+from meshd.core.messages import MessageType
+from meshd.errors import MeshdError
+
+
+def cli(*args: str, check: bool = True, timeout: float = 60,
+        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``meshd ARGS`` in a new process with this interpreter; with ``check``, a non-zero
+    exit raises AssertionError carrying its output."""
+    proc = subprocess.run([sys.executable, "-m", "meshd", *args], capture_output=True, text=True,
+                          timeout=timeout, env=None if env is None else dict(env))
+    if check and proc.returncode != 0:
+        raise AssertionError(f"meshd {' '.join(args)} failed ({proc.returncode}):\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, *, poll_s: float = 0.1) -> Any:
+    """Poll ``cond`` until it returns something true (returned) or ``timeout`` seconds pass
+    (AssertionError naming ``what``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def peers_of(sock: str) -> list[dict[str, Any]]:
+    """A node's peer table, asked in-process (a CLI process per poll would be slow); empty when
+    the daemon cannot be reached right now."""
+    try:
+        reply = trio.run(call, sock, MessageType.PEERS_REQ, {})
+    except MeshdError:
+        return []
+    return list(reply["peers"])
