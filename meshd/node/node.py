@@ -244,7 +244,7 @@ class Node(ControlMixin):
             hardware=self.hardware.to_dict() if self.hardware is not None else {},
             models=tuple(models),
             queue_depth=self.runner.queue_depth(),
-            in_flight=self.runner.in_flight(),
+            in_flight=self.runner.in_flight() + len(self.stage_server.sessions),
             max_concurrency=sum(s.max_concurrency for s in served) or 1,
             max_queue=sum(s.max_queue for s in served),
             prefill_tps=round(prefill, 1),
@@ -279,7 +279,8 @@ class Node(ControlMixin):
         published_load: tuple[int, int] = (-1, -1)
         while True:
             now = trio.current_time()
-            load = (self.runner.queue_depth(), self.runner.in_flight())
+            load = (self.runner.queue_depth(),
+                    self.runner.in_flight() + len(self.stage_server.sessions))
             due = now - last >= g.advert_interval_s
             significant = significant_load_change(published_load, load) and now - last >= g.min_advert_gap_s
             if due or significant:

@@ -115,7 +115,7 @@ class Runner:
     def in_flight(self) -> int:
         return sum(s.running for s in self.models.values())
 
-    def _poke(self) -> None:
+    def poke(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
 
@@ -137,14 +137,14 @@ class Runner:
             s.busy_refusals += 1
             raise BusyError(f"queue of {model} is full ({s.waiting} waiting)")
         s.waiting += 1
-        self._poke()
+        self.poke()
         acquired = False
         try:
             await s.limiter.acquire()
             acquired = True
             s.waiting -= 1
             s.running += 1
-            self._poke()
+            self.poke()
             t0 = time.perf_counter()
             first: float | None = None
             n = 0
@@ -168,4 +168,4 @@ class Runner:
                 s.limiter.release()
             else:
                 s.waiting -= 1
-            self._poke()
+            self.poke()

@@ -229,6 +229,7 @@ class StageServer:
             return
         sess.inbox, sess.queue = trio.open_memory_channel[Message](INBOX)
         self.sessions[sid] = sess
+        self.runner.poke()  # stage sessions count in the advert's in-flight figure
         self.stats["sessions_opened"] += 1
         try:
             await self._build(sess, msg)
@@ -338,6 +339,7 @@ class StageServer:
 
     def _release(self, sess: _Session) -> None:
         self.sessions.pop(sess.sid, None)
+        self.runner.poke()
         if sess.kv is not None:
             sess.kv.free()
         sess.inbox.close()

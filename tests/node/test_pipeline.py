@@ -225,6 +225,24 @@ def test_stage_forwards_or_reports_an_unreachable_next_stage() -> None:
     _in_trio((2, 4), body)
 
 
+def test_stage_sessions_wake_the_advert_loop_when_they_open_and_end() -> None:
+    """Open stage sessions count in the advert's in-flight figure; opening and ending one must
+    wake the advert loop (runner.changed) so that routers hear the load early."""
+    async def body(server: Any, links: Any) -> None:
+        entry = _Port("entry")
+        opened = server.runner.changed
+        links.dispatch(_open("a@4", 4, 6, prompt_ids=[1, 2], gen={}), entry, "entry")
+        await _until(lambda: "a@4" in server.sessions)
+        assert opened.is_set()
+        ended = server.runner.changed
+        assert not ended.is_set()
+        links.dispatch({"t": int(MessageType.STAGE_FREE), "rid": "a@4"}, entry, "entry")
+        await _until(lambda: not server.sessions)
+        assert ended.is_set()
+
+    _in_trio((4, 6), body)
+
+
 def test_stage_capacity_busy_free_idle_and_entry_gone() -> None:
     async def body(server: Any, links: Any) -> None:
         entry = _Port("entry")
