@@ -18,6 +18,7 @@ plain loop for the usual few dozen candidates and as numpy vectors past ``NUMPY_
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import itertools
 import math
@@ -151,7 +152,7 @@ class ModelIndex:
 
     __slots__ = (
         "nodes", "ids", "pos", "rtt", "adv", "sent", "c", "rate", "inv_pf", "inv_dc", "age",
-        "cph", "kv", "local", "local_at", "queued", "max_queue", "_residency", "_arrays", "_masks",
+        "cph", "kv", "local", "local_at", "queued", "max_queue", "_residency", "_cols",
     )  # fmt: skip
 
     def __init__(self, nodes: tuple[NodeView, ...]) -> None:
@@ -183,8 +184,7 @@ class ModelIndex:
         self.pos = {pid: i for i, pid in enumerate(self.ids)}
         self.local_at = self.local.index(True) if True in self.local else -1
         self._residency: dict[str, list[bool]] = {}
-        self._arrays: dict[str, Floats] | None = None
-        self._masks: dict[str, npt.NDArray[Any]] | None = None
+        self._cols: _Columns | None = None
 
     def residency(self, tag: str) -> list[bool]:
         """Which nodes' labels allow residency ``tag`` (memoised per tag)."""
@@ -194,21 +194,165 @@ class ModelIndex:
             self._residency[tag] = m
         return m
 
-    def masks(self) -> dict[str, npt.NDArray[Any]]:
-        """Boolean and integer columns for the vectorised eligibility test."""
-        if self._masks is None:
-            self._masks = {
-                "not_busy": np.array(self.queued) < np.array(self.max_queue),
-                "kv": np.array(self.kv, dtype=np.int64),
-                "local": np.array(self.local, dtype=np.bool_),
-            }
-        return self._masks
+    def cols(self) -> _Columns:
+        """The columns as numpy arrays, for the vectorised path (built on first use)."""
+        if self._cols is None:
+            self._cols = _Columns(self)
+        return self._cols
 
-    def arrays(self) -> dict[str, Floats]:
-        if self._arrays is None:
-            names = ("rtt", "adv", "sent", "c", "rate", "inv_pf", "inv_dc", "age", "cph")
-            self._arrays = {k: np.array(getattr(self, k), dtype=np.float64) for k in names}
-        return self._arrays
+
+class _Columns:
+    """A ``ModelIndex`` as numpy arrays, built on first use (once per snapshot)."""
+
+    __slots__ = (
+        "n", "rtt", "adv", "sent", "c", "rate", "inv_pf", "inv_dc", "age", "cph", "not_busy",
+        "free", "kv", "kv_min", "local", "_residency", "_free_part", "_busy",
+    )  # fmt: skip
+
+    def __init__(self, idx: ModelIndex) -> None:
+        f64 = np.float64
+        self.n = len(idx.ids)
+        self.rtt = np.array(idx.rtt, dtype=f64)
+        self.adv = np.array(idx.adv, dtype=f64)
+        self.sent = np.array(idx.sent, dtype=f64)
+        self.c = np.array(idx.c, dtype=f64)
+        self.rate = np.array(idx.rate, dtype=f64)  # measured completions/s, 0: derive
+        self.inv_pf = np.array(idx.inv_pf, dtype=f64)
+        self.inv_dc = np.array(idx.inv_dc, dtype=f64)
+        self.age = np.array(idx.age, dtype=f64)
+        self.cph = np.array(idx.cph, dtype=f64)
+        self.not_busy = np.array(idx.queued) < np.array(idx.max_queue)
+        self.free = self.not_busy.nonzero()[0]  # eligible when no other constraint applies
+        self.free.flags.writeable = False
+        self.kv = np.array(idx.kv, dtype=np.int64)
+        self.kv_min = int(self.kv.min()) if self.n else 0
+        self.local = np.array(idx.local, dtype=np.bool_)
+        _read_only(self.rtt, self.adv, self.sent, self.c, self.rate, self.inv_pf, self.inv_dc,
+                   self.age, self.cph, self.not_busy, self.kv, self.local)  # fmt: skip
+        self._residency: dict[str, npt.NDArray[np.bool_]] = {}
+        self._free_part: _Part | None = None
+        self._busy: dict[int, list[Candidate]] = {}
+
+    def residency(self, idx: ModelIndex, tag: str) -> npt.NDArray[np.bool_]:
+        m = self._residency.get(tag)
+        if m is None:
+            m = self._residency[tag] = np.array(idx.residency(tag), dtype=np.bool_)
+        return m
+
+    def busy_listing(self, idx: ModelIndex, req: RouteRequest, policy: Policy) -> list[Candidate]:
+        """The first ``explain_limit`` excluded nodes of a decision whose eligible set is
+        ``free``: busy nodes only, whose reason depends on nothing else (kept per limit)."""
+        limit = policy.explain_limit
+        got = self._busy.get(limit)
+        if got is None:
+            gone = (~self.not_busy).nonzero()[0][:limit].tolist()
+            got = self._busy[limit] = [
+                _excluded(idx.nodes[j], exclusion_reason(req, idx.nodes[j], policy) or "excluded")
+                for j in gone
+            ]
+        return got
+
+    def part(self, ix: Ints) -> _Part:
+        """The columns of the eligible positions ``ix``; kept (with the terms derived from them)
+        when ``ix`` is the usual set, ``free``."""
+        if ix is self.free:
+            if self._free_part is None:
+                self._free_part = _Part(self, ix)
+            return self._free_part
+        return _Part(self, ix)
+
+
+class _Part:
+    """The columns of some eligible nodes, and every term of the prediction that does not
+    depend on the request, each computed on first use.
+
+    Each term is computed exactly as a decision would compute it (the same operations in the
+    same order), so keeping it changes no bit of any result. When every one of these nodes has
+    a measured service rate (the simulator's snapshots), the queue wait itself does not depend
+    on the request: ``fixed`` keeps it, per staleness factor.
+    """
+
+    __slots__ = (
+        "rtt", "adv", "sent", "c", "c1000", "rate", "measured", "all_measured", "inv_pf",
+        "inv_dc", "age", "neg_age", "cph_h", "maxac", "adv_sum", "_fmaxac", "_fixed",
+    )  # fmt: skip
+
+    def __init__(self, cols: _Columns, ix: Ints) -> None:
+        if len(ix) == cols.n:  # everyone: no gathering
+            self.rtt, self.adv, self.sent, self.c, self.rate = (
+                cols.rtt, cols.adv, cols.sent, cols.c, cols.rate,
+            )  # fmt: skip
+            self.inv_pf, self.inv_dc, self.age, cph = cols.inv_pf, cols.inv_dc, cols.age, cols.cph
+        else:
+            self.rtt, self.adv, self.sent, self.c, self.rate = (
+                cols.rtt[ix], cols.adv[ix], cols.sent[ix], cols.c[ix], cols.rate[ix],
+            )  # fmt: skip
+            self.inv_pf, self.inv_dc, self.age, cph = (
+                cols.inv_pf[ix], cols.inv_dc[ix], cols.age[ix], cols.cph[ix],
+            )  # fmt: skip
+        self.c1000 = self.c * 1000.0
+        self.measured = self.rate > 0.0
+        self.all_measured = bool(self.measured.all())
+        self.neg_age = -self.age
+        self.cph_h = cph / 3600.0
+        self.maxac = np.maximum(self.adv, self.c)
+        self.adv_sum = float(self.adv.sum())
+        _read_only(self.rtt, self.adv, self.sent, self.c, self.rate, self.inv_pf, self.inv_dc,
+                   self.age, self.c1000, self.measured, self.neg_age, self.cph_h, self.maxac)  # fmt: skip
+        self._fmaxac: dict[float, Floats] = {}
+        self._fixed: dict[float, _Fixed] = {}
+
+    def fmaxac(self, f: float) -> Floats:
+        """``f * max(adv, c)``: the numerator of the staleness relaxation time."""
+        v = self._fmaxac.get(f)
+        if v is None:
+            v = self._fmaxac[f] = _read_only(f * self.maxac)
+        return v
+
+    def fixed(self, f: float) -> _Fixed:
+        """The queue terms when every rate is measured (see ``_predict_np``)."""
+        fx = self._fixed.get(f)
+        if fx is None:
+            rate = self.rate
+            load = self.adv
+            if f > 0.0:
+                typical = self.adv_sum / float(rate.sum()) * rate
+                relax = self.fmaxac(f) / rate
+                load = typical + (self.adv - typical) * np.exp(self.neg_age / relax)
+            ahead = load + self.sent - self.c + 1.0
+            wait = np.where(ahead > 0.0, ahead / rate * 1000.0, 0.0)
+            fx = self._fixed[f] = _Fixed(_read_only(wait), _read_only(self.rtt + wait))
+        return fx
+
+
+class _Fixed:
+    """Queue wait (and RTT plus wait) of every node, when it does not depend on the request;
+    and the weights' wait term per sampling temperature, likewise."""
+
+    __slots__ = ("wait", "rtt_wait", "wait_min", "_terms")
+
+    def __init__(self, wait: Floats, rtt_wait: Floats) -> None:
+        self.wait = wait
+        self.rtt_wait = rtt_wait
+        self.wait_min = wait.min() if len(wait) else 0.0
+        self._terms: dict[tuple[float, float], Floats] = {}
+
+    def wait_term(self, rate: Floats, age: Floats, t0: float, kappa: float) -> Floats:
+        key = (t0, kappa)
+        v = self._terms.get(key)
+        if v is None:
+            temp = t0 + kappa * np.sqrt(age / rate)
+            v = self._terms[key] = _read_only((self.wait - self.wait_min) / temp)
+        return v
+
+
+def _read_only(*arrays: npt.NDArray[Any]) -> Floats:
+    """Freeze memoised arrays (a decision must never write into a snapshot's memo); returns the
+    first."""
+    for a in arrays:
+        a.flags.writeable = False
+    first: Floats = arrays[0]
+    return first
 
 
 def model_index(snap: MeshSnapshot, model: str) -> ModelIndex:
@@ -300,17 +444,20 @@ def _eligible(req: RouteRequest, idx: ModelIndex, policy: Policy) -> Positions:
 
 
 def _eligible_np(req: RouteRequest, idx: ModelIndex, policy: Policy, need: int) -> Positions:
-    m = idx.masks()
-    ok = m["not_busy"] & (m["kv"] >= need)
+    cols = idx.cols()
+    ok = cols.not_busy if need <= cols.kv_min else cols.not_busy & (cols.kv >= need)
     if req.exclude:
         gone = [idx.pos[p] for p in req.exclude if p in idx.pos]
         if gone:
+            ok = ok.copy() if ok is cols.not_busy else ok
             ok[gone] = False
     if req.residency is not None:
-        ok &= np.array(idx.residency(req.residency), dtype=np.bool_)
+        ok = ok & cols.residency(idx, req.residency)
     if req.hops >= policy.max_hops:
-        ok &= m["local"]
-    out: Ints = np.flatnonzero(ok)
+        ok = ok & cols.local
+    if ok is cols.not_busy:
+        return cols.free  # the usual case: the same positions as last time
+    out: Ints = ok.nonzero()[0]
     return out
 
 
@@ -325,6 +472,7 @@ class _Predictions:
     ttft: Vec  # ms
     cost: Vec  # price of this request there
     age: Vec  # advert age, s
+    fixed: _Fixed | None = None  # the vectorised path's request-independent terms, if any
 
 
 def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -> _Predictions:
@@ -365,33 +513,53 @@ def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -
 
 
 def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) -> _Predictions:
-    """``_predict`` as numpy vectors: the same formulas, for large candidate sets."""
-    a = idx.arrays()
-    everyone = len(ix) == len(idx.ids)  # the usual case: no gathering needed
+    """``_predict`` as numpy vectors: the same formulas, for large candidate sets.
 
-    def col(name: str) -> Floats:
-        v = a[name]
-        return v if everyone else v[ix]
-
+    Terms that do not depend on the request come from ``_Part`` (computed with the same
+    operations in the same order, so the same bits as computing them here); in place below
+    where an array is not kept (operands of + and * swapped at most: the same bits again).
+    """
+    part = idx.cols().part(ix)
     p = float(max(req.prompt_tokens, 0))
     o = float(max(req.max_tokens - 1, 0))
-    c = col("c")
-    prefill = p * col("inv_pf")
-    svc = np.maximum(prefill + o * col("inv_dc"), 1e-3)
-    measured = col("rate")
-    rate = np.where(measured > 0.0, measured, c * 1000.0 / svc)
-    adv = col("adv")
-    age = col("age")
-    load = adv
-    if policy.stale_relax_factor > 0.0:
-        typical = float(adv.sum()) / float(rate.sum()) * rate
-        relax = policy.stale_relax_factor * np.maximum(adv, c) / rate
-        load = typical + (adv - typical) * np.exp(-age / relax)
-    ahead = load + col("sent") - c + 1.0
-    wait = np.where(ahead > 0.0, ahead / rate * 1000.0, 0.0)
-    ttft = col("rtt") + wait + prefill
-    cost = col("cph") / 3600.0 * svc / 1000.0 / c
-    return _Predictions(ix, rate, wait, prefill, ttft, cost, age)
+    f = policy.stale_relax_factor
+    c = part.c
+    prefill = p * part.inv_pf
+    svc = o * part.inv_dc
+    svc += prefill
+    np.maximum(svc, 1e-3, out=svc)
+    cost = part.cph_h * svc
+    cost /= 1000.0
+    cost /= c
+    if part.all_measured:
+        # Every rate is measured: the queue wait does not depend on the request.
+        fx = part.fixed(f if f > 0.0 else 0.0)
+        ttft = fx.rtt_wait + prefill
+        return _Predictions(ix, part.rate, fx.wait, prefill, ttft, cost, part.age, fx)
+    if part.measured.any():
+        rate = np.where(part.measured, part.rate, part.c1000 / svc)
+    else:
+        rate = part.c1000 / svc  # none measured (the daemon's snapshots): every rate derived
+    if f > 0.0:
+        load = part.adv_sum / float(rate.sum()) * rate  # the typical load, for now
+        decay = part.fmaxac(f) / rate  # the relaxation time, for now
+        np.divide(part.neg_age, decay, out=decay)
+        np.exp(decay, out=decay)
+        gap = part.adv - load
+        gap *= decay
+        load += gap  # typical + (adv - typical) * exp(-age / relax)
+        ahead = load
+        ahead += part.sent
+    else:
+        ahead = part.adv + part.sent
+    ahead -= c
+    ahead += 1.0
+    wait = ahead / rate
+    wait *= 1000.0
+    wait = np.where(ahead > 0.0, wait, 0.0)
+    ttft = part.rtt + wait
+    ttft += prefill
+    return _Predictions(ix, rate, wait, prefill, ttft, cost, part.age)
 
 
 def _scores(pr: _Predictions, policy: Policy) -> tuple[Vec, Vec]:
@@ -407,7 +575,10 @@ def _scores(pr: _Predictions, policy: Policy) -> tuple[Vec, Vec]:
         ref = float(cost.min())
         known = pr.ttft - np.asarray(pr.wait)
         if cw > 0.0 and ref > 0.0:
-            known = known + cw * (cost / ref - 1.0)
+            price = cost / ref  # in place from here: the same operations, fewer arrays
+            price -= 1.0
+            price *= cw
+            known += price
         return known + pr.wait, known
     ref = min(pr.cost)
     if cw > 0.0 and ref > 0.0:
@@ -432,9 +603,23 @@ def _weights(pr: _Predictions, known: Vec, policy: Policy) -> Vec:
     if isinstance(known, np.ndarray):
         wait = np.asarray(pr.wait)
         rate = np.asarray(pr.rate)
-        temp = t0 + kappa * np.sqrt(np.asarray(pr.age) / rate)
-        x = (known - known.min()) / t0 + (wait - wait.min()) / temp
-        out: Floats = rate * np.exp(-x)
+        age = np.asarray(pr.age)
+        if pr.fixed is not None:  # the wait term does not depend on the request
+            term = pr.fixed.wait_term(rate, age, t0, kappa)
+        else:
+            temp = age / rate  # then in place: t0 + kappa * sqrt(age / rate)
+            np.sqrt(temp, out=temp)
+            temp *= kappa
+            temp += t0
+            term = wait - wait.min()
+            term /= temp
+        # -x computed as (kmin - known) / t0 - term: IEEE rounding is symmetric, so these are
+        # the bits of -((known - kmin) / t0 + term); then exp and the rate, in place.
+        out: Floats = known.min() - known
+        out /= t0
+        out -= term
+        np.exp(out, out=out)
+        out *= rate
         return out
     kmin, wmin = min(known), min(pr.wait)
     exp, sqrt = math.exp, math.sqrt
@@ -449,17 +634,18 @@ def _pick(weights: Vec, rng: random.Random, taken: set[int]) -> int | None:
     if taken:
         if isinstance(weights, np.ndarray):
             weights = weights.copy()
-            weights[list(taken)] = 0.0
+            if len(taken) == 1:
+                weights[next(iter(taken))] = 0.0
+            else:
+                weights[list(taken)] = 0.0
         else:
             weights = [0.0 if k in taken else w for k, w in enumerate(weights)]
     if isinstance(weights, np.ndarray):
-        cum_a = np.cumsum(weights)
+        cum_a = weights.cumsum()
         total = float(cum_a[-1])
         if not (total > 0.0 and math.isfinite(total)):
             return None
-        return min(
-            int(np.searchsorted(cum_a, rng.random() * total, side="right")), len(weights) - 1
-        )
+        return min(int(cum_a.searchsorted(rng.random() * total, side="right")), len(weights) - 1)
     cum = list(itertools.accumulate(weights))
     total = cum[-1]
     if not (total > 0.0 and math.isfinite(total)):
@@ -483,7 +669,7 @@ def _choose_meshd(
     picked: list[int] = []
     if policy.sample_local and idx.local_at >= 0:
         if isinstance(pr.e, np.ndarray):
-            at = int(np.searchsorted(pr.e, idx.local_at))
+            at = int(pr.e.searchsorted(idx.local_at))
         else:
             at = bisect.bisect_left(pr.e, idx.local_at)
         if at < n and pr.e[at] == idx.local_at:
@@ -519,16 +705,42 @@ def _ranked(score: Vec, k: int, then: Vec | None = None) -> list[int]:
     (which is peer id order)."""
     n = len(score)
     if isinstance(score, np.ndarray) and n > 4 * k:
-        part = np.argpartition(score, k)[:k]
-        # argpartition splits ties at the boundary arbitrarily: keep every score tied with the kth.
-        cand = np.flatnonzero(score <= score[part].max())
-        keys = (
-            (cand, np.asarray(then)[cand], score[cand]) if then is not None else (cand, score[cand])
-        )
-        return [int(cand[j]) for j in np.lexsort(keys)[:k]]
+        return _lowest_np(score, k, then)
     if then is None:
         return heapq.nsmallest(k, range(n), key=lambda j: (float(score[j]), j))
     return heapq.nsmallest(k, range(n), key=lambda j: (float(score[j]), float(then[j]), j))
+
+
+@functools.lru_cache(maxsize=64)
+def _block_starts(n: int, k: int) -> Ints:
+    """Starts of at least ``max(2k, 64)`` blocks covering ``n`` positions (see ``_lowest_np``)."""
+    starts: Ints = np.arange(0, n, max(n // max(2 * k, 64), 1), dtype=np.intp)
+    starts.flags.writeable = False
+    return starts
+
+
+def _lowest_np(score: Floats, k: int, then: Vec | None) -> list[int]:
+    """``_ranked`` for a long vector: positions of the ``k`` lowest scores, lowest first, ties
+    by ``then`` and then by position.
+
+    Every position scoring at most the kth lowest score must be a candidate (ties at the
+    boundary all stay in). Instead of a partition of the whole vector, a threshold at least
+    that high comes from the minima of ``>= k`` blocks: their kth lowest is at least the kth
+    lowest score, since the k lowest minima are k distinct scores. The few extra candidates it
+    lets in score above the kth and sort after the k kept.
+    """
+    mins = np.minimum.reduceat(score, _block_starts(len(score), k))
+    mins.partition(k - 1)
+    bound = mins[k - 1]
+    if not bound <= bound:  # NaN: a NaN score poisoned a block minimum; partition it all
+        bound = np.partition(score, k - 1)[k - 1]
+    cand = (score <= bound).nonzero()[0]
+    sub = score[cand]
+    if then is None:  # a stable sort keeps ties in position order (cand is ascending)
+        picked: list[int] = cand[sub.argsort(kind="stable")[:k]].tolist()
+    else:
+        picked = cand[np.lexsort((cand, np.asarray(then)[cand], sub))[:k]].tolist()
+    return picked
 
 
 def route(
@@ -580,16 +792,27 @@ def route(
         if chosen < 0:
             chosen = ranked[0]
         ranked = [chosen, *(k for k in ranked if k != chosen)][:listed_n]
-    order = tuple(idx.ids[int(e[k])] for k in ranked[:want])
+    ids = idx.ids
+    if isinstance(e, np.ndarray):
+        order = tuple([ids[i] for i in e[ranked[:want]].tolist()])
+    else:
+        order = tuple([ids[e[k]] for k in ranked[:want]])
     listed = _candidates(idx, pr, ranked, score)
-    if n < len(idx.nodes) and policy.explain_limit > 0:
-        ok = set(e.tolist() if isinstance(e, np.ndarray) else e)
-        for j in range(len(idx.nodes)):
-            if len(listed) >= len(ranked) + policy.explain_limit:
-                break
-            if j not in ok:
-                node = idx.nodes[j]
-                listed.append(_excluded(node, exclusion_reason(req, node, policy) or "excluded"))
+    if n < len(idx.nodes) and policy.explain_limit > 0 and isinstance(e, np.ndarray) and e is idx.cols().free:
+        # Only the busy nodes are out (see _eligible_np): the same list for every such request.
+        listed.extend(idx.cols().busy_listing(idx, req, policy))
+    elif n < len(idx.nodes) and policy.explain_limit > 0:
+        # The first explain_limit excluded nodes, in index (peer id) order.
+        if isinstance(e, np.ndarray):
+            out = np.ones(len(idx.nodes), dtype=np.bool_)
+            out[e] = False
+            gone: list[int] = out.nonzero()[0][: policy.explain_limit].tolist()
+        else:
+            ok = set(e)
+            gone = [j for j in range(len(idx.nodes)) if j not in ok][: policy.explain_limit]
+        for j in gone:
+            node = idx.nodes[j]
+            listed.append(_excluded(node, exclusion_reason(req, node, policy) or "excluded"))
     omitted = len(idx.nodes) - len(listed)
     return RouteDecision(
         req.request_id, strategy, tuple(listed), order, tuple(constraints), omitted
@@ -599,14 +822,13 @@ def route(
 def _queue_and_rtt(idx: ModelIndex, e: Positions) -> tuple[Vec, Vec]:
     """Queue length (advertised plus our own since) and RTT of the eligible nodes."""
     if isinstance(e, np.ndarray):
-        a = idx.arrays()
-        q: Floats = a["adv"][e] + a["sent"][e]
-        r: Floats = a["rtt"][e]
-        return q, r
+        part = idx.cols().part(e)
+        q: Floats = part.adv + part.sent
+        return q, part.rtt
     return [idx.adv[i] + idx.sent[i] for i in e], [idx.rtt[i] for i in e]
 
 
-def _take(v: Vec, ks: list[int]) -> list[float]:
+def _take(v: Vec, ks: list[int] | Ints) -> list[float]:
     """``v`` at positions ``ks`` as Python floats."""
     if isinstance(v, np.ndarray):
         out: list[float] = v[ks].tolist()
@@ -618,8 +840,13 @@ def _candidates(
     idx: ModelIndex, pr: _Predictions, ks: list[int], score: Vec | None
 ) -> list[Candidate]:
     """The eligible candidates at positions ``ks``, in that order."""
-    nodes = [idx.nodes[int(pr.e[k])] for k in ks]
-    scores: list[float | None] = list(_take(score, ks)) if score is not None else [None] * len(ks)
+    if isinstance(pr.e, np.ndarray):
+        at: list[int] | Ints = np.array(ks, dtype=np.intp)  # one conversion for every column
+        nodes = [idx.nodes[i] for i in pr.e[at].tolist()]
+    else:
+        at = ks
+        nodes = [idx.nodes[pr.e[k]] for k in ks]
+    scores: list[float | None] = list(_take(score, at)) if score is not None else [None] * len(ks)
     return [
         Candidate(
             n.peer_id,

@@ -11,9 +11,13 @@ must not span a ``yield``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
+
+from meshd.core.messages import MessageType
+from meshd.core.wire import frame
+from meshd.errors import PeerGoneError
 
 T = TypeVar("T")
 
@@ -66,3 +70,110 @@ async def pump_coalesced(
         nursery.start_soon(consume)
     if error:
         raise error[0]
+
+
+class FrameBatcher:
+    """One write per interval for every request on a stream: concurrent requests share writes.
+
+    py-libp2p spends ~0.5 ms of CPU per write at each end (yamux, Noise, the read loop) whatever
+    its size, so K requests each flushing every ``interval_s`` would cost K writes per interval.
+    Here the tokens of each request collect in a buffer (``token``: synchronous, no await and no
+    task switch per token) and one task writes the TOKENS frames of every request with news,
+    back to back, in a single ``send_raw``. A request's first tokens and its final frame
+    (``finish``) go out at once; otherwise at most one write per ``interval_s``, or sooner once
+    a request holds ``max_batch_tokens``. A request's frames keep their order.
+    """
+
+    def __init__(self, framed: Any, interval_s: float, *, max_batch_tokens: int = 1024,
+                 stats: dict[str, int] | None = None) -> None:
+        self._framed = framed
+        self._interval = interval_s
+        self._max_batch = max_batch_tokens
+        self._ids: dict[str, list[int]] = {}  # rid -> token ids not yet written
+        self._text: dict[str, list[str]] = {}
+        self._final: dict[str, bytes] = {}  # rid -> its DONE/ERROR frame, written after its tokens
+        self._started: set[str] = set()  # requests whose first tokens were written
+        self._news = False  # something waits to be written
+        self._urgent = False  # ... and it should not wait for the interval
+        self._wake = trio.Event()  # set once per batch, on its first news
+        self._hurry = trio.Event()  # set once per batch, when it turns urgent
+        self._closed = False
+        # counts "token_writes", "token_frames" and "tokens_sent" (a dict shared by a server's
+        # streams, for ``meshd status``)
+        self.stats = stats if stats is not None else {}
+        for k in ("token_writes", "token_frames", "tokens_sent"):
+            self.stats.setdefault(k, 0)
+
+    def token(self, rid: str, token_id: int, text: str) -> None:
+        """Queue one token of ``rid``; never blocks. Raises ``PeerGoneError`` once the stream
+        has failed, so that the request stops generating for nobody."""
+        if self._closed:
+            raise PeerGoneError("request stream failed")
+        buf = self._ids.get(rid)
+        if buf is None:
+            buf = self._ids[rid] = []
+            self._text[rid] = []
+        buf.append(token_id)
+        self._text[rid].append(text)
+        if not self._news:
+            self._news = True
+            self._wake.set()
+        if not self._urgent and (rid not in self._started or len(buf) >= self._max_batch):
+            self._urgent = True
+            self._hurry.set()
+
+    def finish(self, rid: str, mtype: MessageType, fields: dict[str, Any]) -> None:
+        """Queue the frame that ends ``rid`` (DONE or ERROR), after its tokens; written at once
+        (dropped if the stream has failed)."""
+        if self._closed:
+            return
+        self._final[rid] = frame(mtype, fields)
+        self._news = self._urgent = True
+        self._wake.set()
+        self._hurry.set()
+
+    def pending(self) -> int:
+        """Tokens and final frames not written yet."""
+        return sum(len(v) for v in self._ids.values()) + len(self._final)
+
+    def _take(self) -> bytes:
+        parts: list[bytes] = []
+        ntok = 0
+        for rid, ids in self._ids.items():
+            if ids:
+                text = "".join(self._text[rid])
+                parts.append(frame(MessageType.TOKENS, {"rid": rid, "ids": ids, "text": text}))
+                ntok += len(ids)
+                self._started.add(rid)
+                self._ids[rid] = []
+                self._text[rid] = []
+        for rid, data in self._final.items():
+            parts.append(data)
+            self._started.discard(rid)
+            self._ids.pop(rid, None)
+            self._text.pop(rid, None)
+        self._final.clear()
+        self.stats["token_frames"] += len(parts)
+        self.stats["tokens_sent"] += ntok
+        return b"".join(parts)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Write batches until cancelled; stops writing when the stream fails (its reader then
+        sees the end and cancels the requests)."""
+        last = -1e9
+        task_status.started()
+        try:
+            while True:
+                await self._wake.wait()
+                if not self._urgent:
+                    with trio.move_on_at(last + self._interval):
+                        await self._hurry.wait()
+                self._wake, self._hurry = trio.Event(), trio.Event()
+                self._news = self._urgent = False
+                data = self._take()
+                if data:
+                    last = trio.current_time()
+                    self.stats["token_writes"] += 1
+                    await self._framed.send_raw(data)
+        except PeerGoneError:
+            self._closed = True

@@ -1,8 +1,11 @@
 """The request protocol's server side: serve REQs that arrive on a peer's long-lived stream.
 
 Each REQ runs in its own task with its own cancel scope (a CANCEL frame or the stream's end
-cancels it); tokens go back coalesced; every request ends with exactly one DONE or ERROR frame,
-because a SIGKILLed peer looks like a clean EOF and the other side must be able to tell.
+cancels it); tokens go back coalesced: one ``FrameBatcher`` per stream writes the tokens of
+every request on it at most once per ``FLUSH_INTERVAL_S`` (a request's first tokens and its end
+at once), so concurrent requests share writes. Every request ends with exactly one DONE or
+ERROR frame, because a SIGKILLed peer looks like a clean EOF and the other side must be able
+to tell.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from meshd.core.messages import MessageType
 from meshd.core.wire import Message
 from meshd.errors import MeshdError, PeerGoneError, ProtocolError, RemoteError
 from meshd.net.framed import FramedStream
-from meshd.node.coalesce import pump_coalesced
+from meshd.node.coalesce import FrameBatcher
 from meshd.node.generation import gen_config_from
-from meshd.node.runner import Runner, Token
+from meshd.node.runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +45,17 @@ class RequestServer:
         self._accept_adverts = accept_adverts
         self.node_name = node_name
         self.max_hops = max_hops
-        self.stats = {"streams": 0, "requests": 0, "errors": 0, "malformed": 0, "cancelled": 0}
+        self.stats = {"streams": 0, "requests": 0, "errors": 0, "malformed": 0, "cancelled": 0,
+                      "token_writes": 0, "token_frames": 0, "tokens_sent": 0}
 
     async def serve_stream(self, framed: FramedStream, peer_id: str) -> None:
         """Read frames until the stream ends; never raises (a peer cannot crash the node)."""
         self.stats["streams"] += 1
         scopes: dict[str, trio.CancelScope] = {}
+        batcher = FrameBatcher(framed, FLUSH_INTERVAL_S, stats=self.stats)
         try:
             async with trio.open_nursery() as nursery:
+                await nursery.start(batcher.run)
                 try:
                     while True:
                         msg = await framed.recv()
@@ -67,7 +73,7 @@ class RequestServer:
                                 continue
                             scope = trio.CancelScope()
                             scopes[rid] = scope
-                            nursery.start_soon(self._serve_one, framed, msg, scope, scopes, peer_id)
+                            nursery.start_soon(self._serve_one, batcher, msg, scope, scopes, peer_id)
                         elif t == MessageType.SYNC_REQ:
                             if self._accept_adverts is not None and msg.get("adverts"):
                                 self._accept_adverts(msg["adverts"])  # the asker's own advert
@@ -94,7 +100,7 @@ class RequestServer:
 
     async def _serve_one(
         self,
-        framed: FramedStream,
+        out: FrameBatcher,
         msg: Message,
         scope: trio.CancelScope,
         scopes: dict[str, trio.CancelScope],
@@ -105,22 +111,22 @@ class RequestServer:
         try:
             with scope:
                 scope.deadline = trio.current_time() + max(msg["deadline_ms"], 0) / 1000.0
-                await self._run(framed, msg)
+                await self._run(out, msg)
             if scope.cancelled_caught:
                 code = "deadline" if trio.current_time() >= scope.deadline else "cancelled"
-                await _error(framed, rid, code, f"request {code}")
+                _fail(out, rid, code, f"request {code}")
         except RemoteError as e:
-            await _error(framed, rid, e.code, str(e))
+            _fail(out, rid, e.code, str(e))
         except MeshdError as e:
-            await _error(framed, rid, "internal", str(e))
+            _fail(out, rid, "internal", str(e))
         except Exception:
             self.stats["errors"] += 1
             log.exception("serving request failed rid=%s peer=%s", rid, peer_id)
-            await _error(framed, rid, "internal", "internal error on the serving node")
+            _fail(out, rid, "internal", "internal error on the serving node")
         finally:
             scopes.pop(rid, None)
 
-    async def _run(self, framed: FramedStream, msg: Message) -> None:
+    async def _run(self, out: FrameBatcher, msg: Message) -> None:
         rid = msg["rid"]
         if msg["hops"] >= self.max_hops:
             raise RemoteError(f"hop limit {self.max_hops} reached", "hops")
@@ -133,30 +139,37 @@ class RequestServer:
         resume = list(msg.get("resume_ids") or [])
         gen = gen_config_from(msg, already=len(resume))
         t0 = time.perf_counter()
-        first: list[float] = []
-        count = [0]
-
-        async def sink(batch: list[Token]) -> None:
-            if not first:
-                first.append(time.perf_counter())
-            count[0] += len(batch)
-            await framed.send(
-                MessageType.TOKENS,
-                {"rid": rid, "ids": [t.id for t in batch], "text": "".join(t.text for t in batch)},
-            )
-
+        first = 0.0
+        count = 0
         if gen is not None:
+            # Tokens go straight into the stream's batcher: no channel hop or await per token.
             source = self.runner.generate(model, ids + resume, gen)
-            await pump_coalesced(source, FLUSH_INTERVAL_S, sink)
+            try:
+                async for tok in source:
+                    if not count:
+                        first = time.perf_counter()
+                    count += 1
+                    out.token(rid, tok.id, tok.text)
+            finally:
+                # Close the generator in this task (the runner then releases its model slot),
+                # even when cancelled.
+                aclose = getattr(source, "aclose", None)
+                if aclose is not None:
+                    with trio.CancelScope(shield=True):
+                        await aclose()
         end = time.perf_counter()
         stats: dict[str, Any] = {
             "served_by": self.node_name,
-            "tokens": count[0],
+            "tokens": count,
             "prompt_tokens": len(ids),
-            "compute_ttft_ms": round(((first[0] if first else end) - t0) * 1000, 3),
+            "compute_ttft_ms": round(((first if count else end) - t0) * 1000, 3),
             "compute_ms": round((end - t0) * 1000, 3),
         }
-        await framed.send(MessageType.DONE, {"rid": rid, "stats": stats})
+        out.finish(rid, MessageType.DONE, {"rid": rid, "stats": stats})
+
+
+def _fail(out: FrameBatcher, rid: str, code: str, message: str) -> None:
+    out.finish(rid, MessageType.ERROR, {"rid": rid, "code": code, "message": message[:1000]})
 
 
 async def _error(framed: FramedStream, rid: str | None, code: str, message: str) -> None:

@@ -6,12 +6,18 @@ Each target follows a script: wait, send tokens, die, or answer busy. The real d
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
+import pytest
 import trio
+import trio.testing
 
+from meshd.core.messages import MessageType
 from meshd.core.routing import RouteDecision
+from meshd.core.wire import MAX_REQUEST_FRAME, FrameDecoder
 from meshd.errors import BusyError, PeerGoneError
+from meshd.node.coalesce import FrameBatcher
 from meshd.node.entry import Target, serve_request
 
 GREEDY = list(range(100, 120))  # what any healthy target generates from the prompt
@@ -112,3 +118,108 @@ def test_no_first_token_in_time_tries_the_next() -> None:
                         first_token_timeout_s=0.1)
     assert out.tokens == GREEDY and out.served_by == "b"
     assert out.retries and "first token" in out.retries[0]["reason"]
+
+
+# --- FrameBatcher: the serving side's coalescing of every request on one stream --------------
+
+
+class _Recorder:
+    """Stands in for a FramedStream: keeps each write as (time, frames in it)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.writes: list[tuple[float, list[dict[str, Any]]]] = []
+        self.fail = fail
+        self.stats: dict[str, int] = {}  # the batcher's counters
+
+    async def send_raw(self, data: bytes) -> None:
+        if self.fail:
+            raise PeerGoneError("stream write failed")
+        dec = FrameDecoder(MAX_REQUEST_FRAME)
+        dec.feed(data)
+        self.writes.append((trio.current_time(), list(dec.messages())))
+        assert dec.pending_bytes == 0  # whole frames only
+
+
+def _batched(producers: dict[str, int], per_token_s: float, interval_s: float,
+             **kw: Any) -> _Recorder:
+    """Run one batcher fed by one task per request; each sends its tokens then DONE."""
+    rec = _Recorder()
+
+    async def produce(b: FrameBatcher, rid: str, n: int) -> None:
+        for k in range(n):
+            b.token(rid, k, f"<{k}>")
+            await trio.sleep(per_token_s)
+        b.finish(rid, MessageType.DONE, {"rid": rid, "stats": {}})
+
+    async def main() -> None:
+        b = FrameBatcher(rec, interval_s, stats=rec.stats, **kw)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(b.run)
+            async with trio.open_nursery() as producers_nursery:
+                for rid, n in producers.items():
+                    producers_nursery.start_soon(produce, b, rid, n)
+            await trio.testing.wait_all_tasks_blocked()
+            assert b.pending() == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return rec
+
+
+def _per_request(rec: _Recorder) -> dict[str, list[Any]]:
+    """Each request's token ids in arrival order, then "DONE"."""
+    got: dict[str, list[Any]] = {}
+    for _, frames in rec.writes:
+        for f in frames:
+            if f["t"] == MessageType.TOKENS:
+                assert f["text"] == "".join(f"<{k}>" for k in f["ids"])
+                got.setdefault(f["rid"], []).extend(f["ids"])
+            else:
+                assert f["t"] == MessageType.DONE
+                got.setdefault(f["rid"], []).append("DONE")
+    return got
+
+
+def test_concurrent_requests_share_writes_and_keep_their_order() -> None:
+    reqs = {"a": 200, "b": 200, "c": 200, "d": 200}
+    rec = _batched(reqs, per_token_s=0.0005, interval_s=0.01)
+    assert _per_request(rec) == {rid: [*range(n), "DONE"] for rid, n in reqs.items()}
+    assert rec.stats == {"token_writes": len(rec.writes), "tokens_sent": 800,
+                         "token_frames": sum(len(frames) for _, frames in rec.writes)}
+    # 800 tokens over 0.1 s: one write per 10 ms plus the first tokens and ends of the four,
+    # not one per request per interval (40) nor one per token (800).
+    assert len(rec.writes) <= 0.1 / 0.01 + 4 + 4 + 1, len(rec.writes)
+    shared = [frames for _, frames in rec.writes if len({f["rid"] for f in frames}) == 4]
+    assert len(shared) >= 5
+
+
+def test_first_tokens_go_at_once_then_at_most_one_write_per_interval() -> None:
+    rec = _batched({"a": 50}, per_token_s=0.001, interval_s=0.01)
+    times = [t for t, _ in rec.writes]
+    assert times[0] == 0.0 and rec.writes[0][1][0]["ids"] == [0]  # the first token, unbatched
+    gaps = [b - a for a, b in itertools.pairwise(times[:-1])]  # the last write is the DONE
+    assert gaps and min(gaps) >= 0.01 - 1e-9
+    assert _per_request(rec) == {"a": [*range(50), "DONE"]}
+
+
+def test_a_full_buffer_is_written_before_the_interval() -> None:
+    rec = _batched({"a": 40}, per_token_s=0.0001, interval_s=1.0, max_batch_tokens=8)
+    assert [len(f["ids"]) for _, frames in rec.writes for f in frames if "ids" in f] == [1, 8, 8, 8, 8, 7]
+    assert rec.writes[-1][0] < 1.0  # never waited for the interval
+
+
+def test_a_failed_stream_stops_the_batcher_quietly() -> None:
+    rec = _Recorder(fail=True)
+
+    async def main() -> None:
+        b = FrameBatcher(rec, 0.01)
+        with trio.fail_after(5):  # run() must return, not keep going
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(b.run)
+                b.token("a", 1, "x")
+        with pytest.raises(PeerGoneError):  # the request stops generating for nobody
+            b.token("a", 2, "y")
+        b.finish("a", MessageType.DONE, {"rid": "a"})  # dropped quietly
+        assert b.pending() == 0 and rec.writes == []
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
