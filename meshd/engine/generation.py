@@ -39,6 +39,10 @@ class Generation:
         self.cfg = cfg
         self.prompt_ids = list(prompt_ids)
         self.history = list(prompt_ids)
+        # the distinct ids so far, as an array (what the repetition penalty reads): grown only
+        # when a new id appears, instead of converting the whole history at every token
+        self._seen = set(self.history)
+        self._seen_ids = np.array(sorted(self._seen), dtype=np.int64)
         self.generated: list[int] = []
         self.limit = cfg.max_tokens if max_new_tokens is None else min(cfg.max_tokens,
                                                                           max_new_tokens)
@@ -57,8 +61,11 @@ class Generation:
         """Sample the next token from the logits of the last position."""
         if self.done:
             raise RuntimeError("generation already finished")
-        token = sample(logits_row, self.history, self.cfg, self._rng)
+        token = sample(logits_row, self._seen_ids, self.cfg, self._rng)
         self.history.append(token)
+        if token not in self._seen:
+            self._seen.add(token)
+            self._seen_ids = np.append(self._seen_ids, token)
         self.generated.append(token)
         index = len(self.generated) - 1
         if token in self._eos:

@@ -44,7 +44,7 @@ class GenerationConfig:
             raise ConfigError("stop must be a tuple of non-empty strings")
 
 
-def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int],
+def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int] | np.ndarray,
                              penalty: float) -> np.ndarray:
     """Make tokens already seen less likely (CTRL-style: divide positive logits, multiply
     negative ones). Returns a new float64 array."""
@@ -76,10 +76,10 @@ def filter_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: floa
     return p
 
 
-def sample(logits_row: np.ndarray, history: Sequence[int], cfg: GenerationConfig,
+def sample(logits_row: np.ndarray, history: Sequence[int] | np.ndarray, cfg: GenerationConfig,
            rng: np.random.Generator) -> int:
-    """Pick the next token id from one row of logits. ``history`` is every token so far (prompt
-    and generated), used by the repetition penalty."""
+    """Pick the next token id from one row of logits. ``history`` is the tokens so far (prompt
+    and generated; each distinct id once is enough), used by the repetition penalty."""
     if cfg.temperature == 0 and cfg.repetition_penalty == 1.0:
         return int(np.argmax(logits_row))  # the common greedy case, without a float64 copy
     logits = apply_repetition_penalty(logits_row, history, cfg.repetition_penalty)
