@@ -192,3 +192,23 @@ def test_stage_graph_from_another_layout_is_refused(model_dir: Path) -> None:
     (model_dir / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelError, match="re-import the model"):
         load_model(model_dir)
+
+
+@pytest.mark.parametrize(
+    ("available", "requested", "chosen"),
+    [
+        (["CPUExecutionProvider"], None, ["CPUExecutionProvider"]),
+        # onnxruntime-gpu on a GPU server or a Jetson: CUDA first, CPU behind it for the rest
+        (["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"], None,
+         ["CUDAExecutionProvider", "CPUExecutionProvider"]),
+        # TensorRT only when named (the cache shape changes every step)
+        (["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+         ["TensorrtExecutionProvider"], ["TensorrtExecutionProvider", "CPUExecutionProvider"]),
+    ],
+)
+def test_providers_are_chosen_automatically(monkeypatch: pytest.MonkeyPatch, available: list[str],
+                                            requested: list[str] | None, chosen: list[str]) -> None:
+    from meshd.engine import runtime
+
+    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: available)
+    assert runtime.choose_providers(requested) == chosen
