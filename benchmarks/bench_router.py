@@ -22,11 +22,17 @@ daemon's snapshots are today: rates are derived per request from the speeds); ``
 each.
 
 ``--daemon`` also times what a daemon does per submitted request around the router, with N
-peers in its table: build the snapshot from the peer table (``meshd.node.view``), ask the
-pipeline planner (``choose_pipeline``), then route on that fresh (cold) snapshot.
+peers in its table: build the snapshot from the peer table (``table.live()`` and
+``meshd.node.view.build_snapshot``, which keeps what it derives from each advert in the table's
+entries), ask the pipeline planner (``choose_pipeline``), then route on that fresh (cold)
+snapshot. Two cases: ``steady`` (the table did not change since the last request: only the
+time moved) and ``churn`` (between two requests ``--churn`` peers sent a new advert, as many
+RTT samples came in, and our own coordinate moved, so every Vivaldi estimate is taken again).
+A third case, ``stages``, is ``steady`` with two of the peers serving half the model each, so
+``choose_pipeline`` cannot skip the planner (fewer rounds: it is the slow one).
 
     .venv/bin/python benchmarks/bench_router.py [--n 10,100,1000] [--decisions 2000] \
-        [--rates measured|derived|both] [--daemon] [--out FILE.json]
+        [--rates measured|derived|both] [--daemon [--churn 10]] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -120,36 +126,52 @@ def measure(n: int, strategy: str, decisions: int, cold: bool, measured: bool = 
     }
 
 
-def daemon_path(n: int, rounds: int) -> dict[str, float]:
-    """Median ms per request of the daemon's steps around the router, with ``n`` peers."""
+def daemon_path(n: int, rounds: int, churn: int = 0, stages: bool = False) -> dict[str, float]:
+    """Median ms per request of the daemon's steps around the router, with ``n`` peers; with
+    ``churn``, that many adverts and RTT samples arrive (and our coordinate moves) between two
+    requests (outside the timed steps: what the next snapshot pays for them is timed); with
+    ``stages``, peers 1 and 2 serve layers [0, 16) and [16, 32) instead of the whole model."""
     from meshd.core.advert import Advert, ModelAdvert
-    from meshd.core.peertable import PeerEntry
+    from meshd.core.peertable import PeerTable
     from meshd.node.pipeline import choose_pipeline
     from meshd.node.view import build_snapshot, coord_of
 
     rng = random.Random(n)
 
-    def advert(i: int) -> Advert:
+    def advert(i: int, seq: int = 1) -> Advert:
         pf, dc, slots, mq, cph = HARDWARE[i % len(HARDWARE)]
+        a, b = ((0, 16) if i == 1 else (16, 32)) if stages and i in (1, 2) else (0, 32)
         return Advert(
-            peer_id=f"12D3KooW{i:06d}", name=f"node-{i}", seq=1, ts=0.0, region=f"r{i % 4}",
-            labels={"region": f"r{i % 4}"}, models=(ModelAdvert("llama-3-8b", 32, 0, 32, pf, dc, 1 << 20),),
+            peer_id=f"12D3KooW{i:06d}", name=f"node-{i}", seq=seq, ts=0.0, region=f"r{i % 4}",
+            labels={"region": f"r{i % 4}"}, models=(ModelAdvert("llama-3-8b", 32, a, b, pf, dc, 1 << 20),),
             queue_depth=rng.randint(0, mq // 2), in_flight=rng.randint(0, slots),
             max_concurrency=slots, max_queue=mq, prefill_tps=pf, decode_tps=dc, cost_per_hour=cph,
             coord=tuple(rng.uniform(-50, 50) for _ in range(8)), coord_height=1.0, coord_error=0.3,
         )  # fmt: skip
 
     local = advert(0)
-    entries = [PeerEntry(advert(i), heard_at=rng.uniform(0.0, 5.0),
-                         rtt_ms=rng.uniform(2, 150) if i % 2 else None, rtt_at=4.0)
-               for i in range(1, n)]  # fmt: skip
+    table = PeerTable(local.peer_id, expiry_s=1e9, max_skew_s=1e9)
+    for i in range(1, n):
+        table.apply(advert(i), rng.uniform(0.0, 5.0), 0.0)
+        if i % 2:
+            table.record_rtt(f"12D3KooW{i:06d}", rng.uniform(2, 150), 4.0)
     coord = coord_of(local)
+    assert coord is not None
     policy = Policy()
     req = RouteRequest("r", "llama-3-8b", 300, 100)
     steps: dict[str, list[float]] = {"build_snapshot": [], "plan": [], "route_cold": [], "total": []}
+    seq = 1
     for k in range(rounds):
+        now = 6.0 + k * 0.001
+        if churn:
+            seq += 1
+            for _ in range(churn):
+                i = rng.randrange(1, n)
+                table.apply(advert(i, seq), now, 0.0)
+                table.record_rtt(f"12D3KooW{rng.randrange(1, n):06d}", rng.uniform(2, 150), now)
+            coord = dataclasses.replace(coord, vec=tuple(x + 0.01 for x in coord.vec))
         t0 = time.perf_counter()
-        snap = build_snapshot(local, entries, coord, 6.0)
+        snap = build_snapshot(local, table.live(), coord, now)
         t1 = time.perf_counter()
         choose_pipeline(req, snap, policy, None)
         t2 = time.perf_counter()
@@ -171,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", choices=("measured", "derived", "both"), default="measured",
                     help="service rates in the snapshot (see above)")
     ap.add_argument("--daemon", action="store_true", help="also time the daemon's steps around the router")
+    ap.add_argument("--cases", default="steady,churn,stages", help="--daemon: which cases")
+    ap.add_argument("--churn", type=int, default=10,
+                    help="--daemon: adverts and RTT samples between two requests in the churn case")
     ap.add_argument("--out", help="also write the figures as JSON")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.n.split(",")]
@@ -195,13 +220,19 @@ def main(argv: list[str] | None = None) -> int:
                 )
     daemon: list[dict[str, float]] = []
     if args.daemon:
-        print(f"\n{'peers':>6} {'build snapshot':>15} {'plan':>8} {'route (cold)':>13} {'total':>8}  "
-              "(ms per request, median)")
+        print(f"\n{'peers':>6} {'case':<7} {'build snapshot':>15} {'plan':>8} {'route (cold)':>13} "
+              f"{'total':>8}  (ms per request, median)")
         for n in sizes:
-            d = daemon_path(n, rounds=max(5, min(200, 20_000 // n)))
-            daemon.append({"nodes": n, **d})
-            print(f"{n:>6} {d['build_snapshot']:>15.2f} {d['plan']:>8.2f} {d['route_cold']:>13.2f} "
-                  f"{d['total']:>8.2f}", flush=True)
+            for case, churn in (("steady", 0), ("churn", args.churn), ("stages", 0)):
+                if case not in args.cases.split(","):
+                    continue
+                rounds = max(5, min(200, 20_000 // n))
+                if case == "stages":
+                    rounds = max(3, min(50, 2_000 // n))
+                d = daemon_path(n, rounds, churn=churn, stages=case == "stages")
+                daemon.append({"nodes": n, "case": case, "churn": churn, **d})
+                print(f"{n:>6} {case:<7} {d['build_snapshot']:>15.2f} {d['plan']:>8.2f} "
+                      f"{d['route_cold']:>13.2f} {d['total']:>8.2f}", flush=True)
     if args.out:
         meta = {
             "python": platform.python_version(),

@@ -5,12 +5,18 @@ seen from its author is a replay and is dropped; so is one whose timestamp is fa
 clock (a recorded advert replayed after we forgot the author). Peers expire when their adverts
 stop, and are dropped at once when their connection is lost or they stall; a later advert brings
 them back.
+
+``version`` counts the changes to the table (an advert taken, a peer dropped, expired or stalled,
+an RTT recorded, a request noted as sent): callers may keep what they derive from the table
+while it is unchanged. ``PeerEntry.memo`` is such a keeping place for one entry (the daemon's
+snapshot builder, ``meshd.node.view``, keeps there what it derives from the entry's advert).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from meshd.core.advert import Advert
 
@@ -34,6 +40,8 @@ class PeerEntry:
     rtt_at: float = 0.0
     sent_since_advert: int = 0
     stalled: bool = False
+    # Derived from ``advert`` by a caller, which checks that it is still about this advert.
+    memo: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -43,6 +51,10 @@ class PeerTable:
     max_skew_s: float = DEFAULT_MAX_SKEW_S
     entries: dict[str, PeerEntry] = field(default_factory=dict)
     last_seq: dict[str, int] = field(default_factory=dict)
+    version: int = field(default=0, compare=False)  # bumped on every change to an entry
+    _live: tuple[int, list[PeerEntry]] = field(
+        default_factory=lambda: (-1, []), init=False, compare=False, repr=False
+    )
 
     def apply(self, advert: Advert, now: float, wall_now: float) -> Verdict:
         """Take a verified advert; returns what it did to the table."""
@@ -55,6 +67,7 @@ class PeerTable:
         if len(self.last_seq) >= MAX_REMEMBERED_SEQS and advert.peer_id not in self.last_seq:
             self._forget_oldest_seq()
         self.last_seq[advert.peer_id] = advert.seq
+        self.version += 1
         entry = self.entries.get(advert.peer_id)
         if entry is None:
             self.entries[advert.peer_id] = PeerEntry(advert=advert, heard_at=now)
@@ -76,34 +89,47 @@ class PeerTable:
         gone = [pid for pid, e in self.entries.items() if now - e.heard_at > self.expiry_s]
         for pid in gone:
             del self.entries[pid]
+        if gone:
+            self.version += 1
         return sorted(gone)
 
     def drop(self, peer_id: str) -> bool:
         """The connection to ``peer_id`` was lost or it stalled: stop routing to it."""
-        return self.entries.pop(peer_id, None) is not None
+        if self.entries.pop(peer_id, None) is None:
+            return False
+        self.version += 1
+        return True
 
     def mark_stalled(self, peer_id: str) -> None:
         e = self.entries.get(peer_id)
         if e is not None:
             e.stalled = True
+            self.version += 1
 
     def record_rtt(self, peer_id: str, rtt_ms: float, now: float) -> None:
         e = self.entries.get(peer_id)
         if e is not None:
             e.rtt_ms = rtt_ms
             e.rtt_at = now
+            self.version += 1
 
     def note_sent(self, peer_id: str) -> None:
         e = self.entries.get(peer_id)
         if e is not None:
             e.sent_since_advert += 1
+            self.version += 1
 
     def get(self, peer_id: str) -> PeerEntry | None:
         return self.entries.get(peer_id)
 
     def live(self) -> list[PeerEntry]:
-        """Entries that may be routed to, sorted by peer id."""
-        return [e for _, e in sorted(self.entries.items()) if not e.stalled]
+        """Entries that may be routed to, sorted by peer id (kept while ``version`` is unchanged;
+        each call returns a new list)."""
+        version, live = self._live
+        if version != self.version:
+            live = [e for _, e in sorted(self.entries.items()) if not e.stalled]
+            self._live = (self.version, live)
+        return list(live)
 
     def known(self) -> list[PeerEntry]:
         """Every entry, stalled ones included, sorted by peer id."""

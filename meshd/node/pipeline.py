@@ -64,6 +64,42 @@ def choose_pipeline(
         raise RemoteError(f"pipeline must be one of {', '.join(MODES)}, not {mode!r}", "malformed")
     if mode == "never":
         return None
+    if mode == "auto" and whole_only(snap, req.model):
+        return None  # what planning would answer, without its cost (see ``whole_only``)
+    return _by_planning(req, snap, policy, mode)
+
+
+def whole_only(snap: MeshSnapshot, model: str) -> bool:
+    """True when some node serves ``model`` and every node serving any of its layers serves all
+    of them. Then ``choose_pipeline`` in ``"auto"`` mode answers None without planning, and
+    planning would answer the same: every stage range the planner considers covers the whole
+    model, so it has no chain of two or more stages to offer (its best plan is one node), and
+    if it raises ``RoutingError`` a node serving the whole model exists, so the request goes to
+    the router. The check reads each node's serving list once, where a plan prices every
+    candidate; memoised in the snapshot's cache."""
+    key = ("pipeline.whole_only", model)
+    hit = snap.cache.get(key)
+    if hit is not None:
+        return bool(hit)
+    any_range = False
+    only = True
+    for n in snap.nodes:
+        for s in n.serving:
+            if s.model == model:
+                any_range = True
+                if not s.whole:
+                    only = False
+                    break
+        if not only:
+            break
+    snap.cache[key] = result = any_range and only
+    return result
+
+
+def _by_planning(
+    req: RouteRequest, snap: MeshSnapshot, policy: Policy, mode: str
+) -> Plan | None:
+    """``choose_pipeline`` by asking the planner (tests compare it with the shortcut)."""
     try:
         p = plan(req, snap, policy)
     except RoutingError:
