@@ -15,7 +15,11 @@ fresh keys and no model loaded (the figures are about the mesh, not inference):
 
     .venv/bin/python benchmarks/bench_mesh.py [--nodes 20] [--window 60] [--joins 5]
                                               [--idle-nodes 11] [--only propagation,join,idle]
-                                              [--out FILE.json]
+                                              [--set gossip.ping_interval_s=2] [--out FILE.json]
+
+``--set SECTION.KEY=VALUE`` (repeatable) overrides a config key on every daemon, to compare a
+setting against the defaults. Each part prints the load average of the machine before and after
+it: the box is shared, and the figures only mean something next to it.
 """
 
 from __future__ import annotations
@@ -46,6 +50,27 @@ from meshd.testnet import launcher  # noqa: E402
 
 CLK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
+EXTRA: dict[str, dict[str, Any]] = {}  # --set overrides, applied to every daemon's config
+
+
+def load_avg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def parse_set(items: list[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot:
+            raise SystemExit(f"--set wants SECTION.KEY=VALUE, not {item!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        out.setdefault(section, {})[name] = value
+    return out
 
 
 def cpu_seconds(pid: int) -> float:
@@ -77,7 +102,7 @@ async def peers_of(sock: str) -> list[dict[str, Any]] | None:
 
 
 def specs(n: int, prefix: str = "n") -> list[launcher.NodeSpec]:
-    return [launcher.NodeSpec(name=f"{prefix}{i + 1}", models=[]) for i in range(n)]
+    return [launcher.NodeSpec(name=f"{prefix}{i + 1}", models=[], extra=dict(EXTRA)) for i in range(n)]
 
 
 def start(directory: Path, n: int, interval: float) -> dict[str, Any]:
@@ -275,20 +300,30 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=GossipConfig.advert_interval_s,
                     help="advert interval (default: the daemon's default)")
     ap.add_argument("--only", default="propagation,join,idle")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a config key on every daemon (repeatable)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    EXTRA.update(parse_set(args.set))
     print(f"# {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(f"# python {platform.python_version()}, {os.cpu_count()} cores, {platform.machine()}")
     base = Path(tempfile.mkdtemp(prefix="meshd-bench-mesh-"))
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"overrides": EXTRA}
     try:
         parts = args.only.split(",")
-        if "propagation" in parts:
-            results["propagation"] = propagation(base, args.nodes, args.window, args.interval)
-        if "join" in parts:
-            results["join"] = join(base, args.nodes, args.joins, args.interval)
-        if "idle" in parts:
-            results["idle"] = idle(base, args.idle_nodes, args.window, args.interval)
+        for part, run in (
+            ("propagation", lambda: propagation(base, args.nodes, args.window, args.interval)),
+            ("join", lambda: join(base, args.nodes, args.joins, args.interval)),
+            ("idle", lambda: idle(base, args.idle_nodes, args.window, args.interval)),
+        ):
+            if part not in parts:
+                continue
+            before = os.getloadavg()
+            print(f"  ({load_avg()} before {part})", flush=True)
+            results[part] = run()
+            results[part]["load_avg_before"] = [round(x, 2) for x in before]
+            results[part]["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+            print(f"  ({load_avg()} after {part})", flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     if args.out:

@@ -44,8 +44,13 @@ class GossipConfig:
     expiry_intervals: float = 3.0  # a peer expires after this many silent advert intervals
     degree: int = 4  # gossipsub mesh degree D (low = D-1, high = D+2)
     heartbeat_interval_s: float = 1.0
-    ping_interval_s: float = 2.0  # heartbeat on each peer's request stream (RTT, liveness)
-    stall_timeout_s: float = 3.0  # no answer to pings for this long: the peer is stalled
+    # liveness (meshd/node/liveness.py): any frame from a peer proves it alive; pings are only for
+    # RTT samples (Vivaldi, routing) and for silent peers that our requests wait on
+    ping_interval_s: float = 10.0  # RTT ping of each linked peer, jittered +-25%
+    busy_ping_after_s: float = 1.0  # a peer our requests wait on is pinged after this much silence
+    stall_timeout_s: float = 3.0  # a ping unanswered this long, the peer silent as long: stalled
+    # a request stream from a peer that sends nothing (not even its pings) for this long is closed
+    stream_idle_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -176,8 +181,12 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[gossip] expiry_intervals", "must be >= 1")
     if g.degree < 2:
         raise bad("[gossip] degree", "must be >= 2")
-    if g.ping_interval_s <= 0 or g.stall_timeout_s <= g.ping_interval_s:
-        raise bad("[gossip] stall_timeout_s", "must be greater than ping_interval_s > 0")
+    for key in ("ping_interval_s", "busy_ping_after_s", "stall_timeout_s"):
+        if getattr(g, key) <= 0:
+            raise bad(f"[gossip] {key}", "must be > 0")
+    if g.stream_idle_timeout_s < 3 * g.ping_interval_s:
+        raise bad("[gossip] stream_idle_timeout_s", "must be at least 3 x ping_interval_s "
+                  "(a live peer pings every ping_interval_s)")
     for i, m in enumerate(cfg.models):
         if isinstance(m.layers, str) and m.layers not in ("all", "auto"):
             raise bad(f"[[models]][{i}].layers", "must be \"all\", \"auto\" or [start, end]")

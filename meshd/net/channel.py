@@ -63,7 +63,8 @@ class PeerChannel:
             self._cancel = scope
             try:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._pinger, nursery.cancel_scope)
+                    if math.isfinite(self._ping_interval):  # else the owner pings (ping())
+                        nursery.start_soon(self._pinger, nursery.cancel_scope)
                     task_status.started()
                     reason = await self._reader()
                     nursery.cancel_scope.cancel()
@@ -122,18 +123,27 @@ class PeerChannel:
                 log.warning("peer stalled peer=%s", self.peer_id)
                 scope.cancel()
                 return
-            self._ping_n += 1
-            self._pings[self._ping_n] = now
-            if len(self._pings) > 16:
-                self._pings.pop(min(self._pings))
             try:
                 with trio.fail_after(self._stall_timeout):
-                    await self.framed.send(MessageType.PING, {"n": self._ping_n})
+                    await self.ping()
             except (PeerGoneError, trio.TooSlowError) as e:
                 self.dead = f"ping failed: {e}"
                 scope.cancel()
                 return
             await trio.sleep(self._ping_interval)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests of ours waiting on this channel."""
+        return len(self._waiting)
+
+    async def ping(self) -> None:
+        """Send one PING now; its PONG feeds ``on_rtt``. Raises ``PeerGoneError``."""
+        self._ping_n += 1
+        self._pings[self._ping_n] = trio.current_time()
+        if len(self._pings) > 16:
+            self._pings.pop(min(self._pings))
+        await self.framed.send(MessageType.PING, {"n": self._ping_n})
 
     def _fail_all(self, reason: str) -> None:
         if self.dead is None:

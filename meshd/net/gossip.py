@@ -6,25 +6,47 @@ validator is wrapped to turn any exception into a rejection. Only ``/meshsub/1.1
 ``1.0.0`` are offered (1.2's IDONTWANT doubled CPU for small messages), spam protection is off on
 our topics (the publisher's own adverts count against it), and the heartbeat is 1 s rather than
 the library's 120 s so meshes form promptly.
+
+CPU matters (20 daemons share 2 cores in the benchmark): the library's "adaptive gossip" is off
+(on a health score it moves the heartbeat to 30-60 s and widens the mesh, so the mesh we
+configure is the mesh we get), and the signed peer record that py-libp2p attaches to every RPC
+is verified once per distinct record and peer instead of on every RPC (an Ed25519 check and a
+peerstore update each time, ~0.5 ms), and our own record is looked up once per
+``RECORD_REUSE_S`` instead of for every message sent or forwarded (the lookup rebuilds the host's
+address list through multiaddr parsing, ~1 ms). The record only feeds the certified address
+book, which meshd does not use: peers are attested on connect.
+
+``on_heard(peer_id_base58)``, when set, is called whenever bytes arrive on a peer's gossip
+stream: the node counts them as a sign of life of that peer (no ping needed).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
+import libp2p.pubsub.gossipsub as _gossipsub_mod
+import libp2p.pubsub.pubsub as _pubsub_mod
 import trio
 from libp2p.peer.id import ID
+from libp2p.peer.peerstore import env_to_send_in_RPC as _own_record
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.utils import maybe_consume_signed_record as _verify_record
 from libp2p.tools.anyio_service import background_trio_service
 
 log = logging.getLogger(__name__)
 
 # validator(author_peer_id_base58, data) -> True to accept. Must not raise; we guard anyway.
 Validator = Callable[[str, bytes], bool]
+
+RECORD_CACHE_MAX = 4096  # (peer, record) pairs remembered per host
+RECORD_REUSE_S = 30.0  # our own signed record is rebuilt at most this often
+_clock = time.monotonic
 
 
 class Gossip:
@@ -33,6 +55,7 @@ class Gossip:
     def __init__(self, pubsub: Pubsub, router: GossipSub) -> None:
         self.pubsub = pubsub
         self.router = router
+        self.on_heard: Callable[[str], None] | None = None
         self.stats = {"handler_errors": 0, "validator_errors": 0, "rejected": 0, "published": 0}
 
     def set_validator(self, topic: str, validator: Validator) -> None:
@@ -65,6 +88,7 @@ class Gossip:
 
         async def guarded(stream: Any) -> None:
             try:
+                self._watch(stream)
                 await inner(stream)
             except Exception as e:
                 self.stats["handler_errors"] += 1
@@ -78,6 +102,26 @@ class Gossip:
 
         for proto in self.router.get_protocols():
             self.pubsub.host.set_stream_handler(proto, guarded)
+
+    def _watch(self, stream: Any) -> None:
+        """Report every read on a peer's inbound gossip stream to ``on_heard``."""
+        if self.on_heard is None:
+            return
+        try:
+            peer = stream.muxed_conn.peer_id.to_base58()
+            read = stream.read
+        except Exception:  # not a stream we know how to watch: serve it unwatched
+            return
+        gossip = self
+
+        async def watched_read(n: int | None = None) -> bytes:
+            data: bytes = await read(n)
+            hook = gossip.on_heard
+            if data and hook is not None:
+                hook(peer)
+            return data
+
+        stream.read = watched_read
 
     def _guard_push_msg(self) -> None:
         """pubsub runs ``push_msg`` for every received message as a task of its service: an
@@ -99,6 +143,55 @@ class Gossip:
         self.pubsub.push_msg = guarded  # type: ignore[method-assign,assignment]
 
 
+_records: weakref.WeakKeyDictionary[Any, dict[tuple[ID, bytes], bool]] = weakref.WeakKeyDictionary()
+
+
+def _consume_record_once(msg: Any, host: Any, peer_id: ID) -> bool:
+    """``maybe_consume_signed_record`` with a memory: the same record bytes from the same peer
+    were verified and stored already, and verifying them again gives the same answer."""
+    if not msg.HasField("senderRecord"):
+        return True
+    try:
+        seen = _records.setdefault(host, {})
+    except TypeError:  # not weak-referenceable: no cache
+        return bool(_verify_record(msg, host, peer_id))
+    key = (peer_id, bytes(msg.senderRecord))
+    if key in seen:
+        return True
+    ok = bool(_verify_record(msg, host, peer_id))
+    if ok:
+        if len(seen) >= RECORD_CACHE_MAX:
+            seen.clear()
+        seen[key] = True
+    return ok
+
+
+_own: weakref.WeakKeyDictionary[Any, tuple[float, bytes]] = weakref.WeakKeyDictionary()
+
+
+def _own_record_reused(host: Any) -> tuple[bytes, bool]:
+    """``env_to_send_in_RPC`` looked up at most once per ``RECORD_REUSE_S`` per host."""
+    now = _clock()
+    try:
+        hit = _own.get(host)
+    except TypeError:  # not weak-referenceable: no cache
+        return _own_record(host)
+    if hit is not None and now < hit[0]:
+        return hit[1], False
+    env, fresh = _own_record(host)
+    _own[host] = (now + RECORD_REUSE_S, env)
+    return env, fresh
+
+
+def _install_record_cache() -> None:
+    """Process-wide: py-libp2p calls these functions by their module-level names."""
+    for mod in (_pubsub_mod, _gossipsub_mod):
+        if getattr(mod, "maybe_consume_signed_record", None) is _verify_record:
+            mod.maybe_consume_signed_record = _consume_record_once  # type: ignore[attr-defined]
+        if getattr(mod, "env_to_send_in_RPC", None) is _own_record:
+            mod.env_to_send_in_RPC = _own_record_reused  # type: ignore[attr-defined]
+
+
 @asynccontextmanager
 async def open_gossip(
     host: Any,
@@ -115,7 +208,9 @@ async def open_gossip(
         heartbeat_initial_delay=0.1,
         spam_protection_enabled=False,
         eclipse_protection_enabled=False,
+        adaptive_gossip_enabled=False,
     )
+    _install_record_cache()
     pubsub = Pubsub(host, router, strict_signing=True)
     gossip = Gossip(pubsub, router)
     gossip._guard_stream_handler()

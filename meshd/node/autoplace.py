@@ -99,14 +99,14 @@ class AutoPlacer:
         self.autos: list[_Auto] = []
 
     def _find(self) -> list[_Auto]:
-        from meshd.engine import read_manifest
-        from meshd.node.daemon import default_model_dir
-
         cfg = self.node.config
         out = []
         for m in cfg.models:
             if m.layers != "auto":
                 continue
+            from meshd.engine import read_manifest  # only here: a node without models skips it
+            from meshd.node.daemon import default_model_dir
+
             path = default_model_dir() if m.path == "default" else cfg.path(m.path)
             name = m.name or read_manifest(path).name
             out.append(_Auto(name, Path(path), capacity_layers(Path(path), m.max_layers), m))

@@ -82,8 +82,10 @@ class EngineModel:
 
 
 def build_node(cfg: Config) -> Any:
+    from meshd.net import speedups
     from meshd.node.node import Node
 
+    speedups.install()  # py-libp2p CPU fixes (yamux credit, service task lookup): see the module
     keys_dir = cfg.path(".")
     identity = load_identity(
         keys_dir,

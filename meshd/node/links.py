@@ -1,15 +1,24 @@
 """Links to peers: dialling, one long-lived request channel per peer, liveness.
 
 Every peer heard in an advert gets a direct connection and a request channel (up to
-``max_peers``), so forwarding never pays a dial or a stream open, and the channel's pings give
-RTT samples (for Vivaldi) and detect a frozen peer. A lost connection or a stalled channel
-drops the peer from the table at once; its next advert brings it back and it is redialled
-(after clearing py-libp2p's 60 s dial block).
+``max_peers``), so forwarding never pays a dial or a stream open. Liveness (``liveness.py``)
+counts every frame from a peer, on any stream, as a sign of life; pings go out only for RTT
+samples (Vivaldi) every ``ping_interval_s`` and to silent peers our requests wait on, and a peer
+that answers nothing is stalled. A lost connection or a stalled channel drops the peer from the
+table at once; its next advert brings it back and it is redialled (after clearing py-libp2p's
+60 s dial block).
+
+Joining: right after a bootstrap peer is dialled, a channel to it is opened and synced
+(SYNC_REQ/SYNC), so a new node knows the mesh one round trip after its first connection.
+When two nodes learn of each other at the same moment (a join gossiped to everyone), the one
+whose peer id sorts higher gives the other a moment to dial first, so one connection (one
+Noise handshake and attestation each side) is made instead of two.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 import multiaddr
@@ -24,6 +33,7 @@ from meshd.core.wire import MAX_REQUEST_FRAME
 from meshd.errors import PeerGoneError
 from meshd.net.channel import PeerChannel
 from meshd.net.framed import FramedStream
+from meshd.node.liveness import Liveness
 
 if TYPE_CHECKING:
     from meshd.node.node import Node
@@ -34,6 +44,8 @@ DIAL_TIMEOUT_S = 5.0
 BOOTSTRAP_RETRY_S = 2.0
 BOOTSTRAP_KEEP_S = 5.0  # how often a connected node checks its bootstrap links are still up
 ADDR_TTL_S = 600
+LIVENESS_TICK_S = 0.25
+DIAL_YIELD_S = 0.3  # the higher peer id waits this long for the other side's dial
 
 
 class Links:
@@ -43,7 +55,12 @@ class Links:
         self.channels: dict[str, PeerChannel] = {}
         self._opening: dict[str, trio.Event] = {}
         self._revocation_gossip_pending = False
-        self.stats = {"dials": 0, "dial_failures": 0, "channels_opened": 0, "stalls": 0}
+        g = node.config.gossip
+        self.liveness = Liveness(ping_interval_s=g.ping_interval_s, busy_silence_s=g.busy_ping_after_s,
+                                 stall_timeout_s=g.stall_timeout_s, rng=node.rng)
+        self.synced = trio.Event()  # set once a bootstrap peer's SYNC answered (or there is none)
+        self.stats = {"dials": 0, "dial_failures": 0, "dials_yielded": 0, "channels_opened": 0,
+                      "stalls": 0, "pings": 0}
 
     # ---------------------------------------------------------------- dialling
 
@@ -57,14 +74,41 @@ class Links:
                 infos.append(info_from_p2p_addr(multiaddr.Multiaddr(a)))
             except Exception:
                 log.error("bad bootstrap address (needs /p2p/<peer id>) addr=%s", a)
+        if not infos:
+            self.synced.set()
         while infos:
             pending = False
             for info in infos:
                 if info.peer_id.to_base58() in self.node.revoked_peer_ids:
                     continue
-                if not self._connected(info.peer_id) and not await self._dial(info.peer_id, list(info.addrs)):
+                if self._connected(info.peer_id):
+                    continue
+                if await self._dial(info.peer_id, list(info.addrs)):
+                    self.nursery.start_soon(self._open_bootstrap, info.peer_id)
+                else:
                     pending = True
             await trio.sleep(BOOTSTRAP_RETRY_S if pending else BOOTSTRAP_KEEP_S)
+
+    async def _open_bootstrap(self, pid: ID) -> None:
+        """A bootstrap peer was just dialled: open the channel and sync now, not after its advert."""
+        peer = pid.to_base58()
+        try:
+            ch = self.channels.get(peer)
+            if (ch is None or not ch.alive) and peer not in self._opening:
+                ev = self._opening[peer] = trio.Event()
+                try:
+                    ch = await self._open_channel(pid, sync=False)
+                finally:
+                    ev.set()
+                    self._opening.pop(peer, None)
+                if ch is not None:
+                    if self.node.own_signed_advert() is not None:
+                        # a redial (we were cut off, e.g. frozen): peers that dropped us hold our
+                        # last advert already and would not take it again; hand them a new one
+                        await self.node.publish_advert()
+                    await self._sync(ch)
+        finally:
+            self.synced.set()
 
     async def _dial(self, peer_id: ID, addrs: list[Any]) -> bool:
         host = self.node.host
@@ -109,8 +153,17 @@ class Links:
                     addrs.append(multiaddr.Multiaddr(a))
                 except Exception:
                     continue
-            if not self._connected(pid) and not await self._dial(pid, addrs):
-                return
+            if not self._connected(pid):
+                if self.node.peer_id > adv.peer_id:
+                    # it may be dialling us this very moment (both learnt of each other from
+                    # the same gossip): one connection is enough, let the lower id make it
+                    with trio.move_on_after(DIAL_YIELD_S):
+                        while not self._connected(pid):
+                            await trio.sleep(0.02)
+                    if self._connected(pid):
+                        self.stats["dials_yielded"] += 1
+                if not self._connected(pid) and not await self._dial(pid, addrs):
+                    return
             await self._open_channel(pid)
         finally:
             ev.set()
@@ -122,28 +175,80 @@ class Links:
         except Exception:
             return False
 
-    async def _open_channel(self, pid: ID) -> PeerChannel | None:
-        g = self.node.config.gossip
+    async def _open_channel(self, pid: ID, *, sync: bool = True) -> PeerChannel | None:
         try:
             with trio.fail_after(DIAL_TIMEOUT_S):
                 stream = await self.node.host.new_stream(pid, [REQUEST_PROTOCOL])
         except Exception as e:
             log.info("request stream failed peer_id=%s error=%r", pid.to_base58(), e)
             return None
-        framed = FramedStream(stream, MAX_REQUEST_FRAME, REQUEST_TYPES)
+        peer = pid.to_base58()
+        framed = FramedStream(stream, MAX_REQUEST_FRAME, REQUEST_TYPES, on_recv=self.heard_from(peer))
         ch = PeerChannel(
-            pid.to_base58(),
+            peer,
             framed,
-            ping_interval_s=g.ping_interval_s,
-            stall_timeout_s=g.stall_timeout_s,
+            ping_interval_s=math.inf,  # the liveness loop below pings (ping())
+            stall_timeout_s=math.inf,
             on_rtt=self.node.on_rtt,
             on_dead=self._on_dead,
         )
         self.channels[ch.peer_id] = ch
         self.stats["channels_opened"] += 1
+        self.liveness.track(peer, trio.current_time())
         await self.nursery.start(ch.run)
-        self.nursery.start_soon(self._sync, ch)
+        if sync:
+            self.nursery.start_soon(self._sync, ch)
         return ch
+
+    # ---------------------------------------------------------------- liveness
+
+    def heard(self, peer: str) -> None:
+        """Any frame from ``peer`` arrived (gossip calls this)."""
+        self.liveness.heard(peer, trio.current_time())
+
+    def heard_from(self, peer: str) -> Any:
+        """A callback for any frame from ``peer`` (request streams both ways, gossip)."""
+        liveness = self.liveness
+
+        def heard() -> None:
+            liveness.heard(peer, trio.current_time())
+
+        return heard
+
+    def on_pong(self, peer: str) -> None:
+        self.liveness.answered(peer, trio.current_time())
+
+    async def liveness_loop(self) -> None:
+        """Ping whom liveness says is due; close the channels of peers that stalled."""
+        while True:
+            await trio.sleep(LIVENESS_TICK_S)
+            now = trio.current_time()
+            busy = {p for p, ch in self.channels.items() if ch.in_flight}
+            decision = self.liveness.decide(now, busy)
+            for peer, reason in decision.stalled:
+                self.liveness.forget(peer)
+                ch = self.channels.get(peer)
+                log.warning("peer stalled peer=%s reason=%s", peer, reason)
+                if ch is not None:
+                    ch.close(reason)  # its run() ends, and _on_dead drops the peer
+                else:
+                    self._on_dead(peer, reason)
+            for peer in decision.ping:
+                ch = self.channels.get(peer)
+                if ch is None or not ch.alive:
+                    self.liveness.forget(peer)
+                    continue
+                self.liveness.ping_sent(peer, now)
+                self.stats["pings"] += 1
+                # a task each: a write to a peer whose TCP window is full can block, and that
+                # must not hold up the other peers' pings (the unanswered ping stalls it)
+                self.nursery.start_soon(self._ping, ch)
+
+    async def _ping(self, ch: PeerChannel) -> None:
+        try:
+            await ch.ping()
+        except PeerGoneError as e:
+            ch.close(f"ping failed: {e}")
 
     async def _sync(self, ch: PeerChannel) -> None:
         """Learn the mesh from a new link at once (a joining node need not wait an advert period)."""
@@ -154,9 +259,10 @@ class Links:
     def _on_dead(self, peer_id: str, reason: str) -> None:
         if self.channels.get(peer_id) is not None and not self.channels[peer_id].alive:
             del self.channels[peer_id]
+            self.liveness.forget(peer_id)
         if "stalled" in reason:
             self.stats["stalls"] += 1
-        if self.node.table.drop(peer_id):
+        if self.node.drop_peer(peer_id):
             log.warning("peer dropped peer_id=%s reason=%s", peer_id, reason)
         if "stalled" in reason:
             # a frozen peer keeps its TCP connection: close it so a thawed peer redials cleanly
@@ -227,11 +333,12 @@ class Links:
         ch = self.channels.get(peer_id)
         if ch is not None:
             ch.close("connection lost")
-        if self.node.table.drop(peer_id):
+        if self.node.drop_peer(peer_id):
             log.info("peer disconnected peer_id=%s", peer_id)
 
     def statistics(self) -> dict[str, Any]:
-        return {**self.stats, "channels": sum(1 for c in self.channels.values() if c.alive)}
+        return {**self.stats, "channels": sum(1 for c in self.channels.values() if c.alive),
+                "tracked": len(self.liveness)}
 
 
 class _LinkNotifee(INotifee):

@@ -27,6 +27,7 @@ from meshd.core.advert import (
     significant_load_change,
     signing_payload,
 )
+from meshd.core.cert import Certificate, check_certificate, verify_signature
 from meshd.core.messages import (
     ADVERT_TOPIC,
     REQUEST_PROTOCOL,
@@ -56,9 +57,12 @@ from meshd.node.view import build_snapshot, coord_of
 log = logging.getLogger(__name__)
 
 VALIDATED_CACHE = 2048
+CERT_MEMO = 1024  # certificates whose CA signature we checked (a peer's cert rides every advert)
 SYNC_MAX_ADVERTS = 256  # adverts handed to a new link (fits a request frame with room to spare)
 DELAY_SAMPLES = 512
-RTT_WINDOW = 8  # ping samples per peer whose minimum is taken as its RTT
+RTT_WINDOW = 4  # ping samples per peer whose minimum is taken as its RTT
+ADVERT_JITTER = 0.1  # each advert period is the interval +-10%, so nodes do not publish in step
+JOIN_SYNC_WAIT_S = 2.0  # the first advert waits this long at most for the bootstrap SYNC
 
 
 class Node(ControlMixin):
@@ -113,7 +117,9 @@ class Node(ControlMixin):
         self.gossip: Gossip | None = None
         self.links: Links | None = None
         self._validated: dict[bytes, Advert] = {}
+        self._cert_memo: dict[bytes, Certificate] = {}
         self._signed: dict[str, bytes] = {}  # latest accepted signed advert of each peer
+        self._dropped_seq: dict[str, int] = {}  # seq of the advert of a peer dropped on link loss
         self._own_signed: bytes | None = None
         self.advert_delays_ms: deque[float] = deque(maxlen=DELAY_SAMPLES)
         self._rtt_samples: dict[str, deque[float]] = {}
@@ -166,6 +172,7 @@ class Node(ControlMixin):
                 async with trio.open_nursery() as nursery:
                     self.links = Links(self, nursery)
                     self.host.get_network().register_notifee(self.links.notifee())
+                    gossip.on_heard = self.links.heard
                     await nursery.start(ControlServer(self.socket_path(), self).run)
                     await nursery.start(self.stage_server.run)
                     await nursery.start(self.stage_links.run)
@@ -176,6 +183,7 @@ class Node(ControlMixin):
                     nursery.start_soon(self._advert_loop)
                     nursery.start_soon(self._expiry_loop)
                     nursery.start_soon(self.links.bootstrap_loop, list(cfg.node.bootstrap))
+                    nursery.start_soon(self.links.liveness_loop)
                     self.ready.set()
                     log.info("node ready name=%s peer_id=%s addrs=%s", self.node_name, self.peer_id,
                              ",".join(self.addrs))
@@ -207,7 +215,11 @@ class Node(ControlMixin):
 
     async def _on_request_stream(self, stream: Any) -> None:
         peer = stream.muxed_conn.peer_id.to_base58()
-        framed = FramedStream(stream, MAX_REQUEST_FRAME, REQUEST_TYPES)
+        # the peer's pings and requests on it prove the peer alive; a peer that sends nothing at
+        # all (a live one pings every ping_interval_s) loses the stream instead of holding it
+        framed = FramedStream(stream, MAX_REQUEST_FRAME, REQUEST_TYPES,
+                              on_recv=self.links.heard_from(peer) if self.links is not None else None,
+                              idle_timeout_s=self.config.gossip.stream_idle_timeout_s)
         await self.server.serve_stream(framed, peer)
 
     # ------------------------------------------------------------------ adverts
@@ -256,15 +268,18 @@ class Node(ControlMixin):
             coord_adjustment=self.coord.adjustment,
         )
 
-    async def publish_advert(self) -> None:
-        assert self.gossip is not None
+    def sign_advert(self) -> bytes:
+        """This node's advert with the next sequence number, signed, as gossip carries it."""
         self.seq = max(self.seq + 1, int(time.time() * 1000))
-        adv = self.local_advert()
-        body = adv.encode()
+        body = self.local_advert().encode()
         sig = self.identity.key_pair.private_key.sign(signing_payload(body))
-        data = encode_message(
+        return encode_message(
             MessageType.ADVERT, {"body": body, "sig": sig, "cert": self.identity.certificate_bytes}
         )
+
+    async def publish_advert(self) -> None:
+        assert self.gossip is not None
+        data = self.sign_advert()
         self._own_signed = data
         try:
             with trio.fail_after(5):
@@ -275,19 +290,26 @@ class Node(ControlMixin):
 
     async def _advert_loop(self) -> None:
         g = self.config.gossip
+        if self.links is not None:
+            # learn the mesh from the bootstrap peer before the mesh learns of us: everyone
+            # dials a newcomer at once, and our SYNC should not queue behind those handshakes
+            with trio.move_on_after(JOIN_SYNC_WAIT_S):
+                await self.links.synced.wait()
         last = -1e9
+        period = g.advert_interval_s
         published_load: tuple[int, int] = (-1, -1)
         while True:
             now = trio.current_time()
             load = (self.runner.queue_depth(),
                     self.runner.in_flight() + len(self.stage_server.sessions))
-            due = now - last >= g.advert_interval_s
+            due = now - last >= period
             significant = significant_load_change(published_load, load) and now - last >= g.min_advert_gap_s
             if due or significant:
                 await self.publish_advert()
                 last = trio.current_time()
                 published_load = load
-            wait = max(0.05, min(g.advert_interval_s - (trio.current_time() - last), g.advert_interval_s))
+                period = g.advert_interval_s * self.rng.uniform(1 - ADVERT_JITTER, 1 + ADVERT_JITTER)
+            wait = max(0.05, min(period - (trio.current_time() - last), period))
             with trio.move_on_after(wait):
                 await self.runner.changed.wait()
                 # let a burst of changes settle before deciding
@@ -299,14 +321,25 @@ class Node(ControlMixin):
         return False
 
     def _validate_advert(self, author: str, data: bytes) -> bool:
-        """Gossip validator: attested author, valid signature, schema, not a replay. Sync."""
+        """Gossip validator: attested author, valid signature, schema, not a replay. Sync.
+
+        The very advert we hold for a live peer already (it came first by SYNC) is accepted
+        without being applied again: rejecting it as a replay would stop gossip from forwarding
+        it, and the peers behind us would never hear it."""
+        if author in self.table.entries and self._signed.get(author) == data:
+            return True  # not put in _validated: _receive_adverts skips it
+        return self._check_advert(author, data)
+
+    def _check_advert(self, author: str, data: bytes) -> bool:
+        """Attested author, valid signature, schema, not a replay; a good advert is kept in
+        ``_validated`` for ``_apply_advert``."""
         try:
             msg = decode_message(data, MAX_ADVERT_BYTES + 2048, frozenset({int(MessageType.ADVERT)}))
         except ProtocolError as e:
             log.info("advert rejected author=%s reason=%s", author, e)
             return self._reject("malformed")
         try:
-            cert = self.attestor.check(msg["cert"], author, time.time())
+            cert = self._check_cert(msg["cert"], author, time.time())
         except MeshdError as e:
             return self._reject(f"unattested:{getattr(e, 'reason', 'certificate')}")
         try:
@@ -334,6 +367,19 @@ class Node(ControlMixin):
         self._validated[bytes(data)] = trusted
         return True
 
+    def _check_cert(self, cert_bytes: Any, author: str, now: float) -> Certificate:
+        """``Attestor.check`` with the CA signature check remembered per certificate (it is pure
+        and ~1 ms; every advert carries its author's certificate). Binding to the author,
+        revocation and the validity window are checked every time."""
+        cert = self._cert_memo.get(cert_bytes) if isinstance(cert_bytes, bytes) else None
+        if cert is None:
+            cert = verify_signature(cert_bytes, ca_public_key=self.attestor.ca_public_key)
+            if len(self._cert_memo) >= CERT_MEMO:
+                self._cert_memo.clear()
+            self._cert_memo[bytes(cert_bytes)] = cert
+        return check_certificate(cert, remote_peer_id=author, now=now, revoked=self.attestor.revoked,
+                                 clock_skew_s=self.attestor.clock_skew_s)
+
     async def _receive_adverts(self, sub: Any) -> None:
         while True:
             msg = await sub.get()
@@ -352,6 +398,7 @@ class Node(ControlMixin):
         if verdict in (Verdict.NEW, Verdict.UPDATED):
             self.stats["adverts_accepted"] += 1
             self._signed[adv.peer_id] = data
+            self._dropped_seq.pop(adv.peer_id, None)
             if self.links is not None:
                 self.links.on_advert(adv, new=verdict is Verdict.NEW)
             if verdict is Verdict.NEW:
@@ -391,15 +438,31 @@ class Node(ControlMixin):
             author = claimed.peer_id
             if author == self.peer_id or author in self.revoked_peer_ids:
                 continue
-            if self.table.last_seq.get(author, -1) >= claimed.seq:
+            last = self.table.last_seq.get(author, -1)
+            readmit = last == claimed.seq and self._dropped_seq.get(author) == claimed.seq
+            if last >= claimed.seq and not readmit:
                 continue  # nothing new: not a replay attack, just what we already know
-            if not self._validate_advert(author, data):
-                continue
-            adv = self._validated.pop(data, None)
+            if readmit:
+                # we dropped this peer when our link to it broke (we froze, or it did), and a live
+                # peer vouches for its latest advert: take that advert back, once
+                self.table.last_seq[author] = claimed.seq - 1
+            adv = self._validated.pop(data, None) if self._check_advert(author, data) else None
             if adv is not None and self._apply_advert(adv, data):
                 applied += 1
+            elif readmit:
+                self.table.last_seq[author] = claimed.seq
         self.stats["adverts_synced"] += applied
         return applied
+
+    def drop_peer(self, peer_id: str) -> bool:
+        """Our link to ``peer_id`` broke (lost connection, stall): stop routing to it. Its latest
+        advert may come back through a SYNC (``accept_synced``) once links are up again."""
+        e = self.table.get(peer_id)
+        if e is not None:
+            self._dropped_seq[peer_id] = e.advert.seq
+            if len(self._dropped_seq) > 4 * self.config.node.max_peers:
+                self._dropped_seq = {p: q for p, q in self._dropped_seq.items() if p == peer_id}
+        return self.table.drop(peer_id)
 
     async def _expiry_loop(self) -> None:
         while True:
@@ -467,8 +530,11 @@ class Node(ControlMixin):
     def on_rtt(self, peer_id: str, raw_ms: float) -> None:
         """A ping's round trip. A busy node (ours or the peer's) only ever adds delay to a
         sample, so the network's RTT is the floor of the recent ones: the minimum of the last
-        ``RTT_WINDOW`` (about 16 s of pings) feeds both the table and Vivaldi. Without it, CPU
-        saturation on a small box drags every coordinate away (measured on the testnet)."""
+        ``RTT_WINDOW`` (about 40 s of pings at the default ``ping_interval_s``) feeds both the
+        table and Vivaldi. Without it, CPU saturation on a small box drags every coordinate away
+        (measured on the testnet)."""
+        if self.links is not None:
+            self.links.on_pong(peer_id)
         window = self._rtt_samples.get(peer_id)
         if window is None:
             if len(self._rtt_samples) > 4 * self.config.node.max_peers:  # forget departed peers
