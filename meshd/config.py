@@ -75,6 +75,10 @@ class RoutingConfig:
     lwsq_beta: float = 50.0
     sample_d: int = 2
     hedge: bool = True
+    # wait-bounded admission (strategy meshd): this many first attempts may queue only about as
+    # long as going to the next candidate would take, never less than wait_bound_min_ms
+    wait_bound_attempts: int = 2
+    wait_bound_min_ms: float = 50.0
     max_hops: int = 4
     request_timeout_s: float = 120.0
     first_token_timeout_s: float = 20.0
@@ -200,6 +204,10 @@ def _validate(cfg: Config, src: str) -> None:
             raise bad(f"[[models]][{i}].max_decode_tokens_per_s", "must be >= 0 (0 = no cap)")
     if cfg.routing.sample_d < 1:
         raise bad("[routing] sample_d", "must be >= 1")
+    if cfg.routing.wait_bound_attempts < 0:
+        raise bad("[routing] wait_bound_attempts", "must be >= 0")
+    if cfg.routing.wait_bound_min_ms < 0:
+        raise bad("[routing] wait_bound_min_ms", "must be >= 0")
     if cfg.routing.max_hops < 1:
         raise bad("[routing] max_hops", "must be >= 1")
     if cfg.engine.providers not in ("auto", "cpu", "cuda", "tensorrt"):

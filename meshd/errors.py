@@ -57,9 +57,14 @@ class AttestationError(RemoteError):
 
 
 class BusyError(RemoteError):
-    """The node's queue is full; try another."""
+    """The node's queue is full, or it cannot start the request within the wait the entry node
+    allowed (``wait_ms``: its own estimate of the wait, when it gave one); try another."""
 
     code = "busy"
+
+    def __init__(self, message: str, code: str | None = None, *, wait_ms: float | None = None) -> None:
+        super().__init__(message, code)
+        self.wait_ms = wait_ms
 
 
 class PeerGoneError(RemoteError):

@@ -387,15 +387,9 @@ def _global_constraints(req: RouteRequest, snap: MeshSnapshot, policy: Policy) -
                 f"({', '.join(sorted(policy.model_allow))})"
             )
         applied.append(f"model {req.model} is on the allow-list")
-    quota = policy.client_quota.get(req.client)
-    if quota is not None:
-        used = snap.client_in_flight.get(req.client, 0)
-        if used >= quota:
-            raise RoutingError(
-                f"request {req.request_id}: client {req.client!r} has {used} requests in flight, "
-                f"its quota is {quota}"
-            )
-        applied.append(f"client {req.client} within quota ({used + 1}/{quota})")
+    within = quota_constraint(req, snap, policy)
+    if within is not None:
+        applied.append(within)
     if req.residency is not None:
         applied.append(f"residency {req.residency}: only nodes whose labels allow it")
     if req.exclude:
@@ -403,6 +397,21 @@ def _global_constraints(req: RouteRequest, snap: MeshSnapshot, policy: Policy) -
     if req.hops >= policy.max_hops:
         applied.append(f"hop limit reached ({req.hops}/{policy.max_hops}): local node only")
     return applied
+
+
+def quota_constraint(req: RouteRequest, snap: MeshSnapshot, policy: Policy) -> str | None:
+    """The client's quota of requests in flight, in words; raises when it is used up. None when
+    the client has no quota. (Pipelines check it too, before planning.)"""
+    quota = policy.client_quota.get(req.client)
+    if quota is None:
+        return None
+    used = snap.client_in_flight.get(req.client, 0)
+    if used >= quota:
+        raise RoutingError(
+            f"request {req.request_id}: client {req.client!r} has {used} requests in flight, "
+            f"its quota is {quota}"
+        )
+    return f"client {req.client} within quota ({used + 1}/{quota})"
 
 
 def exclusion_reason(req: RouteRequest, n: NodeView, policy: Policy) -> str | None:

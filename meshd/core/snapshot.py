@@ -119,6 +119,10 @@ class Policy:
     explain_limit: int = 16  # candidates listed in a decision (the rest are counted)
     hedge_factor: float = 2.0  # hedge when no first token by factor * predicted TTFT (0: never)
     hedge_min_ms: float = 25.0  # ... but never sooner than this after sending
+    # Wait-bounded admission (meshd strategy; meshd.core.admission): the first attempts may queue
+    # at most about the next candidate's predicted TTFT, else the server answers busy at once.
+    wait_bound_attempts: int = 2  # attempts that carry a bound (0: never bound)
+    wait_bound_min_ms: float = 50.0  # never bound a wait tighter than this
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import aclosing
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from meshd.core.messages import MessageType
-from meshd.core.routing import route
-from meshd.core.snapshot import RouteRequest
+from meshd.core.routing import quota_constraint, route
+from meshd.core.snapshot import MeshSnapshot, RouteRequest
 from meshd.core.vivaldi import estimate_rtt_ms
 from meshd.core.wire import Message
 from meshd.errors import BusyError, MeshdError, PeerGoneError, RemoteError, RoutingError
@@ -139,8 +140,6 @@ class ControlMixin:
             prompt_ids = self.runner.encode(model, prompt, chat=chat)
         gen_config_from(msg)  # validates the generation fields before anything runs
         strategy = msg.get("strategy") or self.policy.strategy
-        from dataclasses import replace
-
         policy = replace(self.policy, strategy=strategy) if strategy != self.policy.strategy else self.policy
         client = msg.get("client") or "local"
         req = RouteRequest(
@@ -152,11 +151,14 @@ class ControlMixin:
             client=client,
         )
         snap = self.snapshot()
+        if policy.client_quota:  # the quota constraint reads the requests in flight per client
+            snap = _with_clients(snap, self.client_in_flight)
         journal = self._journal(rid)
         journal("received", {"model": model, "prompt_tokens": req.prompt_tokens, "client": client})
         from meshd.node.pipeline import choose_pipeline, submit_pipeline
 
         try:
+            quota_constraint(req, snap, policy)
             pipe = choose_pipeline(req, snap, policy, msg.get("pipeline"))  # plan() decides
         except RoutingError as e:
             self.stats["requests_failed"] += 1
@@ -173,7 +175,7 @@ class ControlMixin:
             raise RemoteError(str(e), "no_route") from None
         self.rr_index += 1
         await self._record_decision(rid, decision, req)
-        targets = {n.peer_id: _target(n) for n in snap.nodes}
+        targets = _targets(snap, decision, policy)
         fields = {"rid": rid, "model": model, "prompt": prompt, "chat": chat, **gen_fields(msg)}
 
         async def sink(kind: str, payload: dict[str, Any]) -> None:
@@ -227,7 +229,8 @@ class ControlMixin:
                 await chan.send(("tokens", {"ids": [t.id for t in batch], "text": "".join(t.text for t in batch)}))
 
             if gen is not None:
-                await pump_coalesced(self.runner.generate(model, ids + resume, gen), 0.01, sink)
+                source = self.runner.generate(model, ids + resume, gen, max_wait_ms=target.max_wait_ms)
+                await pump_coalesced(source, 0.01, sink)
             await chan.send(("done", {"stats": {}}))
             return
         self.stats["requests_forwarded"] += 1
@@ -242,6 +245,8 @@ class ControlMixin:
             "hops": 1,
             "origin": self.peer_id,
         }
+        if target.max_wait_ms is not None:
+            req["max_wait_ms"] = int(target.max_wait_ms)
         async with aclosing(ch.request(req)) as frames:
             async for frame in frames:
                 t = frame["t"]
@@ -253,7 +258,8 @@ class ControlMixin:
                 elif t == MessageType.ERROR:
                     code = frame["code"]
                     if code == "busy":
-                        raise BusyError(f"{target.name} is busy")
+                        raise BusyError(f"{target.name} is busy: {frame['message']}",
+                                        wait_ms=frame.get("wait_ms"))
                     raise RemoteError(f"{target.name}: {frame['message']}", code)
         raise PeerGoneError(f"{target.name} ended the request without an answer")
 
@@ -263,7 +269,11 @@ class ControlMixin:
         def journal(kind: str, payload: dict[str, Any]) -> None:
             log.debug("request event rid=%s kind=%s %s", rid, kind, payload)
             if self.store is not None:
-                self.store.record_event(rid, kind, node=self.node_name, payload=payload)
+                try:
+                    self.store.record_event(rid, kind, node=self.node_name, payload=payload)
+                except Exception:  # the journal must never cost the client its request
+                    self.stats["journal_errors"] = self.stats.get("journal_errors", 0) + 1
+                    log.exception("journal write failed rid=%s kind=%s", rid, kind)
 
         return journal
 
@@ -314,8 +324,32 @@ def delay_summary(samples: Any, total: int) -> dict[str, Any]:
     return {"n": total, "p50": pct(0.5), "p99": pct(0.99), "recent": [round(x, 3) for x in samples]}
 
 
+def _with_clients(snap: MeshSnapshot, in_flight: dict[str, int]) -> MeshSnapshot:
+    """``snap`` with the requests in flight per client (its memo of indexes kept)."""
+    out = replace(snap, client_in_flight=dict(in_flight))
+    out.cache.update(snap.cache)
+    return out
+
+
 def _target(n: Any) -> Target:
     return Target(peer_id=n.peer_id, name=n.name, is_local=n.is_local)
+
+
+def _targets(snap: Any, decision: Any, policy: Any) -> dict[str, Target]:
+    """Every node of the snapshot as a target; those in the decision with the router's
+    predictions, and the wait bounds of meshd's admission (meshd.core.admission)."""
+    from meshd.core.admission import wait_bounds
+
+    bounds = wait_bounds(decision, policy)
+    targets = {n.peer_id: _target(n) for n in snap.nodes}
+    for c in decision.candidates:
+        t = targets.get(c.peer_id)
+        if t is None or c.predicted_ttft_ms is None or c.excluded_by is not None:
+            continue
+        t.predicted_ms = c.predicted_ttft_ms
+        t.known_ms = c.predicted_ttft_ms - c.queue_wait_ms
+        t.max_wait_ms = bounds.get(c.peer_id)
+    return targets
 
 
 def decision_record(decision: Any, req: RouteRequest) -> dict[str, Any]:

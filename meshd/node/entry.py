@@ -10,6 +10,10 @@ I/O the decision asks for:
 - if the serving node dies, stalls or answers busy, the request moves to the next candidate;
   after k tokens it resumes there from the prompt plus those k tokens, so the client sees one
   uninterrupted stream (identical under greedy decoding);
+- a first attempt may carry a wait bound (``meshd.core.admission``): a node that cannot start
+  the request within it answers busy at once with its estimated wait, and the request moves on;
+  the last attempt goes to whichever is predicted sooner, the next candidate or the refuser that
+  reported the shortest wait;
 - every decision, retry, hedge and the outcome go to the journal.
 """
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import trio
@@ -37,6 +41,9 @@ class Target:
     peer_id: str
     name: str
     is_local: bool
+    max_wait_ms: float | None = None  # wait-bounded admission (meshd.core.admission)
+    predicted_ms: float | None = None  # the router's predicted TTFT there
+    known_ms: float | None = None  # the part of it that is not queue wait (RTT + prefill)
 
 
 @dataclass(slots=True)
@@ -100,23 +107,49 @@ async def serve_request(
     """
     out = Outcome()
     queue = [targets[p] for p in decision.order if p in targets]
+    refused: list[tuple[float, Target]] = []  # (predicted TTFT back there, who) after wait refusals
     attempts = 0
     while True:
+        if not queue and refused:  # nobody else: back to the soonest node that was only busy
+            queue.append(replace(min(refused, key=lambda r: r[0])[1], max_wait_ms=None))
+            refused.clear()
         if not queue or attempts >= MAX_ATTEMPTS:
             out.error = out.error or "no candidate could serve the request"
             out.error_code = out.error_code or "no_route"
             break
         primary = queue.pop(0)
+        if primary.max_wait_ms is None and refused:
+            primary = _unbounded_choice(primary, queue, refused, journal)
         attempts += 1
+        n_refused = len(refused)
         result = await _race(primary, queue, out, start_attempt, sink, entry_name,
                              hedge_after_s if not out.tokens else None,
-                             first_token_timeout_s, journal)
+                             first_token_timeout_s, journal, refused)
         if result == "done":
             out.error = out.error_code = None
             break
-        # failed: move on (the failed target is not retried)
+        if len(refused) > n_refused:
+            attempts -= 1  # a wait refusal costs a round trip, not one of the attempts
+        # failed: move on (the failed target is not retried, except as _unbounded_choice says)
     out.ended = time.perf_counter()
     return out
+
+
+def _unbounded_choice(
+    nxt: Target, queue: list[Target], refused: list[tuple[float, Target]],
+    journal: Callable[[str, dict[str, Any]], None],
+) -> Target:
+    """The bounded attempts are over: go to ``nxt`` or back to the refuser whose reported wait
+    makes it sooner; either way without a bound. A refuser gone back to leaves ``refused``."""
+    k = min(range(len(refused)), key=lambda i: refused[i][0])
+    best_ms, best = refused[k]
+    if nxt.predicted_ms is not None and nxt.predicted_ms <= best_ms:
+        return nxt
+    del refused[k]
+    queue.insert(0, nxt)
+    journal("back_to_refuser", {"target": best.name, "predicted_ms": round(best_ms, 1),
+                                "instead_of": nxt.name})
+    return replace(best, max_wait_ms=None)
 
 
 async def _race(
@@ -129,8 +162,10 @@ async def _race(
     hedge_after_s: float | None,
     first_token_timeout_s: float,
     journal: Callable[[str, dict[str, Any]], None],
+    refused: list[tuple[float, Target]],
 ) -> str:
-    """One attempt (plus at most one hedge). Returns "done" or "failed"."""
+    """One attempt (plus at most one hedge). Returns "done" or "failed"; a target that refused
+    for its wait bound, with an estimate, goes to ``refused``."""
     send, recv = trio.open_memory_channel[Any](4096)
     resume = list(out.tokens)
     scopes: dict[int, trio.CancelScope] = {}
@@ -225,6 +260,9 @@ async def _race(
                 is_busy = isinstance(exc, BusyError) or getattr(exc, "code", "") == "busy"
                 out.retries.append({"target": target.name, "reason": reason, "busy": is_busy,
                                     "after_tokens": len(out.tokens)})
+                wait_ms = getattr(exc, "wait_ms", None)
+                if is_busy and target.max_wait_ms is not None and wait_ms is not None:
+                    refused.append((wait_ms + (target.known_ms or 0.0), target))
                 journal("retry", {"target": target.name, "reason": reason,
                                   "after_tokens": len(out.tokens)})
                 code = getattr(exc, "code", "peer_gone")

@@ -105,6 +105,8 @@ class Node(ControlMixin):
             model_allow=frozenset(config.routing.model_allow),
             client_quota=dict(config.routing.quotas),
             max_hops=config.routing.max_hops,
+            wait_bound_attempts=config.routing.wait_bound_attempts,
+            wait_bound_min_ms=config.routing.wait_bound_min_ms,
         )
         self.client_in_flight: dict[str, int] = {}
         self.server = RequestServer(runner, self.node_name, max_hops=config.routing.max_hops,

@@ -8,6 +8,7 @@ weighted averages of prefill and decode speed that go into the node's adverts.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 
 import trio
 
+from meshd.core.admission import slot_wait_ms
 from meshd.errors import BusyError, ModelError, RemoteError
 
 log = logging.getLogger(__name__)
@@ -59,9 +61,30 @@ class Served:
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
     max_decode_tps: float = 0.0  # config's max_decode_tokens_per_s: per-request pacing, 0 = none
+    wait_refusals: int = 0  # requests that could not start within the wait their entry node allowed
+    ends: dict[int, float] = field(default_factory=dict)  # running request -> expected end (trio clock)
+    _next_key: int = 0
 
     def __post_init__(self) -> None:
         self.limiter = trio.CapacityLimiter(self.max_concurrency)
+
+    def decode_rate(self) -> float:
+        """Tokens/s one request decodes at here (the cap, or the measured speed; 0: unknown)."""
+        rates = [r for r in (self.max_decode_tps, self.decode_tps) if r > 0]
+        return min(rates) if rates else 0.0
+
+    def service_s(self, prompt_tokens: int, max_tokens: int) -> float:
+        """How long a request holds a slot, at most: its prefill and every token it may make."""
+        rate = self.decode_rate()
+        if rate <= 0:
+            return math.inf
+        pre = prompt_tokens / self.prefill_tps if self.prefill_tps > 0 else 0.0
+        return pre + max(max_tokens - 1, 0) / rate
+
+    def wait_ms(self, now: float, prompt_tokens: int, max_tokens: int) -> float:
+        """How long a request arriving now would wait for a slot (meshd.core.admission)."""
+        return slot_wait_ms(now, list(self.ends.values()), self.waiting, self.max_concurrency,
+                            self.service_s(prompt_tokens, max_tokens) * 1000.0)
 
     @property
     def whole(self) -> bool:
@@ -79,6 +102,7 @@ class Served:
             "served": self.served,
             "failed": self.failed,
             "busy_refusals": self.busy_refusals,
+            "wait_refusals": self.wait_refusals,
             "prefill_tps": round(self.prefill_tps, 1),
             "decode_tps": round(self.decode_tps, 1),
         }
@@ -127,15 +151,26 @@ class Runner:
         return ids
 
     async def generate(
-        self, model: str, prompt_ids: list[int], gen: Any
+        self, model: str, prompt_ids: list[int], gen: Any, *, max_wait_ms: float | None = None
     ) -> AsyncIterator[Token]:
-        """Generate on the local model; raises ``BusyError`` at once if the queue is full."""
+        """Generate on the local model; raises ``BusyError`` at once if the queue is full, or
+        if the request would wait for a slot longer than ``max_wait_ms`` (when given)."""
         s = self.whole(model)
         if s is None:
             raise RemoteError(f"this node does not serve the whole of model {model!r}", "no_model")
         if s.waiting >= s.max_queue and s.limiter.available_tokens == 0:
             s.busy_refusals += 1
             raise BusyError(f"queue of {model} is full ({s.waiting} waiting)")
+        max_tokens = int(getattr(gen, "max_tokens", 1))
+        if max_wait_ms is not None and s.limiter.available_tokens == 0:
+            wait = s.wait_ms(trio.current_time(), len(prompt_ids), max_tokens)
+            if wait > max_wait_ms:
+                s.wait_refusals += 1
+                shown = "unknown" if math.isinf(wait) else f"{wait:.0f} ms"
+                raise BusyError(f"{model} cannot start within {max_wait_ms:.0f} ms (wait {shown})",
+                                wait_ms=None if math.isinf(wait) else wait)
+        key = s._next_key
+        s._next_key += 1
         s.waiting += 1
         self.poke()
         acquired = False
@@ -144,6 +179,7 @@ class Runner:
             acquired = True
             s.waiting -= 1
             s.running += 1
+            s.ends[key] = trio.current_time() + s.service_s(len(prompt_ids), max_tokens)
             self.poke()
             t0 = time.perf_counter()
             first: float | None = None
@@ -155,6 +191,9 @@ class Runner:
                 elif s.max_decode_tps > 0:  # pace token n+1 to no earlier than first + n / cap
                     await trio.sleep(max(0.0, first + n / s.max_decode_tps - time.perf_counter()))
                 n += 1
+                rate = s.decode_rate()
+                if rate > 0:  # the end of this request, as it stands
+                    s.ends[key] = trio.current_time() + max(max_tokens - n, 0) / rate
                 yield Token(int(ev.token_id), ev.text)
             if first is not None and n > 1:
                 s.decode_tps = _ewma(s.decode_tps, (n - 1) / max(time.perf_counter() - first, 1e-6))
@@ -165,6 +204,7 @@ class Runner:
         finally:
             if acquired:
                 s.running -= 1
+                s.ends.pop(key, None)
                 s.limiter.release()
             else:
                 s.waiting -= 1

@@ -116,7 +116,7 @@ class RequestServer:
                 code = "deadline" if trio.current_time() >= scope.deadline else "cancelled"
                 _fail(out, rid, code, f"request {code}")
         except RemoteError as e:
-            _fail(out, rid, e.code, str(e))
+            _fail(out, rid, e.code, str(e), getattr(e, "wait_ms", None))
         except MeshdError as e:
             _fail(out, rid, "internal", str(e))
         except Exception:
@@ -143,7 +143,9 @@ class RequestServer:
         count = 0
         if gen is not None:
             # Tokens go straight into the stream's batcher: no channel hop or await per token.
-            source = self.runner.generate(model, ids + resume, gen)
+            bound = msg.get("max_wait_ms")
+            source = self.runner.generate(model, ids + resume, gen,
+                                          max_wait_ms=float(bound) if bound is not None else None)
             try:
                 async for tok in source:
                     if not count:
@@ -168,8 +170,11 @@ class RequestServer:
         out.finish(rid, MessageType.DONE, {"rid": rid, "stats": stats})
 
 
-def _fail(out: FrameBatcher, rid: str, code: str, message: str) -> None:
-    out.finish(rid, MessageType.ERROR, {"rid": rid, "code": code, "message": message[:1000]})
+def _fail(out: FrameBatcher, rid: str, code: str, message: str, wait_ms: float | None = None) -> None:
+    fields: dict[str, Any] = {"rid": rid, "code": code, "message": message[:1000]}
+    if wait_ms is not None:
+        fields["wait_ms"] = int(min(wait_ms, 2**31))
+    out.finish(rid, MessageType.ERROR, fields)
 
 
 async def _error(framed: FramedStream, rid: str | None, code: str, message: str) -> None:

@@ -10,8 +10,9 @@ missing or of the wrong type is left out of the story). The record is::
      "outcome": {ttft_ms, tokens, tokens_per_s, served_by, route, error, retries, hedges},
      "events": [{ts, kind, node, payload}], "retries", "hedges"}
 
-Event payload keys read here: ``retry`` {to, from, reason, tokens}, ``hedge`` {to, after_ms,
-winner}, ``replan`` {reason}, ``failed`` {error}, ``cancelled`` {reason}. ``to``/``from``/
+Event payload keys read here: ``retry`` {to, from, reason, tokens} or, from the entry node,
+{target, reason, after_tokens}; ``back_to_refuser`` {target, predicted_ms, instead_of};
+``hedge`` {to, after_ms, winner}, ``replan`` {reason}, ``failed`` {error}, ``cancelled`` {reason}. ``to``/``from``/
 ``winner`` may be a peer id or a name. Constraints may carry ``sample_d`` (the meshd strategy's
 "best d") and ``softmax_temperature_ms``; other constraint keys are listed as they are.
 """
@@ -232,7 +233,13 @@ def _event_lines(events: list[Mapping[str, Any]], names: _Names) -> list[str]:
     lines = []
     for e in events:
         kind, p = _text(e.get("kind")), _map(e.get("payload"))
-        if kind == "retry":
+        if kind == "retry" and "to" not in p and p.get("target"):
+            # the entry node's record of a failed attempt: {target, reason, after_tokens}
+            reason = f": {_text(p['reason'])}" if p.get("reason") else ""
+            tokens = _num(p.get("after_tokens"))
+            streamed = f" after {int(tokens)} tokens" if tokens else ""
+            lines.append(f"The attempt on {names(p['target'])} failed{streamed}{reason}.")
+        elif kind == "retry":
             after = f" after {names(p['from'])} failed" if p.get("from") else ""
             reason = f" ({_text(p['reason'])})" if p.get("reason") else ""
             tokens = _num(p.get("tokens"))
@@ -243,6 +250,12 @@ def _event_lines(events: list[Mapping[str, Any]], names: _Names) -> list[str]:
                 else ""
             )
             lines.append(f"Retried on {names(p.get('to'))}{after}{reason}{resumed}.")
+        elif kind == "back_to_refuser":
+            when = f" (first token predicted in {_ms(p['predicted_ms'])})" if "predicted_ms" in p else ""
+            instead = f", instead of {names(p['instead_of'])}" if p.get("instead_of") else ""
+            lines.append(f"Went back to {names(p.get('target'))}, which had only been too busy to "
+                         f"start within the wait allowed and reported the shortest wait{when}"
+                         f"{instead}.")
         elif kind == "hedge":
             after = f"no first token after {_ms(p['after_ms'])}, so " if "after_ms" in p else ""
             won = f"; {names(p['winner'])} answered first" if p.get("winner") else ""

@@ -28,6 +28,7 @@ EVENT_KINDS = frozenset(
         "forwarded",
         "first_token",
         "retry",
+        "back_to_refuser",
         "hedge",
         "replan",
         "done",

@@ -28,8 +28,9 @@ def decision(*order: str) -> RouteDecision:
 
 
 def run(order: list[str], scripts: dict[str, Any], *, hedge_after_s: float | None = None,
-        first_token_timeout_s: float = 5.0) -> tuple[Any, list[tuple[str, list[int]]], list[str]]:
-    targets = {p: Target(p, p, False) for p in order}
+        first_token_timeout_s: float = 5.0, targets: dict[str, Target] | None = None,
+        ) -> tuple[Any, list[tuple[str, list[int]]], list[str]]:
+    targets = targets or {p: Target(p, p, False) for p in order}
     calls: list[tuple[str, list[int]]] = []
     journal: list[str] = []
 
@@ -74,6 +75,23 @@ def busy() -> Any:
     async def script(resume: list[int], chan: Any) -> None:
         raise BusyError("queue full")
     return script
+
+
+def refuses_then_serves(wait_ms: float) -> Any:
+    """Answers busy (with its wait) to a bounded attempt, serves an unbounded one."""
+    async def script(resume: list[int], chan: Any) -> None:
+        if script.bounded:  # type: ignore[attr-defined]
+            raise BusyError("cannot start in time", wait_ms=wait_ms)
+        await healthy()(resume, chan)
+    script.bounded = True  # type: ignore[attr-defined]
+    return script
+
+
+def bounded(**predicted: float) -> dict[str, Target]:
+    """Targets in the given order; all but the last carry a wait bound, as wait_bounds gives."""
+    names = list(predicted)
+    return {p: Target(p, p, False, max_wait_ms=50.0 if i < len(names) - 1 else None,
+                      predicted_ms=ms, known_ms=5.0) for i, (p, ms) in enumerate(predicted.items())}
 
 
 def test_death_after_k_tokens_resumes_elsewhere_with_those_tokens() -> None:
@@ -223,3 +241,49 @@ def test_a_failed_stream_stops_the_batcher_quietly() -> None:
         assert b.pending() == 0 and rec.writes == []
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+
+@pytest.mark.parametrize(
+    ("predicted", "waits", "want_calls"),
+    [
+        # a and b refuse; c is predicted slower than going back to a (30 + 5 ms): back to a
+        ({"a": 20.0, "b": 30.0, "c": 200.0}, {"a": 30.0, "b": 500.0}, ["a", "b", "a"]),
+        # c is predicted sooner than either refuser: c
+        ({"a": 20.0, "b": 30.0, "c": 20.0}, {"a": 30.0, "b": 500.0}, ["a", "b", "c"]),
+        # b, the last, turns out full (busy with no estimate): back to a, which only refused
+        ({"a": 20.0, "b": 30.0}, {"a": 300.0, "b": None}, ["a", "b", "a"]),
+    ],
+)
+def test_wait_refusals_move_on_then_go_where_it_is_soonest(
+    predicted: dict[str, float], waits: dict[str, float | None], want_calls: list[str]
+) -> None:
+    order = list(predicted)
+    scripts: dict[str, Any] = {p: healthy() for p in order}
+    for p, w in waits.items():
+        scripts[p] = busy() if w is None else refuses_then_serves(w)
+    bounds: list[float | None] = []
+    calls: list[str] = []
+
+    async def start(target: Target, resume: list[int], chan: Any) -> None:
+        calls.append(target.name)
+        bounds.append(target.max_wait_ms)
+        script = scripts[target.name]
+        if hasattr(script, "bounded"):
+            script.bounded = target.max_wait_ms is not None
+        await script(resume, chan)
+
+    async def sink(kind: str, payload: dict[str, Any]) -> None:
+        pass
+
+    async def main() -> Any:
+        return await serve_request(
+            decision(*order), bounded(**predicted), start, sink, entry_name="entry",
+            hedge_after_s=None, first_token_timeout_s=5.0, journal=lambda kind, payload: None,
+        )
+
+    out = trio.run(main)
+    assert out.error is None and out.tokens == GREEDY
+    assert calls == want_calls
+    assert bounds[0] == 50.0 and bounds[-1] is None  # bounded first, unbounded where it served
+    assert len(out.retries) == len(want_calls) - 1

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from store_samples import CANDIDATES
 
 from meshd.store import Store, explain_text
+from meshd.store.explain import _event_lines, _Names
 
 
 def cand(
@@ -323,3 +324,17 @@ junk = st.recursive(
 @given(junk)
 def test_never_raises(rec):
     assert isinstance(explain_text(rec if isinstance(rec, dict) else {"decision": rec}), str)
+
+
+def test_the_entry_nodes_attempts_and_a_return_to_a_refuser_read_as_sentences() -> None:
+    events = [
+        {"ts": 1.0, "kind": "retry", "node": "e",
+         "payload": {"target": "gw-1", "reason": "gw-1 is busy: cannot start within 50 ms (wait 420 ms)",
+                     "after_tokens": 0}},
+        {"ts": 1.1, "kind": "back_to_refuser", "node": "e",
+         "payload": {"target": "gw-1", "predicted_ms": 431.0, "instead_of": "gw-7"}},
+    ]
+    text = "\n".join(_event_lines(events, _Names([])))
+    assert "The attempt on gw-1 failed: gw-1 is busy: cannot start within 50 ms" in text
+    assert "Went back to gw-1, which had only been too busy" in text
+    assert "(first token predicted in 431 ms), instead of gw-7." in text

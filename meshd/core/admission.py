@@ -1,0 +1,74 @@
+"""Wait-bounded admission: the entry node says how long a request may queue, the server knows.
+
+An entry node ranks candidates on queue figures that are up to an advert interval old, and every
+other entry node is doing the same. The serving node, though, knows its own queue exactly: how
+many requests wait and when each running one should finish. So meshd's default strategy sends
+its first attempts with a bound, ``max_wait_ms``: the wait beyond which the entry node would
+rather go to its next candidate. A server that cannot start the request within the bound
+answers ``busy`` at once, with its own estimate of the wait, instead of queueing it; the entry
+node moves on, one round trip later. The last attempt carries no bound, and goes to whichever
+is predicted sooner: the next candidate, or the refuser that reported the shortest wait.
+
+Two pure parts, used by the daemon (``meshd.node.entry``, ``meshd.node.runner``):
+
+- ``wait_bounds``: the bound for each peer of a routing decision's order;
+- ``slot_wait_ms``: the server's estimate of how long a new request would wait for a slot.
+
+See docs/routing.md, "Wait-bounded admission".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from meshd.core.routing import RouteDecision
+from meshd.core.snapshot import Policy
+
+STRATEGIES_WITH_BOUNDS = ("meshd",)
+
+
+def wait_bounds(decision: RouteDecision, policy: Policy) -> dict[str, float]:
+    """``max_wait_ms`` for the first ``policy.wait_bound_attempts`` peers of ``decision.order``.
+
+    The bound on peer ``i`` is what going on would cost: the predicted TTFT of peer ``i + 1``,
+    never less than ``policy.wait_bound_min_ms``. Peers not in the result get no bound (the last
+    one of the order always: there is nowhere left to go). Empty for strategies other than
+    meshd's, so the published baselines run as published.
+    """
+    if decision.strategy not in STRATEGIES_WITH_BOUNDS or policy.wait_bound_attempts <= 0:
+        return {}
+    order = decision.order
+    out: dict[str, float] = {}
+    for i, peer in enumerate(order[: policy.wait_bound_attempts]):
+        if i + 1 >= len(order):
+            break
+        nxt = decision.candidate(order[i + 1])
+        going_on = nxt.predicted_ttft_ms if nxt is not None else None
+        if going_on is None or not math.isfinite(going_on):
+            going_on = policy.wait_bound_min_ms
+        out[peer] = max(policy.wait_bound_min_ms, going_on)
+    return out
+
+
+def slot_wait_ms(
+    now_s: float, finishes_s: Sequence[float], waiting: int, slots: int, service_ms: float
+) -> float:
+    """How long a request arriving now would wait for one of ``slots`` slots, in ms.
+
+    ``finishes_s`` are the expected end times of the requests running now (seconds, the same
+    clock as ``now_s``); ``waiting`` requests are queued ahead of the new one; ``service_ms`` is
+    how long one request holds a slot. A free slot means no wait. Otherwise the new request
+    takes the slot freed by the ``waiting + 1``-th completion: the running requests finish at
+    their times, then each slot turns over every ``service_ms``.
+    """
+    slots = max(slots, 1)
+    if len(finishes_s) < slots and waiting <= 0:
+        return 0.0
+    ends = sorted(max(f - now_s, 0.0) * 1000.0 for f in finishes_s)
+    ends += [0.0] * (slots - len(ends))  # a free slot (the waiting ones take it first)
+    ends.sort()
+    rounds, k = divmod(max(waiting, 0), slots)
+    if rounds and not math.isfinite(service_ms):
+        return math.inf
+    return ends[k] + rounds * max(service_ms, 0.0)
