@@ -41,6 +41,8 @@ def register(sub: Any) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--residency", help="only nodes whose certificate labels carry this tag may serve")
     p.add_argument("--strategy", help="routing strategy for this request (default: the node's)")
+    p.add_argument("--client", help="the client this request counts against in [routing] quotas "
+                   "(default: local)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--pipeline", choices=["auto", "never", "always"],
                    help="run as a pipeline of layer-range stages: auto (the planner decides, "
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     fields: dict[str, Any] = {"rid": uuid.uuid4().hex[:16], "prompt": prompt, "chat": args.chat,
                               "max_tokens": args.max_tokens, "temperature": args.temperature}
     for k in ("model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy",
-              "pipeline"):
+              "pipeline", "client"):
         v = getattr(args, k)
         if v is not None:
             fields[k] = v
