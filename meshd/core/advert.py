@@ -57,6 +57,9 @@ class Advert:
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
     cost_per_hour: float = 0.0
+    # requests/s the node completes when saturated: its slots over the time a request of its
+    # recent traffic holds one (0: not measured yet; routers then derive it from the speeds)
+    service_rate_rps: float = 0.0
     coord: tuple[float, ...] = ()
     coord_height: float = 0.0
     coord_error: float = 1.0
@@ -96,6 +99,7 @@ class Advert:
             "prefill_tps": self.prefill_tps,
             "decode_tps": self.decode_tps,
             "cost_per_hour": self.cost_per_hour,
+            "svc_rps": self.service_rate_rps,
             "coord": {
                 "vec": list(self.coord),
                 "h": self.coord_height,
@@ -221,6 +225,7 @@ def decode_advert(body: bytes) -> Advert:
         prefill_tps=_num(d, "prefill_tps"),
         decode_tps=_num(d, "decode_tps"),
         cost_per_hour=_num(d, "cost_per_hour"),
+        service_rate_rps=_num(d, "svc_rps"),
         coord=tuple(float(x) for x in vec),
         coord_height=_num(coord, "h", 0.0),
         coord_error=_num(coord, "e", 1.0),

@@ -26,7 +26,7 @@ import operator
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -53,14 +53,15 @@ Vec = list[float] | Floats
 Positions = list[int] | Ints
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
     """One node that serves the model, as the router saw it.
 
     ``predicted_ttft_ms`` = ``rtt_ms`` + ``queue_wait_ms`` + ``prefill_ms`` (staleness corrected,
     the same model whatever the strategy, so hedging and ``meshd explain`` can use it). ``score``
     is what the strategy ranked by, lower is better (None for round_robin and random).
-    ``excluded_by`` names the hard constraint that ruled the node out, or is None.
+    ``excluded_by`` names the hard constraint that ruled the node out, or is None. (A named
+    tuple: a decision lists up to ``explain_limit`` of them, and a tuple is built in a third of
+    the time of a frozen dataclass.)
     """
 
     peer_id: str

@@ -264,6 +264,7 @@ class Node(ControlMixin):
             prefill_tps=round(prefill, 1),
             decode_tps=round(decode, 1),
             cost_per_hour=self.config.node.cost_per_hour,
+            service_rate_rps=round(sum(s.service_rate_rps() for s in served if s.whole), 3),
             coord=self.coord.vec,
             coord_height=self.coord.height,
             coord_error=self.coord.error,

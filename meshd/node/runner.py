@@ -61,12 +61,18 @@ class Served:
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
     max_decode_tps: float = 0.0  # config's max_decode_tokens_per_s: per-request pacing, 0 = none
+    hold_s: float = 0.0  # EWMA of how long a completed request held its slot (0: none yet)
     wait_refusals: int = 0  # requests that could not start within the wait their entry node allowed
     ends: dict[int, float] = field(default_factory=dict)  # running request -> expected end (trio clock)
     _next_key: int = 0
 
     def __post_init__(self) -> None:
         self.limiter = trio.CapacityLimiter(self.max_concurrency)
+
+    def service_rate_rps(self) -> float:
+        """Requests/s these slots complete when all are busy, from the requests served (0: none
+        served yet). Gossiped in the advert: routers take it for the turnover of the queue."""
+        return self.max_concurrency / self.hold_s if self.hold_s > 0 else 0.0
 
     def decode_rate(self) -> float:
         """Tokens/s one request decodes at here (the cap, or the measured speed; 0: unknown)."""
@@ -105,6 +111,7 @@ class Served:
             "wait_refusals": self.wait_refusals,
             "prefill_tps": round(self.prefill_tps, 1),
             "decode_tps": round(self.decode_tps, 1),
+            "service_rate_rps": round(self.service_rate_rps(), 3),
         }
 
 
@@ -195,8 +202,10 @@ class Runner:
                 if rate > 0:  # the end of this request, as it stands
                     s.ends[key] = trio.current_time() + max(max_tokens - n, 0) / rate
                 yield Token(int(ev.token_id), ev.text)
+            end = time.perf_counter()
             if first is not None and n > 1:
-                s.decode_tps = _ewma(s.decode_tps, (n - 1) / max(time.perf_counter() - first, 1e-6))
+                s.decode_tps = _ewma(s.decode_tps, (n - 1) / max(end - first, 1e-6))
+            s.hold_s = _ewma(s.hold_s, max(end - t0, 1e-6))
             s.served += 1
         except BaseException:
             s.failed += 1

@@ -61,6 +61,7 @@ def view_of_advert(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,
         cost_per_hour=a.cost_per_hour,
         free_kv_tokens=min((m.free_kv_tokens for m in a.models), default=1 << 30) or 1 << 30,
         is_local=is_local,
+        service_rate_rps=a.service_rate_rps,
     )
 
 

@@ -62,3 +62,17 @@ def test_garbage_raises_only_protocol_error(d: dict[str, object]) -> None:
         decode_advert(pack(d))
     except ProtocolError:
         pass
+
+
+def test_measured_service_rate_travels_and_an_older_advert_without_it_reads_as_unmeasured() -> None:
+    from meshd.node.view import view_of_advert
+
+    a = make(service_rate_rps=3.25)
+    back = decode_advert(a.encode())
+    assert back.service_rate_rps == 3.25
+    view = view_of_advert(back, rtt_ms=1.0, rtt_source="measured", age_s=0.0,
+                          sent_since_advert=0, is_local=False)
+    assert view.service_rate_rps == 3.25  # the router takes it as measured
+    d = a.to_dict()
+    del d["svc_rps"]  # an advert from before the field
+    assert decode_advert(pack(d)).service_rate_rps == 0.0

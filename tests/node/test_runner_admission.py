@@ -64,3 +64,15 @@ def test_a_free_slot_admits_whatever_the_bound() -> None:
     runner.add(s)
     assert len(trio.run(drain, runner, 0.0)) == 11
     assert s.wait_refusals == 0
+
+
+def test_served_requests_give_the_measured_service_rate() -> None:
+    runner = Runner()
+    s = served()
+    runner.add(s)
+    assert s.service_rate_rps() == 0.0  # nothing served: not measured
+    trio.run(drain, runner)
+    # 11 tokens at 20/s hold the slot for about 0.5 s: 2 slots complete about 4 requests/s
+    assert 0.5 <= s.hold_s < 2.0
+    assert s.service_rate_rps() == pytest.approx(2 / s.hold_s)
+    assert runner.models["m"].statistics()["service_rate_rps"] > 0
