@@ -27,7 +27,7 @@ from meshd.core.advert import significant_load_change
 from meshd.core.snapshot import RouteRequest
 from meshd.core.vivaldi import update
 from meshd.errors import RoutingError
-from meshd.sim import hedging, pipeline
+from meshd.sim import admission, hedging, pipeline
 from meshd.sim.metrics import Metrics, summarise
 from meshd.sim.request import SimRequest
 from meshd.sim.scenario import Scenario
@@ -49,7 +49,8 @@ from meshd.sim.world import VIVALDI, SimNode, World, note_dead
     EARLY,
     HEDGE,
     FIRST,
-) = range(13)
+    REFUSED,
+) = range(14)
 
 Progress = Callable[[float], None]
 
@@ -171,6 +172,12 @@ class Engine:
                     self._retry(a, t, "dead")
             elif kind == STAGE:
                 pipeline.at_stage(self, a, b, t)
+            elif kind == REFUSED:
+                if b[0] == a.gen:
+                    if a.family is None:
+                        admission.next_target(self, a, b[1], t)
+                    else:
+                        self._retry(a, t, "busy")
             elif kind == HEDGE:
                 hedging.fire(self, a, b, t)
             elif kind == FIRST:
@@ -288,6 +295,7 @@ class Engine:
         by_peer = w.by_peer
         r.order = [by_peer[p] for p in dec.order]
         r.pos = 0
+        admission.arm(self, r, dec)
         self._send(r, now)
         if self.hedge:
             hedging.arm(self, r, dec, self.policy, now)
@@ -314,6 +322,8 @@ class Engine:
             self.push(now + self.sc.run.failure_detect_s, DEAD, r, r.gen)
         elif t.running < t.slots:
             self._serve(t, r, now)
+        elif (wait := admission.refused_wait_ms(t, r, now)) is not None:
+            self.push(now + r.rtt_s / 2.0, REFUSED, r, (r.gen, wait))
         elif len(t.queue) < t.max_queue:
             t.queue.append(r)
             self.load_changed(t, now)

@@ -37,6 +37,7 @@ class Metrics:
     pipelined: int = 0
     hedges: int = 0  # hedge copies sent
     hedge_wins: int = 0  # ... whose first token came first
+    wait_refusals: int = 0  # attempts a server refused at once for their wait bound
     served_by_hardware: Counter[str] = field(default_factory=Counter)
 
     def complete(self, ttft_s: float, e2e_s: float, prompt: int, output: int) -> None:
@@ -91,6 +92,7 @@ def summarise(
         "pipelined": m.pipelined,
         "hedges": m.hedges,
         "hedge_wins": m.hedge_wins,
+        "wait_refusals": m.wait_refusals,
         "served_by_hardware": dict(sorted(m.served_by_hardware.items())),
     }
     if m.pipeline_ttft_ms:

@@ -17,6 +17,7 @@ class SimRequest:
         "rid", "arrival", "entry", "model", "prompt", "output", "residency", "measured",
         "tried", "order", "pos", "attempts", "server", "rtt_s", "gen", "ttft_s", "start_s",
         "first_s", "end_s", "done_tokens", "hops", "stages", "stage_i", "held", "family",
+        "bounds", "pred", "refused",
     )  # fmt: skip
 
     def __init__(
@@ -50,6 +51,12 @@ class SimRequest:
         self.stage_i = 0
         self.held: list[tuple[int, float]] = []  # (node idx, since)
         self.family: Any = None  # a hedging.Family once a hedge copy is sent
+        # Wait-bounded admission (sim.admission): node idx -> max_wait_ms of the attempts that
+        # carry one; node idx -> (predicted TTFT, its RTT + prefill part) in ms; and the
+        # refusals so far as (predicted TTFT back there in ms, node idx).
+        self.bounds: dict[int, float] | None = None
+        self.pred: dict[int, tuple[float, float]] | None = None
+        self.refused: list[tuple[float, int]] | None = None
 
     @property
     def remaining_output(self) -> int:

@@ -176,3 +176,15 @@ def test_same_result_in_another_process_with_another_hash_seed() -> None:
         return data
 
     assert run("1") == run("2")
+
+
+def test_wait_bounded_admission_refuses_only_for_meshd_and_loses_nothing() -> None:
+    on = Engine(scenario(), "meshd").run()
+    assert on["wait_refusals"] > 0  # some first attempts met a full node and moved on
+    assert on["completed"] + on["failed"] == on["arrived"]
+    assert on["failed"] == 0
+    off = Engine(scenario(policy={"wait_bound_attempts": 0}), "meshd").run()
+    assert off["wait_refusals"] == 0
+    assert Engine(scenario(), "lwsq").run()["wait_refusals"] == 0  # the baselines run as published
+    # the bound spares requests queueing behind a full node: the TTFT tail is no worse
+    assert on["ttft_p95_ms"] <= off["ttft_p95_ms"] * 1.05
