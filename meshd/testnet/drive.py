@@ -8,11 +8,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
+from contextlib import aclosing
 from typing import Any
 
 import trio
 
-from meshd.control.client import call
+from meshd.control.client import call, submit_events
 from meshd.core.messages import MessageType
 from meshd.errors import MeshdError
 
@@ -50,3 +51,23 @@ def peers_of(sock: str) -> list[dict[str, Any]]:
     except MeshdError:
         return []
     return list(reply["peers"])
+
+
+async def stream(sock: str, fields: dict[str, Any], on_first: Any = None) -> dict[str, Any]:
+    """Submit ``fields`` through a control socket and collect the answer: token ``ids``, the
+    nodes that ``served`` it (one per ROUTE frame), the DONE frame's ``stats`` and when it came
+    (``done_at``, time.monotonic); ``on_first(served_by)`` is called at the first tokens."""
+    ids: list[int] = []
+    routes: list[str] = []
+    async with aclosing(submit_events(sock, fields, recv_timeout_s=60)) as events:
+        async for msg in events:
+            if msg["t"] == MessageType.ROUTE:
+                routes.append(msg["served_by"])
+            elif msg["t"] == MessageType.TOKENS:
+                if not ids and on_first is not None:
+                    on_first(routes[-1])
+                ids.extend(msg["ids"])
+            elif msg["t"] == MessageType.DONE:
+                return {"ids": ids, "served": routes, "stats": msg["stats"],
+                        "done_at": time.monotonic()}
+    raise AssertionError("the request ended without a DONE frame")

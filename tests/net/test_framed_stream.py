@@ -3,29 +3,18 @@ survives the end of its stream (fakes with a mock clock, then two REAL libp2p ho
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
-from libp2p import new_host
-from libp2p.crypto.x25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.network.config import ConnectionConfig
-from libp2p.peer.peerinfo import info_from_p2p_addr
-from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
-from libp2p.security.noise.transport import Transport as NoiseTransport
-from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
-from libp2p.stream_muxer.yamux.yamux import Yamux
-from multiaddr import Multiaddr
+from libp2p_pair import pair
 
 from meshd.core.messages import REQUEST_TYPES, MessageType
 from meshd.core.wire import MAX_REQUEST_FRAME, frame
 from meshd.errors import PeerGoneError
 from meshd.net.framed import FramedStream
-from meshd.net.identity import generate_node_key_pair
 
 
 class FakeStream:
@@ -136,20 +125,6 @@ def test_a_peer_that_never_ends_its_side_is_reset_after_the_grace() -> None:
 
 PROTO = TProtocol("/meshd-test/error-then-end/1")
 
-
-def _host() -> Any:
-    kp = generate_node_key_pair()
-    noise = NoiseTransport(kp, noise_privkey=create_new_key_pair().private_key)
-    return new_host(key_pair=kp, sec_opt={NOISE_ID: noise}, muxer_opt={TProtocol(YAMUX_ID): Yamux},
-                    connection_config=ConnectionConfig(max_connections_per_peer=1))
-
-
-@asynccontextmanager
-async def pair() -> AsyncIterator[tuple[Any, Any]]:
-    a, b = _host(), _host()
-    async with a.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]), b.run([Multiaddr("/ip4/127.0.0.1/tcp/0")]):
-        await a.connect(info_from_p2p_addr(b.get_addrs()[0]))
-        yield a, b
 
 
 async def errors_received(rounds: int) -> int:

@@ -17,16 +17,16 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from meshd.control.client import call, submit_events
+from meshd.control.client import call
 from meshd.core.messages import MessageType
 from meshd.errors import RemoteError
+from meshd.testnet.drive import stream
 from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, up
 
 pytestmark = pytest.mark.slow
@@ -50,23 +50,6 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator
         yield {n["name"]: n for n in index["nodes"]}
     finally:
         down(d)
-
-
-async def stream(sock: str, fields: dict[str, Any], on_first: Any = None) -> dict[str, Any]:
-    """Submit through the control socket; call ``on_first(served_by)`` at the first tokens."""
-    ids: list[int] = []
-    routes: list[str] = []
-    async with aclosing(submit_events(sock, fields, recv_timeout_s=60)) as events:
-        async for msg in events:
-            if msg["t"] == MessageType.ROUTE:
-                routes.append(msg["served_by"])
-            elif msg["t"] == MessageType.TOKENS:
-                if not ids and on_first is not None:
-                    on_first(routes[-1])
-                ids.extend(msg["ids"])
-            elif msg["t"] == MessageType.DONE:
-                return {"ids": ids, "served": routes, "stats": msg["stats"]}
-    raise AssertionError("the request ended without a DONE frame")
 
 
 def greedy(**extra: Any) -> dict[str, Any]:

@@ -17,16 +17,15 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from meshd.control.client import call, submit_events
+from meshd.control.client import call
 from meshd.core.messages import MessageType
-from meshd.testnet.drive import peers_of, wait_for
+from meshd.testnet.drive import peers_of, stream, wait_for
 from meshd.testnet.launcher import NodeSpec, down, up
 
 pytestmark = pytest.mark.slow
@@ -113,19 +112,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterat
 async def generate(sock: str, on_first: Any = None) -> dict[str, Any]:
     fields = {"rid": uuid.uuid4().hex[:16], "prompt": "the quick brown fox", "max_tokens": 40,
               "temperature": 0.0}
-    ids: list[int] = []
-    routes: list[str] = []
-    async with aclosing(submit_events(sock, fields, recv_timeout_s=60)) as events:
-        async for msg in events:
-            if msg["t"] == MessageType.ROUTE:
-                routes.append(msg["served_by"])
-            elif msg["t"] == MessageType.TOKENS:
-                if not ids and on_first is not None:
-                    on_first(routes[-1])
-                ids.extend(msg["ids"])
-            elif msg["t"] == MessageType.DONE:
-                return {"ids": ids, "served": routes, "done_at": time.monotonic()}
-    raise AssertionError("the request ended without a DONE frame")
+    return await stream(sock, fields, on_first)
 
 
 def test_a_server_frozen_mid_request_is_found_fast_and_the_request_finishes_elsewhere(
