@@ -331,24 +331,23 @@ def _with_clients(snap: MeshSnapshot, in_flight: dict[str, int]) -> MeshSnapshot
     return out
 
 
-def _target(n: Any) -> Target:
-    return Target(peer_id=n.peer_id, name=n.name, is_local=n.is_local)
-
-
 def _targets(snap: Any, decision: Any, policy: Any) -> dict[str, Target]:
-    """Every node of the snapshot as a target; those in the decision with the router's
-    predictions, and the wait bounds of meshd's admission (meshd.core.admission)."""
+    """The eligible candidates of the decision (every peer of its order is one) as targets,
+    with the router's predictions and the wait bounds of meshd's admission
+    (meshd.core.admission)."""
     from meshd.core.admission import wait_bounds
 
     bounds = wait_bounds(decision, policy)
-    targets = {n.peer_id: _target(n) for n in snap.nodes}
+    targets: dict[str, Target] = {}
     for c in decision.candidates:
-        t = targets.get(c.peer_id)
-        if t is None or c.predicted_ttft_ms is None or c.excluded_by is not None:
+        if c.excluded_by is not None:
             continue
-        t.predicted_ms = c.predicted_ttft_ms
-        t.known_ms = c.predicted_ttft_ms - c.queue_wait_ms
-        t.max_wait_ms = bounds.get(c.peer_id)
+        t = Target(peer_id=c.peer_id, name=c.name, is_local=c.peer_id == snap.local_peer_id)
+        if c.predicted_ttft_ms is not None:
+            t.predicted_ms = c.predicted_ttft_ms
+            t.known_ms = c.predicted_ttft_ms - c.queue_wait_ms
+            t.max_wait_ms = bounds.get(c.peer_id)
+        targets[c.peer_id] = t
     return targets
 
 
