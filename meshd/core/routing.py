@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meshd.core.snapshot import MeshSnapshot, NodeView, Policy, RouteRequest, Serving
-from meshd.errors import ConfigError, RoutingError
+from meshd.errors import ConfigError, QuotaError, RoutingError
 
 STRATEGIES = ("meshd", "round_robin", "random", "least_queue", "latency_only", "lwsq")
 
@@ -408,7 +408,7 @@ def quota_constraint(req: RouteRequest, snap: MeshSnapshot, policy: Policy) -> s
         return None
     used = snap.client_in_flight.get(req.client, 0)
     if used >= quota:
-        raise RoutingError(
+        raise QuotaError(
             f"request {req.request_id}: client {req.client!r} has {used} requests in flight, "
             f"its quota is {quota}"
         )

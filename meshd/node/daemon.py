@@ -34,8 +34,10 @@ def load_runner(cfg: Config) -> Runner:
         path = default_model_dir() if m.path == "default" else cfg.path(m.path)
         if not Path(path).exists():
             raise ModelError(f"[[models]][{i}].path: model directory {path} does not exist")
-        layers = None if m.layers in ("all", "auto") else m.layers
-        if m.layers == "auto":  # [0, capacity) until the node has heard the mesh (autoplace.py)
+        layers: tuple[int, int] | None = None
+        if isinstance(m.layers, tuple):
+            layers = (int(m.layers[0]), int(m.layers[1]))
+        elif m.layers == "auto":  # [0, capacity) until the node has heard the mesh (autoplace.py)
             from meshd.node.autoplace import initial_range
 
             layers = initial_range(Path(path), m.max_layers)
@@ -76,6 +78,13 @@ class EngineModel:
 
     def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
         return list(self.model.encode_prompt(text, chat=chat))
+
+    def encode_messages(self, messages: list[Any]) -> list[int]:
+        return list(self.model.tokenizer.encode_chat(messages))
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model.context_length)
 
     def generate(self, prompt: list[int], cfg: Any) -> Any:
         return self.model.generate(prompt, cfg)
