@@ -24,6 +24,7 @@ from meshd.net.framed import FramedStream, TrioStreamAdapter
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 5.0  # after HELLO_OK, the request frame must arrive whole within this
 
 
 class ControlHandler(Protocol):
@@ -52,10 +53,14 @@ def prepare_socket_path(path: Path) -> None:
 
 
 class ControlServer:
-    def __init__(self, path: Path, handler: ControlHandler) -> None:
+    def __init__(self, path: Path, handler: ControlHandler, *,
+                 hello_timeout_s: float = HELLO_TIMEOUT_S,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
         self.path = path
         self.handler = handler
-        self.stats = {"connections": 0, "malformed": 0, "errors": 0}
+        self.hello_timeout_s = hello_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.stats = {"connections": 0, "malformed": 0, "errors": 0, "timeouts": 0}
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         prepare_socket_path(self.path)
@@ -82,7 +87,7 @@ class ControlServer:
         self.stats["connections"] += 1
         framed = FramedStream(TrioStreamAdapter(stream), MAX_CONTROL_FRAME, CONTROL_TYPES)
         try:
-            with trio.fail_after(HELLO_TIMEOUT_S):
+            with trio.fail_after(self.hello_timeout_s):
                 hello = await framed.recv()
             if hello is None:
                 return
@@ -98,12 +103,16 @@ class ControlServer:
                 MessageType.HELLO_OK,
                 {"v": CONTROL_VERSION, "node": self.handler.node_name, "peer_id": self.handler.peer_id},
             )
-            msg = await framed.recv()
+            # a client that stops half way through its request frame (or never sends one) must
+            # not hold a handler and its socket forever
+            with trio.fail_after(self.request_timeout_s):
+                msg = await framed.recv()
             if msg is None:
                 return
             await self.handler.handle_control(msg, framed)
         except trio.TooSlowError:
-            pass
+            self.stats["timeouts"] += 1
+            log.info("control client too slow; connection closed")
         except PeerGoneError:
             pass  # the client went away
         except RemoteError as e:
