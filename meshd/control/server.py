@@ -7,6 +7,7 @@ ERROR frame and the connection is closed; the daemon keeps serving everyone else
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -18,7 +19,7 @@ import trio
 
 from meshd.core.messages import CONTROL_TYPES, CONTROL_VERSION, MessageType
 from meshd.core.wire import MAX_CONTROL_FRAME, Message
-from meshd.errors import MeshdError, PeerGoneError, ProtocolError, RemoteError
+from meshd.errors import ConfigError, MeshdError, PeerGoneError, ProtocolError, RemoteError
 from meshd.net.framed import FramedStream, TrioStreamAdapter
 
 log = logging.getLogger(__name__)
@@ -36,20 +37,36 @@ class ControlHandler(Protocol):
 
 
 def prepare_socket_path(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Make ``path`` ready to bind: create its folder, remove a dead daemon's stale socket.
+    ``ConfigError`` (one line) when it cannot be: a regular file on the path, a live daemon
+    already serving it, a folder we may not create."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:
+        raise ConfigError(f"control socket {path}: cannot use the folder {path.parent} "
+                          f"({_why(e, path.parent)})") from None
     if path.exists() or path.is_symlink():
         mode = path.lstat().st_mode
         if not stat.S_ISSOCK(mode):
-            raise MeshdError(f"{path} exists and is not a socket; refusing to replace it")
+            raise ConfigError(f"control socket {path} exists and is not a socket; refusing to replace it")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(path))
         except OSError:
             path.unlink()  # a stale socket of a dead daemon
         else:
-            raise MeshdError(f"another daemon already listens on {path}")
+            raise ConfigError(f"control socket {path} is already served by another running daemon")
         finally:
             probe.close()
+
+
+def _why(err: OSError, folder: Path) -> str:
+    """Which part of ``folder`` is in the way, when a regular file is."""
+    if err.errno in (errno.EEXIST, errno.ENOTDIR):
+        for p in (folder, *folder.parents):
+            if p.exists() and not p.is_dir():
+                return f"{p} is a file, not a folder"
+    return err.strerror or type(err).__name__
 
 
 class ControlServer:
@@ -68,6 +85,9 @@ class ControlServer:
         old = os.umask(0o177)
         try:
             await sock.bind(str(self.path))
+        except OSError as e:
+            sock.close()
+            raise ConfigError(f"control socket {self.path}: cannot bind ({e.strerror})") from None
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
