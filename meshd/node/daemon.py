@@ -101,9 +101,11 @@ def preflight(cfg: Config) -> None:
 
 def build_node(cfg: Config) -> Any:
     from meshd.net import speedups
+    from meshd.net.liblog import route_libp2p_logs
     from meshd.net.listen import install_exclusive_listen
     from meshd.node.node import Node
 
+    route_libp2p_logs()  # libp2p's bare lines get meshd's format and a rate limit
     speedups.install()  # py-libp2p CPU fixes (yamux credit, service task lookup): see the module
     install_exclusive_listen()  # no SO_REUSEPORT: a second daemon cannot share our port
     preflight(cfg)
