@@ -54,6 +54,7 @@ from meshd.node.stagelinks import StageLinks
 from meshd.node.stages import StageServer
 from meshd.node.status import node_status, peers_listing
 from meshd.node.view import build_snapshot, coord_of
+from meshd.paths import control_socket_path
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +148,7 @@ class Node:
     # ------------------------------------------------------------------ lifecycle
 
     def socket_path(self) -> Path:
-        if self.config.node.socket:
-            return self.config.path(self.config.node.socket)
-        return self.config.path(self.config.node.data_dir) / "meshd.sock"
+        return control_socket_path(self.config)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.config
