@@ -64,6 +64,11 @@ class Engine:
         self.seed = sc.run.seed if seed is None else seed
         self.strategy = strategy
         self.world = World(sc, self.seed)
+        # round_robin_lockstep is the herding baseline: every counter starts at 0.
+        self.lockstep = strategy == routing.LOCKSTEP
+        if self.lockstep:
+            for node in self.world.nodes:
+                node.rr = 0
         self.nominal = _nominal(sc)
         self.views = Views(self.world, sc, self.seed, self.nominal)
         # The scenario's policy with the strategy under test. The explanation list is trimmed
@@ -432,6 +437,8 @@ class Engine:
             ri = w.region_names.index(ev.region or "")
             for _ in range(ev.count):
                 node = w.join(ri, self.sc.hardware[ev.hardware or ""], ev.serve, now)
+                if self.lockstep:
+                    node.rr = 0
                 self.views.set_rate(node)
                 self.views.publish_advert(node, now)
                 self._schedule_advert(node, now + self.sc.gossip.advert_interval_s)
