@@ -36,6 +36,7 @@ from meshd.core.messages import (
     MessageType,
 )
 from meshd.core.peertable import PeerTable, Verdict
+from meshd.core.routing import round_robin_offset
 from meshd.core.snapshot import Policy
 from meshd.core.vivaldi import Coord, update
 from meshd.core.wire import MAX_ADVERT_BYTES, MAX_REQUEST_FRAME, decode_message, encode_message
@@ -115,7 +116,9 @@ class Node:
         self.stage_links = StageLinks(self, self.stage_server)
         self.stage_server.links = self.stage_links
         self.placer = AutoPlacer(self)  # layers = "auto"
-        self.entry = EntryChain(self)  # what this node does with a request a client gave it
+        # what this node does with a request a client gave it; a round-robin counter that starts
+        # where this node's identity says, so independent entry nodes do not walk in step
+        self.entry = EntryChain(self, rr_offset=round_robin_offset(self.peer_id, config.routing.strategy))
         self.control = ControlService(self)
         self.host: Any = None
         self.gossip: Gossip | None = None
