@@ -19,7 +19,14 @@ import trio
 
 from meshd.core.messages import CONTROL_TYPES, CONTROL_VERSION, MessageType
 from meshd.core.wire import MAX_CONTROL_FRAME, Message
-from meshd.errors import ConfigError, MeshdError, PeerGoneError, ProtocolError, RemoteError
+from meshd.errors import (
+    ConfigError,
+    ErrorCode,
+    MeshdError,
+    PeerGoneError,
+    ProtocolError,
+    RemoteError,
+)
 from meshd.net.framed import FramedStream, TrioStreamAdapter
 
 log = logging.getLogger(__name__)
@@ -117,7 +124,7 @@ class ControlServer:
                 raise RemoteError(
                     f"control protocol version {hello['v']} is not supported "
                     f"(this daemon speaks {CONTROL_VERSION}); upgrade meshd",
-                    code="unsupported",
+                    code=ErrorCode.UNSUPPORTED,
                 )
             await framed.send(
                 MessageType.HELLO_OK,
@@ -143,11 +150,11 @@ class ControlServer:
             await _try_error(framed, e.code, str(e))
         except MeshdError as e:
             self.stats["errors"] += 1
-            await _try_error(framed, "internal", str(e))
+            await _try_error(framed, getattr(e, "code", None) or ErrorCode.INTERNAL, str(e))
         except Exception:
             self.stats["errors"] += 1
             log.exception("control request failed")
-            await _try_error(framed, "internal", "internal error; see the daemon log")
+            await _try_error(framed, ErrorCode.INTERNAL, "internal error; see the daemon log")
         finally:
             await framed.close()
 
