@@ -125,3 +125,36 @@ def add_key(path: Path, name: str, *, now: float | None = None) -> str:
         f.write(old + f"{name}\t{key_hash(key)}\t{created}\n")
     tmp.replace(path)
     return key
+
+
+def key_entries(path: Path) -> list[tuple[str, str]]:
+    """(client name, created) of each key in ``path``, in file order; never the hashes."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        parts = line.strip().split("\t")
+        if line.strip() and not line.startswith("#") and len(parts) >= 2:
+            out.append((parts[0], parts[2] if len(parts) > 2 else ""))
+    return out
+
+
+def remove_keys(path: Path, name: str) -> int:
+    """Drop every key of client ``name`` from ``path``; returns how many were dropped."""
+    if not path.exists():
+        return 0
+    text = path.read_text()
+    parse_key_file(text, str(path))
+    kept, dropped = [], 0
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#") and line.split("\t")[0] == name:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(kept) + "\n")
+        tmp.replace(path)
+    return dropped
