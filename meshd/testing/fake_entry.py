@@ -89,7 +89,7 @@ class FakeChain:
                 context=model.context_length)
         quota = self.quotas.get(req.client)
         if quota is not None and self.in_flight.get(req.client, 0) >= quota:
-            raise QuotaError(f"client {req.client!r} has {self.in_flight[req.client]} requests "
+            raise QuotaError(f"client {req.client!r} has {self.in_flight.get(req.client, 0)} requests "
                              f"in flight, its quota is {quota}")
         if self.no_route:
             raise RoutingError("no node may serve the request")
