@@ -176,8 +176,9 @@ class NodeCollector(Collector):
         step = GaugeMetricFamily("meshd_engine_decode_step_seconds", "Measured time of one "
                                  "decode step of a request (1 / decode rate), by model",
                                  labels=["model"])
-        prefill = GaugeMetricFamily("meshd_engine_prefill_tokens_per_second", "Measured prompt "
-                                    "processing rate, by model", labels=["model"])
+        prefill = GaugeMetricFamily("meshd_engine_prefill_token_seconds", "Measured prompt "
+                                    "processing time per prompt token (1 / prefill rate), by "
+                                    "model", labels=["model"])
         for m in st.get("models") or []:
             name = str(m.get("model"))
             queue.add_metric([name], _num(m, "queue_depth") or 0.0)
@@ -189,7 +190,9 @@ class NodeCollector(Collector):
             tps = _num(m, "decode_tps")
             if tps:
                 step.add_metric([name], 1.0 / tps)
-            prefill.add_metric([name], _num(m, "prefill_tps") or 0.0)
+            ptps = _num(m, "prefill_tps")
+            if ptps:
+                prefill.add_metric([name], 1.0 / ptps)
         yield from (queue, running, served, failed, busy, step, prefill)
 
     def _peers(self, peers: list[dict[str, Any]]) -> Iterator[Metric]:
