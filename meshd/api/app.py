@@ -115,7 +115,7 @@ class ApiApp:
 
     def client_of(self, scope: Scope) -> str:
         token = bearer_token(_header(scope, b"authorization"))
-        client = self.keys.refresh().client(token)
+        client = self.keys.refresh(trio.current_time()).client(token)
         if client is None:
             why = "no API key given (send Authorization: Bearer KEY)" if token is None else \
                 "the API key is not valid"
@@ -184,24 +184,31 @@ class ApiApp:
         rid = req.request_id
         chunks = replies.Chunks(call.kind, rid, int(time.time()), req.model or "", call.include_usage)
         started = False
+        route: dict[str, Any] = {}
         sent_text: list[str] = []
 
-        async def start(route: dict[str, Any]) -> None:
+        async def start(data: bytes) -> None:
+            """The headers, then the role chunk and ``data`` in one write."""
             nonlocal started
             started = True
             headers = [(b"content-type", sse.CONTENT_TYPE), (b"cache-control", b"no-cache"),
                        *_route_headers(rid, route)]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             first = chunks.first()
-            if first is not None:
-                await _body(send, sse.event(first))
+            await _body(send, (sse.event(first) if first is not None else b"") + data)
 
         async def emit(kind: str, payload: dict[str, Any]) -> None:
-            if not started:
-                await start(payload if kind == "route" else {})
+            if kind == "route":
+                if not started:
+                    route.update(payload)  # its headers go out with the first tokens
+                return
             if kind == "tokens" and payload.get("text"):
                 sent_text.append(payload["text"])
-                await _body(send, sse.event(chunks.text(payload["text"])))
+                data = sse.event(chunks.text(payload["text"]))
+                if started:
+                    await _body(send, data)
+                else:
+                    await start(data)
 
         stats, error = await self._submit(req, emit, receive)
         if stats is None and error is None:
@@ -215,7 +222,8 @@ class ApiApp:
             return err.status
         assert stats is not None
         if not started:
-            await start(stats)
+            route.update({k: stats[k] for k in ("served_by", "route") if stats.get(k)})
+            await start(b"")
         text = str(stats.get("text") or "")
         said = "".join(sent_text)
         tail = sse.event(chunks.text(text[len(said):])) if len(text) > len(said) and text.startswith(said) else b""

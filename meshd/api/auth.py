@@ -82,16 +82,26 @@ class KeyRing:
 
 class KeyFile:
     """The key file of ``[api] keys_file``, read again whenever its size or mtime changes (one
-    ``stat`` a request). A missing file is no keys: every request is refused until one is made."""
+    ``stat`` at most every ``check_interval_s``, 0 in tests). A missing file is no keys: every
+    request is refused until one is made."""
 
-    def __init__(self, path: Path, *, open_access: bool = False) -> None:
+    def __init__(self, path: Path, *, open_access: bool = False,
+                 check_interval_s: float = 0.0) -> None:
         self.path = path
         self.open_access = open_access
+        self.check_interval_s = check_interval_s
         self._seen: tuple[int, int] | None = None
+        self._checked = -1e18
         self.ring = KeyRing({}, open_access)
         self.refresh()
 
-    def refresh(self) -> KeyRing:
+    def refresh(self, now: float | None = None) -> KeyRing:
+        """The keys, read again if the file changed; ``now`` (a monotonic clock) lets a caller
+        skip the ``stat`` within ``check_interval_s`` of the last one."""
+        if now is not None:
+            if now - self._checked < self.check_interval_s:
+                return self.ring
+            self._checked = now
         try:
             st = self.path.stat()
         except OSError:

@@ -27,6 +27,7 @@ from meshd.config import Config, parse_listen
 from meshd.errors import LocalError
 
 log = logging.getLogger(__name__)
+KEYS_CHECK_INTERVAL_S = 1.0  # a new or revoked key takes effect within this long
 
 
 def bind_socket(listen: str) -> socket.socket:
@@ -51,7 +52,8 @@ def base_url(sock: socket.socket) -> str:
 
 
 def build_app(node: Any, cfg: Config) -> ApiApp:
-    keys = KeyFile(cfg.path(cfg.api.keys_file), open_access=cfg.api.auth == "none")
+    keys = KeyFile(cfg.path(cfg.api.keys_file), open_access=cfg.api.auth == "none",
+                   check_interval_s=KEYS_CHECK_INTERVAL_S)
     metrics = Metrics(node)
     node.entry.observers.append(metrics.requests.observe)
     return ApiApp(node, keys, metrics, max_body_bytes=cfg.api.max_body_bytes)
