@@ -82,10 +82,9 @@ def run_up(args: argparse.Namespace) -> int:
     print(f"      meshd peers --socket {index['nodes'][-1]['socket']}")
     if index.get("api_key_file"):
         first = index["nodes"][0]["api_url"]
-        print(f"      curl -s {first}/chat/completions -H \"Authorization: Bearer $(cat "
+        print(f"      curl -s {first}/completions -H \"Authorization: Bearer $(cat "
               f"{index['api_key_file']})\" -H 'content-type: application/json' \\")
-        print("        -d '{\"model\": \"tiny-en\", \"messages\": [{\"role\": \"user\", "
-              "\"content\": \"Hello\"}]}'")
+        print("        -d '{\"model\": \"tiny-en\", \"prompt\": \"And God said\"}'")
         print(f"      (OpenAI clients: base_url {first}, api_key in {index['api_key_file']})")
     print(f"stop: meshd testnet down --dir {index['dir']}")
     return Exit.OK
