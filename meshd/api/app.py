@@ -201,6 +201,10 @@ class ApiApp:
             if kind == "route":
                 if not started:
                     route.update(payload)  # its headers go out with the first tokens
+                else:  # a failover after the headers: say so in a comment clients skip
+                    names = ",".join(str(n) for n in payload.get("route") or [])
+                    await _body(send, sse.comment(f"route served_by={payload.get('served_by')} "
+                                                  f"route={names}"))
                 return
             if kind == "tokens" and payload.get("text"):
                 sent_text.append(payload["text"])

@@ -44,6 +44,7 @@ class FakeChain:
     busy: bool = False
     no_route: bool = False
     fail_after_tokens: int | None = None  # raise peer_gone after this many tokens
+    reroute_after_tokens: int | None = None  # a failover to "fake2" after this many tokens
     observers: list[Observer] = field(default_factory=list)
     active: int = 0
     cancelled: int = 0
@@ -108,6 +109,8 @@ class FakeChain:
                     from meshd.errors import PeerGoneError
 
                     raise PeerGoneError("the serving node went away")
+                if i == self.reroute_after_tokens:
+                    await emit("route", {"served_by": "fake2", "route": ["fake2"]})
                 await trio.sleep(self.step_s)
                 self.steps += 1
                 piece = f" w{i}"

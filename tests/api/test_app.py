@@ -198,6 +198,19 @@ def test_a_failure_after_the_stream_started_is_an_error_event(tmp_path: Path) ->
     run(tmp_path, FakeNode(chain), body)
 
 
+def test_a_failover_mid_stream_is_a_comment_line(tmp_path: Path) -> None:
+    chain = FakeChain(reroute_after_tokens=1)
+
+    async def body(c: httpx.AsyncClient, key: str) -> None:
+        r = await c.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth(key))
+        assert r.headers["x-meshd-served-by"] == "fake1"
+        blocks = r.text.split("\n\n")
+        assert ": route served_by=fake2 route=fake2" in blocks
+        assert blocks[-2] == "data: [DONE]"
+
+    run(tmp_path, FakeNode(chain), body)
+
+
 def test_a_client_that_goes_away_mid_stream_cancels_the_request(tmp_path: Path) -> None:
     chain = FakeChain(step_s=0.05)
 
