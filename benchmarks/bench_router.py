@@ -132,8 +132,8 @@ def daemon_path(n: int, rounds: int, churn: int = 0, stages: bool = False) -> di
     requests (outside the timed steps: what the next snapshot pays for them is timed); with
     ``stages``, peers 1 and 2 serve layers [0, 16) and [16, 32) instead of the whole model."""
     from meshd.core.advert import Advert, ModelAdvert
+    from meshd.core.decide import choose_pipeline
     from meshd.core.peertable import PeerTable
-    from meshd.node.pipeline import choose_pipeline
     from meshd.node.view import build_snapshot, coord_of
 
     rng = random.Random(n)

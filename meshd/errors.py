@@ -65,6 +65,12 @@ class RoutingError(MeshdError):
     code: ErrorCode = ErrorCode.NO_ROUTE
 
 
+class QuotaError(RoutingError):
+    """The client has as many requests in flight as its quota allows."""
+
+    code = ErrorCode.QUOTA
+
+
 class RemoteError(MeshdError):
     """A peer or client sent something we reject. ``code`` is the wire error code to answer."""
 
@@ -105,10 +111,6 @@ class PeerGoneError(RemoteError):
     code = ErrorCode.PEER_GONE
 
 
-class QuotaError(RemoteError):
-    """The client has as many requests in flight as its quota allows."""
-
-    code = ErrorCode.QUOTA
 
 
 class ContextLengthError(RemoteError):

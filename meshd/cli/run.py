@@ -43,29 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from meshd.node.daemon import build_node, run_daemon
 
     node = build_node(cfg)
-    try:
-        trio.run(run_daemon, node)
-    except BaseExceptionGroup as group:
-        err = only_meshd_error(group)
-        if err is None:
-            raise
-        raise err from None  # one clear line (e.g. the API port in use), not a traceback
+    trio.run(run_daemon, node)
     return Exit.OK
-
-
-def only_meshd_error(group: BaseExceptionGroup[Any]) -> Any:
-    """The error of a nursery that failed with meshd errors only (the first), else None."""
-    leaves: list[BaseException] = []
-
-    def walk(g: BaseExceptionGroup[Any]) -> None:
-        for e in g.exceptions:
-            walk(e) if isinstance(e, BaseExceptionGroup) else leaves.append(e)
-
-    walk(group)
-    from meshd.errors import MeshdError
-
-    errors = [e for e in leaves if isinstance(e, MeshdError)]
-    return errors[0] if errors and len(errors) == len(leaves) else None
 
 
 def default_config_text(cfg: Any) -> str:

@@ -47,11 +47,14 @@ def register(sub: Any) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from meshd.testnet.launcher import NodeSpec, up
+    from meshd.testnet.launcher import NodeSpec, down, running_daemons, up
 
-    directory = Path(args.dir) if args.dir else default_testnet_dir()
+    directory = (Path(args.dir) if args.dir else default_testnet_dir()).resolve()
     if args.advert_interval is not None and args.advert_interval <= 0:
         raise LocalError("--advert-interval must be > 0")
+    if running_daemons(directory):  # `up` twice in a row replaces the mesh, keeping its keys
+        print(f"stopping the testnet already running in {directory}")
+        down(directory)
     if args.scenario:
         from meshd.testnet.scenario import load_scenario
         from meshd.testnet.scenario_up import up_scenario

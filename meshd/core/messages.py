@@ -363,4 +363,7 @@ ERROR_CODES = {
     "quota": "the client's quota is exhausted",
     "internal": "a bug in meshd; the node logged it",
     "no_session": "no open stage session has this id (never opened, freed or expired)",
+    "context_length_exceeded": "the prompt plus max_tokens do not fit the model's context",
+    "duplicate_request": "a request with this id is already in flight at the entry node",
+    "unauthorized": "no API key, or one this node does not know",
 }

@@ -11,7 +11,7 @@ from typing import Any
 import trio
 
 from meshd.config import Config
-from meshd.errors import KeyFileError, ModelError
+from meshd.errors import ConfigError, KeyFileError, ModelError
 from meshd.net.identity import load_identity, load_revocation_list
 from meshd.node.runner import Runner, Served
 
@@ -32,17 +32,23 @@ def load_runner(cfg: Config) -> Runner:
 
     for i, m in enumerate(cfg.models):
         path = default_model_dir() if m.path == "default" else cfg.path(m.path)
-        if not Path(path).exists():
-            raise ModelError(f"[[models]][{i}].path: model directory {path} does not exist")
-        layers = None if m.layers in ("all", "auto") else m.layers
-        if m.layers == "auto":  # [0, capacity) until the node has heard the mesh (autoplace.py)
+        if not Path(path).is_dir():
+            raise ConfigError(f"[[models]][{i}].path: model directory {path} does not exist")
+        layers: tuple[int, int] | None = None
+        if isinstance(m.layers, tuple):
+            layers = (int(m.layers[0]), int(m.layers[1]))
+        elif m.layers == "auto":  # [0, capacity) until the node has heard the mesh (autoplace.py)
             from meshd.node.autoplace import initial_range
 
             layers = initial_range(Path(path), m.max_layers)
         providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
-        model = engine.load_model(path, providers=providers, layers=layers,
-                                  threads=cfg.engine.threads or None,
-                                  max_concurrent_runs=cfg.engine.workers)
+        try:
+            model = engine.load_model(path, providers=providers, layers=layers,
+                                      threads=cfg.engine.threads or None,
+                                      max_concurrent_runs=cfg.engine.workers)
+        except ModelError as err:  # the config names an unusable model: a config error (78)
+            where = str(err) if str(path) in str(err) else f"{path}: {err}"
+            raise ConfigError(f"[[models]][{i}].path: {where}") from None
         n = int(model.num_layers)
         start, end = (0, n) if layers is None else layers
         if end > n:
@@ -77,15 +83,41 @@ class EngineModel:
     def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
         return list(self.model.encode_prompt(text, chat=chat))
 
+    def encode_messages(self, messages: list[Any]) -> list[int]:
+        return list(self.model.tokenizer.encode_chat(messages))
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model.context_length)
+
     def generate(self, prompt: list[int], cfg: Any) -> Any:
         return self.model.generate(prompt, cfg)
 
 
+def preflight(cfg: Config) -> None:
+    """What can be checked before anything starts, so that it fails at once, in one line, with
+    exit 78: the listen and bootstrap addresses parse, each fixed listen port is free (not
+    shared with a running node through SO_REUSEPORT), the control socket path is usable and
+    not served by another daemon."""
+    from meshd.control.server import prepare_socket_path
+    from meshd.net.listen import check_addresses, probe_listen
+    from meshd.paths import control_socket_path
+
+    check_addresses(cfg.node.listen, cfg.node.bootstrap)
+    probe_listen(cfg.node.listen)
+    prepare_socket_path(control_socket_path(cfg))
+
+
 def build_node(cfg: Config) -> Any:
     from meshd.net import speedups
+    from meshd.net.liblog import route_libp2p_logs
+    from meshd.net.listen import install_exclusive_listen
     from meshd.node.node import Node
 
+    route_libp2p_logs()  # libp2p's bare lines get meshd's format and a rate limit
     speedups.install()  # py-libp2p CPU fixes (yamux credit, service task lookup): see the module
+    install_exclusive_listen()  # no SO_REUSEPORT: a second daemon cannot share our port
+    preflight(cfg)
     keys_dir = cfg.path(".")
     identity = load_identity(
         keys_dir,
@@ -120,12 +152,14 @@ def open_store(path: Path) -> Any:
 
 
 async def run_daemon(node: Any) -> None:
+    from meshd.net.listen import ensure_listening, parse_listen
     from meshd.node.sdnotify import notify
 
     async with trio.open_nursery() as nursery:
         if getattr(node.store, "run", None) is not None:
             await nursery.start(node.store.run)
         await nursery.start(node.run)
+        ensure_listening(node.host, parse_listen(node.config.node.listen))
         notify("READY=1")
         print(f"meshd: node {node.node_name} ready, peer id {node.peer_id}", flush=True)
         print(f"meshd: listening on {', '.join(node.addrs)}", flush=True)

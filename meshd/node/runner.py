@@ -157,6 +157,20 @@ class Runner:
         ids: list[int] = s.model.encode_prompt(text, chat=chat)
         return ids
 
+    def encode_messages(self, model: str, messages: list[Any]) -> list[int]:
+        """Token ids of chat ``messages`` through the model's chat template."""
+        s = self.models.get(model)
+        if s is None:
+            raise ModelError(f"this node does not serve model {model!r}")
+        ids: list[int] = s.model.encode_messages(messages)
+        return ids
+
+    def context_length(self, model: str) -> int | None:
+        """The model's context in tokens (None when the model does not say)."""
+        s = self.models.get(model)
+        n = getattr(s.model, "context_length", None) if s is not None else None
+        return int(n) if n else None
+
     async def generate(
         self, model: str, prompt_ids: list[int], gen: Any, *, max_wait_ms: float | None = None
     ) -> AsyncIterator[Token]:

@@ -82,30 +82,11 @@ def write_toml(sections: dict[str, Any]) -> str:
 
 
 def issue_keys(directory: Path, specs: list[NodeSpec]) -> dict[str, str]:
-    """A fresh CA and one identity per node (through `meshd keys`); returns name -> peer id."""
-    import contextlib
-    import io
+    """The folder's CA and one identity per node, kept from an earlier testnet in the same folder
+    where still good, else issued (meshd/testnet/keys.py); returns name -> peer id."""
+    from meshd.testnet.keys import prepare_keys
 
-    from meshd.cli.main import main
-    from meshd.core.cert import decode_certificate
-
-    ca_dir = directory / "ca"
-    ids = {}
-    with contextlib.redirect_stdout(io.StringIO()):
-        if main(["keys", "init-ca", "--dir", str(ca_dir)]) != 0:
-            hint = " (left by an earlier testnet: remove the folder or use another --dir)" \
-                if (ca_dir / "ca.key").exists() else ""
-            raise LocalError(f"cannot create a CA in {ca_dir}{hint}")
-        for s in specs:
-            argv = ["keys", "issue", s.name, "--dir", str(ca_dir), "--out", str(directory / s.name),
-                    "--days", "30", "--label", f"region={s.region}"]
-            for k, v in s.labels.items():
-                argv += ["--label", f"{k}={v}"]
-            if main(argv) != 0:
-                raise LocalError(f"cannot issue keys for {s.name}")
-            cert = decode_certificate((directory / s.name / "node.cert").read_bytes())
-            ids[s.name] = cert.peer_id
-    return ids
+    return prepare_keys(directory, {s.name: {"region": s.region, **s.labels} for s in specs})
 
 
 def node_config(spec: NodeSpec, node_dir: Path, bootstrap: list[str], *,
@@ -218,12 +199,25 @@ def write_api_key(directory: Path) -> str:
     return key
 
 
+def running_daemons(directory: Path) -> set[int]:
+    """Pids of the daemons of the testnet in ``directory`` that still run: those testnet.json
+    lists, and any started again by hand there (meshd/testnet/procs.py)."""
+    from meshd.testnet.procs import is_meshd_daemon, testnet_daemons
+
+    if not directory.is_dir():
+        return set()
+    try:
+        nodes = json.loads((directory / "testnet.json").read_text()).get("nodes", [])
+    except (OSError, ValueError):
+        nodes = []
+    listed = {n["pid"] for n in nodes if _alive(n["pid"]) and is_meshd_daemon(n["pid"])}
+    return listed | testnet_daemons(directory, [Path(n["socket"]) for n in nodes if "socket" in n])
+
+
 def check_not_running(directory: Path) -> None:
-    if (directory / "testnet.json").exists():
-        existing = json.loads((directory / "testnet.json").read_text())
-        if any(_alive(n["pid"]) for n in existing.get("nodes", [])):
-            raise LocalError(f"a testnet is already running in {directory}; "
-                             f"stop it with `meshd testnet down --dir {directory}`")
+    if running_daemons(directory):
+        raise LocalError(f"a testnet is already running in {directory}; "
+                         f"stop it with `meshd testnet down --dir {directory}`")
 
 
 def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0,
@@ -273,45 +267,72 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
 
 
 def down(directory: Path, timeout_s: float = 10.0) -> list[str]:
-    """Stop the daemons, then remove the emulated network (namespaces, forwarder) if any."""
-    from meshd.testnet import netns
+    """Stop the daemons, then remove the emulated network (namespaces, forwarder) if any.
+
+    The daemons are those testnet.json lists and every other one of this folder still running:
+    restarted by hand with a config or a control socket in it (meshd/testnet/procs.py)."""
+    from meshd.testnet import netns, procs
 
     try:
-        index = json.loads((directory / "testnet.json").read_text())
+        index: dict[str, Any] | None = json.loads((directory / "testnet.json").read_text())
     except (OSError, ValueError):
+        index = None
+    listed = [Path(n["socket"]) for n in index["nodes"]] if index else []
+    extra = procs.testnet_daemons(directory, listed) if directory.is_dir() else set()
+    if index is None and not extra:
         if netns.load_state(directory) is not None:  # a scenario `up` that failed early
             netns.teardown(directory)
             return []
-        raise LocalError(f"no testnet in {directory}") from None
+        raise LocalError(f"no testnet in {directory}")
     try:
-        return _stop_daemons(index, timeout_s)
+        return _stop_daemons(index["nodes"] if index else [], extra, timeout_s)
     finally:
         if netns.load_state(directory) is not None:
             netns.teardown(directory)
 
 
-def _stop_daemons(index: dict[str, Any], timeout_s: float) -> list[str]:
+def _stop_daemons(nodes: list[dict[str, Any]], extra: set[int], timeout_s: float) -> list[str]:
+    """SIGTERM (after SIGCONT, for a frozen one) each daemon: the listed ``nodes`` whose pid still
+    runs meshd, and the pids in ``extra``; SIGKILL whatever is left after ``timeout_s``."""
+    from meshd.testnet.procs import is_meshd_daemon
+
+    targets: dict[int, str] = {}
+    for n in nodes:
+        if _alive(n["pid"]) and (n["pid"] in extra or is_meshd_daemon(n["pid"])):
+            targets[n["pid"]] = n["name"]
+    for pid in sorted(extra - set(targets)):
+        targets[pid] = f"pid {pid}"
     stopped = []
-    for n in index["nodes"]:
-        pid = n["pid"]
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            stopped.append(n["name"])
+    for pid, name in targets.items():
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        stopped.append(name)
     deadline = time.monotonic() + timeout_s
-    for n in index["nodes"]:
-        while _alive(n["pid"]) and time.monotonic() < deadline:
+    for pid in targets:
+        while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive(n["pid"]):
-            try:
-                os.killpg(n["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if _alive(pid):
+            _kill(pid)
+    for n in nodes:
         _reap(n["pid"])
+    for pid in targets:
+        _reap(pid)
     return stopped
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a daemon, with its process group when it leads one (`up` starts each in its own
+    session); a daemon started by hand shares its shell's group, which must be left alone."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _reap(pid: int) -> None:
