@@ -91,7 +91,7 @@ class ApiApp:
         return await send_json(send, 200, {"status": "ok"})
 
     async def readyz(self, scope: Scope, receive: Receive, send: Send) -> int:
-        ok, why = self.node.ready()
+        ok, why = self.node.ready_state()
         return await send_json(send, 200 if ok else 503, {"ready": ok, "reason": why})
 
     async def prometheus(self, scope: Scope, receive: Receive, send: Send) -> int:
@@ -132,7 +132,7 @@ class ApiApp:
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
         call = shape(obj)
         try:
-            req = parse_submit({**call.fields, "client": client}, self.node.new_request_id)
+            req = parse_submit({**call.fields, "client": client}, self.node.entry.new_request_id)
         except MeshdError as e:
             raise from_meshd(e, params=call.params) from None
         if call.stream:

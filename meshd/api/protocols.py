@@ -35,6 +35,8 @@ class EntryChain(Protocol):
         """Every model the mesh serves (gossiped view): {"id", "nodes", "context_length"}."""
         ...
 
+    def new_request_id(self) -> str: ...
+
 
 class ApiNode(Protocol):
     """The node as the API sees it."""
@@ -42,13 +44,11 @@ class ApiNode(Protocol):
     @property
     def entry(self) -> EntryChain: ...
 
-    def ready(self) -> tuple[bool, str]:
-        """(True, "") when attested with peers or a local model; else (False, why)."""
+    def ready_state(self) -> tuple[bool, str]:
+        """(True, why) when running with peers or a local model; else (False, why)."""
         ...
 
     def status(self) -> dict[str, Any]: ...
-
-    def new_request_id(self) -> str: ...
 
 
 class TelemetrySource(Protocol):

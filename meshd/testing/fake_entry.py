@@ -51,6 +51,10 @@ class FakeChain:
     steps: int = 0
     in_flight: dict[str, int] = field(default_factory=dict)
     requests: list[EntryRequest] = field(default_factory=list)
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def new_request_id(self) -> str:
+        return f"req{next(self._ids):04d}"
 
     def models(self) -> list[dict[str, Any]]:
         return [{"id": m.name, "nodes": m.nodes, "context_length": m.context_length}
@@ -135,13 +139,9 @@ class FakeNode:
     entry: FakeChain = field(default_factory=FakeChain)
     is_ready: tuple[bool, str] = (True, "")
     api_url: str | None = None
-    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
-    def ready(self) -> tuple[bool, str]:
+    def ready_state(self) -> tuple[bool, str]:
         return self.is_ready
-
-    def new_request_id(self) -> str:
-        return f"req{next(self._ids):04d}"
 
     def status(self) -> dict[str, Any]:
         return {
