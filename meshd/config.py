@@ -94,6 +94,18 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class ApiConfig:
+    """The OpenAI-compatible HTTP API (docs/api.md) and Prometheus ``/metrics`` (docs/metrics.md)."""
+
+    listen: str = "127.0.0.1:8080"  # HOST:PORT ([::1]:PORT for IPv6); "" turns the API off
+    auth: str = "key"  # "key": bearer API keys from keys_file; "none": no key (loopback only)
+    keys_file: str = "api-keys"  # hashes of the API keys, written by `meshd keys api-key create`
+    max_body_bytes: int = 2_097_152  # a larger request body is answered 413
+    keep_alive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
+    graceful_timeout_s: float = 3.0  # on shutdown, requests in progress get this long to finish
+
+
+@dataclass(frozen=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     keys: KeysConfig = field(default_factory=KeysConfig)
@@ -101,6 +113,7 @@ class Config:
     models: tuple[ModelConfig, ...] = (ModelConfig(),)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
     base_dir: str = ""  # where relative paths resolve (the config file's folder)
 
     def path(self, p: str) -> Path:
@@ -114,6 +127,7 @@ _SECTIONS: dict[str, type] = {
     "gossip": GossipConfig,
     "routing": RoutingConfig,
     "engine": EngineConfig,
+    "api": ApiConfig,
 }
 
 
@@ -212,6 +226,50 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[routing] max_hops", "must be >= 1")
     if cfg.engine.providers not in ("auto", "cpu", "cuda", "tensorrt"):
         raise bad("[engine] providers", "must be auto, cpu, cuda or tensorrt")
+    _validate_api(cfg.api, bad)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[V6]:PORT`` for IPv6) as (host, port); raises ValueError saying why."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8080 or [::1]:8080")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError("an IPv6 host goes in brackets, e.g. [::1]:8080")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (127.0.0.0/8, ::1 or localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _validate_api(api: ApiConfig, bad: Any) -> None:
+    if api.auth not in ("key", "none"):
+        raise bad("[api] auth", 'must be "key" or "none"')
+    if not api.listen:
+        return  # the API is off
+    try:
+        host, _ = parse_listen(api.listen)
+    except ValueError as e:
+        raise bad("[api] listen", str(e)) from None
+    if api.auth == "none" and not is_loopback(host):
+        raise bad("[api] auth", f'= "none" is allowed only on a loopback listener, not on '
+                  f'{api.listen}: anyone who can reach it could use the mesh. Use auth = "key" '
+                  "(keys from `meshd keys api-key create`) or listen on 127.0.0.1")
+    if api.max_body_bytes < 1024:
+        raise bad("[api] max_body_bytes", "must be >= 1024")
+    if api.keep_alive_timeout_s <= 0 or api.graceful_timeout_s < 0:
+        raise bad("[api]", "keep_alive_timeout_s must be > 0 and graceful_timeout_s >= 0")
 
 
 def parse_config(data: dict[str, Any], src: str = "<config>", base_dir: str = "") -> Config:

@@ -52,6 +52,7 @@ off before it reaches any meshd protocol. See keys/README.md.
   meshd keys revoke 7                     add serial 7 to the signed revocation list
   meshd keys push-revocations             hand that list to a running node; gossip spreads it
   meshd keys show FILE                    what a key, certificate or revocation list holds
+  meshd keys api-key create alice --config meshd.toml   a key of the HTTP API (shown once)
 """
 
 
@@ -182,6 +183,10 @@ def register(sub: Any) -> None:
     q.add_argument("--ca", type=Path, default=None, help="CA public key to check signatures with")
     q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(func=run_show)
+
+    from meshd.cli import api_keys
+
+    api_keys.register(ks)  # `meshd keys api-key ...`: keys of the HTTP API
 
 
 def _help(parser: argparse.ArgumentParser) -> Any:

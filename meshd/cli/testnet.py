@@ -79,8 +79,16 @@ def run_up(args: argparse.Namespace) -> int:
         region = f"[{n['region']}]" if index.get("scenario") else ""
         print(f"  {n['name']:<10} {region:<8} {n['addr']}")
         print(f"  {'':<10} socket {n['socket']}  log {n['dir']}/meshd.log")
+        if n.get("api_url"):
+            print(f"  {'':<10} api    {n['api_url']}")
     print('try:  meshd submit "Once upon a time"      (reaches the first node)')
     print(f"      meshd peers --socket {index['nodes'][-1]['socket']}")
+    if index.get("api_key_file"):
+        first = index["nodes"][0]["api_url"]
+        print(f"      curl -s {first}/completions -H \"Authorization: Bearer $(cat "
+              f"{index['api_key_file']})\" -H 'content-type: application/json' \\")
+        print("        -d '{\"model\": \"tiny-en\", \"prompt\": \"And God said\"}'")
+        print(f"      (OpenAI clients: base_url {first}, api_key in {index['api_key_file']})")
     print(f"stop: meshd testnet down --dir {index['dir']}")
     return Exit.OK
 

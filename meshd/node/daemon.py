@@ -152,6 +152,7 @@ def open_store(path: Path) -> Any:
 
 
 async def run_daemon(node: Any) -> None:
+    from meshd.api.server import serve_api
     from meshd.net.listen import ensure_listening, parse_listen
     from meshd.node.sdnotify import notify
 
@@ -160,10 +161,13 @@ async def run_daemon(node: Any) -> None:
             await nursery.start(node.store.run)
         await nursery.start(node.run)
         ensure_listening(node.host, parse_listen(node.config.node.listen))
+        await nursery.start(serve_api, node, node.config)  # the HTTP API and /metrics (meshd/api)
         notify("READY=1")
         print(f"meshd: node {node.node_name} ready, peer id {node.peer_id}", flush=True)
         print(f"meshd: listening on {', '.join(node.addrs)}", flush=True)
         print(f"meshd: control socket {node.socket_path()}", flush=True)
+        if getattr(node, "api_url", None):
+            print(f"meshd: HTTP API {node.api_url}", flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for sig in signals:
                 log.warning("shutting down signal=%s", signal.Signals(sig).name)

@@ -28,6 +28,7 @@ def node_status(self: Node) -> dict[str, Any]:
         "models": [s.statistics() for s in self.runner.models.values()],
         "hardware": self.hardware.to_dict() if self.hardware is not None else {},
         "strategy": self.policy.strategy,
+        "api_url": getattr(self, "api_url", None),  # set by meshd.api.server when it listens
         "coord": {"vec": list(self.coord.vec), "height": self.coord.height, "error": self.coord.error},
         "services": {
             "node": dict(self.stats),

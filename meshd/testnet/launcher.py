@@ -27,6 +27,9 @@ from meshd.errors import LocalError, MeshdError
 from meshd.paths import remember_testnet
 
 READY_TIMEOUT_S = 90.0
+API_KEY_FILE = "api-key"  # the testnet's HTTP API key, in plain text (mode 0600)
+API_KEYS_FILE = "api-keys"  # its hash, the key file every node of the testnet reads
+API_CLIENT = "testnet"  # the client name of that key
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
@@ -40,6 +43,7 @@ class NodeSpec:
     host: str = "127.0.0.1"
     port: int = 0
     netns: str | None = None
+    api_port: int = 0  # the HTTP API's port (0: up() picks a free one)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -99,6 +103,8 @@ def node_config(spec: NodeSpec, node_dir: Path, bootstrap: list[str], *,
         "keys": {"identity": "node.key", "certificate": "node.cert", "ca": "ca.pub"},
         "gossip": {"advert_interval_s": advert_interval_s},
         "models": spec.models,
+        # the testnet's one key (TESTNET_DIR/api-key) is in TESTNET_DIR/api-keys
+        "api": {"listen": f"{spec.host}:{spec.api_port}", "keys_file": str(node_dir.parent / API_KEYS_FILE)},
     }
     for k, v in spec.extra.items():
         if isinstance(v, dict) and isinstance(sections.get(k), dict):
@@ -174,6 +180,25 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def api_url(host: str, port: int) -> str:
+    return f"http://{host}:{port}/v1"
+
+
+def write_api_key(directory: Path) -> str:
+    """A fresh HTTP API key for the testnet: the key in DIR/api-key (0600), its hash in
+    DIR/api-keys (the key file of every node), for client ``testnet``."""
+    from meshd.api.auth import add_key
+
+    keys = directory / API_KEYS_FILE
+    keys.unlink(missing_ok=True)
+    key = add_key(keys, API_CLIENT)
+    path = directory / API_KEY_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
 def running_daemons(directory: Path) -> set[int]:
     """Pids of the daemons of the testnet in ``directory`` that still run: those testnet.json
     lists, and any started again by hand there (meshd/testnet/procs.py)."""
@@ -206,7 +231,10 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
     for s in specs:
         if not s.port:
             s.port = free_port(s.host)
+        if not s.api_port:
+            s.api_port = free_port(s.host)
     ids = issue_keys(directory, specs)
+    write_api_key(directory)
     first = specs[0]
     boot = [f"/ip4/{first.host}/tcp/{first.port}/p2p/{ids[first.name]}"]
     nodes = []
@@ -223,8 +251,10 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
         dirs[s.name] = d
         nodes.append({"name": s.name, "peer_id": ids[s.name], "pid": pid, "socket": str(d / "meshd.sock"),
                       "addr": f"/ip4/{s.host}/tcp/{s.port}/p2p/{ids[s.name]}", "region": s.region,
-                      "dir": str(d), "netns": s.netns, "host": s.host})
-    index = {"dir": str(directory), "nodes": nodes, "started": time.time(), **(extra_index or {})}
+                      "dir": str(d), "netns": s.netns, "host": s.host,
+                      "api_url": api_url(s.host, s.api_port)})
+    index = {"dir": str(directory), "nodes": nodes, "started": time.time(),
+             "api_key_file": str(directory / API_KEY_FILE), **(extra_index or {})}
     (directory / "testnet.json").write_text(json.dumps(index, indent=2))
     remember_testnet(directory)
     if wait:
