@@ -14,8 +14,6 @@ from typing import Any
 
 import multiaddr
 import trio
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from meshd.config import Config
 from meshd.control.server import ControlServer
@@ -26,7 +24,7 @@ from meshd.core.advert import (
     significant_load_change,
     signing_payload,
 )
-from meshd.core.cert import Certificate, check_certificate, verify_signature
+from meshd.core.advert_check import MALFORMED, REPLAY, AdvertChecker, Rejected
 from meshd.core.messages import (
     ADVERT_TOPIC,
     REQUEST_PROTOCOL,
@@ -60,7 +58,6 @@ from meshd.paths import control_socket_path
 log = logging.getLogger(__name__)
 
 VALIDATED_CACHE = 2048
-CERT_MEMO = 1024  # certificates whose CA signature we checked (a peer's cert rides every advert)
 SYNC_MAX_ADVERTS = 256  # adverts handed to a new link (fits a request frame with room to spare)
 DELAY_SAMPLES = 512
 RTT_WINDOW = 4  # ping samples per peer whose minimum is taken as its RTT
@@ -124,7 +121,8 @@ class Node:
         self.gossip: Gossip | None = None
         self.links: Links | None = None
         self._validated: dict[bytes, Advert] = {}
-        self._cert_memo: dict[bytes, Certificate] = {}
+        self.checker = AdvertChecker(self.peer_id, identity.ca_public_key,
+                                     clock_skew_s=self.attestor.clock_skew_s)
         self._signed: dict[str, bytes] = {}  # latest accepted signed advert of each peer
         self._dropped_seq: dict[str, int] = {}  # seq of the advert of a peer dropped on link loss
         self._own_signed: bytes | None = None
@@ -338,54 +336,20 @@ class Node:
         return self._check_advert(author, data)
 
     def _check_advert(self, author: str, data: bytes) -> bool:
-        """Attested author, valid signature, schema, not a replay; a good advert is kept in
-        ``_validated`` for ``_apply_advert``."""
-        try:
-            msg = decode_message(data, MAX_ADVERT_BYTES + 2048, frozenset({int(MessageType.ADVERT)}))
-        except ProtocolError as e:
-            log.info("advert rejected author=%s reason=%s", author, e)
-            return self._reject("malformed")
-        try:
-            cert = self._check_cert(msg["cert"], author, time.time())
-        except MeshdError as e:
-            return self._reject(f"unattested:{getattr(e, 'reason', 'certificate')}")
-        try:
-            Ed25519PublicKey.from_public_bytes(cert.public_key).verify(
-                msg["sig"], signing_payload(msg["body"])
-            )
-        except (InvalidSignature, ValueError):
-            return self._reject("bad_signature")
-        try:
-            adv = decode_advert(msg["body"])
-        except ProtocolError as e:
-            log.info("advert rejected author=%s reason=%s", author, e)
-            return self._reject("malformed")
-        if adv.peer_id != author:
-            return self._reject("author_mismatch")
-        last = self.table.last_seq.get(author, -1)
-        if author != self.peer_id and adv.seq <= last:
-            self.stats["adverts_replayed"] += 1
-            return self._reject("replay")
-        # Labels and region come from the certificate, never from the advert's own claims.
-        trusted = Advert(**{**_fields(adv), "labels": dict(cert.labels),
-                            "region": cert.labels.get("region", ""), "name": cert.name})
+        """Attested author, valid signature, schema, not a replay (``AdvertChecker``); a good
+        advert is kept in ``_validated`` for ``_apply_advert``."""
+        out = self.checker.check(data, author, time.time(), last_seq=self.table.last_seq.get(author, -1),
+                                 revoked=self.attestor.revoked)
+        if isinstance(out, Rejected):
+            if out.reason == MALFORMED:
+                log.info("advert rejected author=%s reason=%s", author, out.detail)
+            elif out.reason == REPLAY:
+                self.stats["adverts_replayed"] += 1
+            return self._reject(out.reason)
         if len(self._validated) > VALIDATED_CACHE:
             self._validated.clear()
-        self._validated[bytes(data)] = trusted
+        self._validated[bytes(data)] = out
         return True
-
-    def _check_cert(self, cert_bytes: Any, author: str, now: float) -> Certificate:
-        """``Attestor.check`` with the CA signature check remembered per certificate (it is pure
-        and ~1 ms; every advert carries its author's certificate). Binding to the author,
-        revocation and the validity window are checked every time."""
-        cert = self._cert_memo.get(cert_bytes) if isinstance(cert_bytes, bytes) else None
-        if cert is None:
-            cert = verify_signature(cert_bytes, ca_public_key=self.attestor.ca_public_key)
-            if len(self._cert_memo) >= CERT_MEMO:
-                self._cert_memo.clear()
-            self._cert_memo[bytes(cert_bytes)] = cert
-        return check_certificate(cert, remote_peer_id=author, now=now, revoked=self.attestor.revoked,
-                                 clock_skew_s=self.attestor.clock_skew_s)
 
     async def _receive_adverts(self, sub: Any) -> None:
         while True:
@@ -571,10 +535,6 @@ class Node:
         if self.runner.models or len(self.table):
             return True, "ready"
         return False, "no local model and no attested peer yet"
-
-
-def _fields(adv: Advert) -> dict[str, Any]:
-    return {f: getattr(adv, f) for f in adv.__dataclass_fields__}
 
 
 def _in_trio() -> bool:
