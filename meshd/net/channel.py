@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import trio
@@ -176,7 +176,7 @@ class PeerChannel:
             self._syncs.pop(n, None)
         return []
 
-    async def request(self, fields: dict[str, Any]) -> AsyncIterator[Message]:
+    async def request(self, fields: dict[str, Any]) -> AsyncGenerator[Message, None]:
         """Send a REQ and yield the frames answering it until DONE or ERROR (inclusive).
 
         Raises ``PeerGoneError`` if the peer dies or stalls first. Leaving the iterator early

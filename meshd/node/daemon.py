@@ -13,23 +13,19 @@ import trio
 from meshd.config import Config
 from meshd.errors import ConfigError, KeyFileError, ModelError
 from meshd.net.identity import load_identity, load_revocation_list
+from meshd.node.autoplace import initial_range
+from meshd.node.engine_model import EngineModel, default_model_dir, load_engine_model
 from meshd.node.runner import Runner, Served
 
 log = logging.getLogger(__name__)
 
-PROVIDERS = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
+__all__ = ["EngineModel", "build_node", "default_model_dir", "load_runner", "run_daemon"]
 
 
 def load_runner(cfg: Config) -> Runner:
     runner = Runner()
     if not cfg.models:
         return runner  # a relay/router-only node: do not even import onnxruntime (~20 MB)
-    from meshd import engine
-
     for i, m in enumerate(cfg.models):
         path = default_model_dir() if m.path == "default" else cfg.path(m.path)
         if not Path(path).is_dir():
@@ -38,14 +34,9 @@ def load_runner(cfg: Config) -> Runner:
         if isinstance(m.layers, tuple):
             layers = (int(m.layers[0]), int(m.layers[1]))
         elif m.layers == "auto":  # [0, capacity) until the node has heard the mesh (autoplace.py)
-            from meshd.node.autoplace import initial_range
-
             layers = initial_range(Path(path), m.max_layers)
-        providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
         try:
-            model = engine.load_model(path, providers=providers, layers=layers,
-                                      threads=cfg.engine.threads or None,
-                                      max_concurrent_runs=cfg.engine.workers)
+            model = load_engine_model(cfg, Path(path), layers)
         except ModelError as err:  # the config names an unusable model: a config error (78)
             where = str(err) if str(path) in str(err) else f"{path}: {err}"
             raise ConfigError(f"[[models]][{i}].path: {where}") from None
@@ -60,38 +51,6 @@ def load_runner(cfg: Config) -> Runner:
         log.info("model loaded name=%s layers=%d-%d provider=%s", name, start, end,
                  getattr(model, "provider", "?"))
     return runner
-
-
-def default_model_dir() -> Path:
-    """The shipped model, unless $MESHD_DEFAULT_MODEL names another model directory."""
-    import os
-
-    from meshd import engine
-
-    env = os.environ.get("MESHD_DEFAULT_MODEL")
-    return Path(env) if env else engine.default_model_path()
-
-
-class EngineModel:
-    """Adapts ``meshd.engine.Model`` to what the runner needs."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.num_layers = model.num_layers
-        self.hidden_size = model.hidden_size
-
-    def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
-        return list(self.model.encode_prompt(text, chat=chat))
-
-    def encode_messages(self, messages: list[Any]) -> list[int]:
-        return list(self.model.tokenizer.encode_chat(messages))
-
-    @property
-    def context_length(self) -> int:
-        return int(self.model.context_length)
-
-    def generate(self, prompt: list[int], cfg: Any) -> Any:
-        return self.model.generate(prompt, cfg)
 
 
 def preflight(cfg: Config) -> None:

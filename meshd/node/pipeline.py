@@ -158,11 +158,11 @@ async def _replan(node: EntryHost, req: RouteRequest, policy: Policy, failed_at:
     deadline = trio.current_time() + max(REPLAN_WAIT_MIN_S,
                                          2 * node.config.gossip.advert_interval_s)
     while True:
-        heard = {pid: e.heard_at for pid, e in node.table.entries.items()}
+        heard = {pid: e.heard_at for pid, e in node.membership.table.entries.items()}
         again = replace(req, exclude=req.exclude | excluded_peers(failed_at, heard),
                         prompt_tokens=prompt_tokens, max_tokens=max_tokens)
         try:
-            return plan(again, node.snapshot(), policy), again
+            return plan(again, node.membership.snapshot(), policy), again
         except RoutingError:
             if trio.current_time() >= deadline:
                 raise
@@ -312,7 +312,7 @@ async def _next(watch: Any, timeout: float, peer_of: dict[str, str], hops: Any,
         _raise_if_failed(kind, m, peer_of)
         return dict(m)
     # nothing in time: blame the stages this node no longer hears from
-    dead = {h.peer_id for h in hops if h.peer_id != node.peer_id and node.table.get(h.peer_id) is None}
+    dead = {h.peer_id for h in hops if h.peer_id != node.peer_id and node.membership.table.get(h.peer_id) is None}
     raise StageFailure(f"no token from the pipeline within {timeout:.1f} s", dead, ErrorCode.DEADLINE)
 
 

@@ -129,10 +129,10 @@ class _Table:
         return None
 
 
-class _FakeNode:
+class _FakeNet:
     peer_id = "local"
     host = _NoHost()
-    table = _Table()
+    links = None
 
 
 async def _until(cond: Callable[[], Any], timeout: float = 5.0) -> None:
@@ -152,7 +152,7 @@ def _stage_server(layers: tuple[int, int], *, max_sessions: int = 2) -> Any:
                       layer_start=layers[0], layer_end=layers[1], num_layers=6,
                       max_concurrency=max_sessions, max_queue=0))
     server = StageServer(runner, "unit")
-    links = StageLinks(_FakeNode(), server)
+    links = StageLinks(_FakeNet(), server, _Table())
     server.links = links
     return server, links
 

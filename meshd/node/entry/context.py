@@ -21,7 +21,9 @@ from meshd.core.request import EntryRequest
 from meshd.core.snapshot import MeshSnapshot, Policy, RouteRequest
 from meshd.errors import MeshdError
 from meshd.node.forward import Outcome
+from meshd.node.links import Links
 from meshd.node.runner import Runner
+from meshd.node.stagelinks import StageLinks
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 """``await emit(kind, payload)``: "route" ({"served_by", "route"}) and "tokens" ({"ids", "text"})."""
@@ -30,22 +32,34 @@ Journal = Callable[[str, dict[str, Any]], None]
 """``journal(kind, payload)``: one event of the request in the node's journal (never raises)."""
 
 
+class MeshView(Protocol):
+    """What the entry chain reads of membership (``meshd.node.membership.Membership``)."""
+
+    table: PeerTable
+
+    def snapshot(self) -> MeshSnapshot: ...
+
+
 class EntryHost(Protocol):
     """What the entry chain needs of the node."""
 
     config: Config
     runner: Runner
-    table: PeerTable
     policy: Policy
     rng: random.Random
     store: Any  # meshd.store.AsyncStore or None
-    links: Any  # meshd.node.links.Links once the node runs
-    stage_links: Any  # meshd.node.stagelinks.StageLinks (pipelines)
     node_name: str
     peer_id: str
-    stats: dict[str, int]
+    stats: dict[str, int]  # the entry path's counters
 
-    def snapshot(self) -> MeshSnapshot: ...
+    @property
+    def membership(self) -> MeshView: ...
+
+    @property
+    def links(self) -> Links | None: ...  # once the node runs
+
+    @property
+    def stage_links(self) -> StageLinks: ...  # pipelines
 
 
 @dataclass(slots=True)

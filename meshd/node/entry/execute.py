@@ -131,7 +131,7 @@ async def _attempt(
     host.stats["requests_forwarded"] += 1
     assert host.links is not None
     ch = await host.links.channel(target.peer_id)
-    host.table.note_sent(target.peer_id)
+    host.membership.table.note_sent(target.peer_id)
     req = {
         **fields,
         "prompt_ids": prompt_ids,

@@ -70,7 +70,7 @@ def models_heard(host: EntryHost) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in host.runner.models:
         out[name] = {"nodes": 1, "context_length": host.runner.context_length(name)}
-    for e in host.table.live():
+    for e in host.membership.table.live():
         for m in e.advert.models:
             row = out.setdefault(m.name, {"nodes": 0, "context_length": None})
             row["nodes"] += 1
@@ -83,7 +83,7 @@ def context_length(host: EntryHost, model: str) -> int | None:
     """The model's context in tokens: the local model's, else the one its servers advertise."""
     if host.runner.get(model) is not None:
         return host.runner.context_length(model)
-    for e in host.table.live():
+    for e in host.membership.table.live():
         for m in e.advert.models:
             if m.name == model and m.context_length:
                 return m.context_length
