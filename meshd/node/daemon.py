@@ -11,11 +11,24 @@ from typing import Any
 import trio
 
 from meshd.config import Config
+from meshd.control.server import prepare_socket_path
 from meshd.errors import ConfigError, KeyFileError, ModelError
+from meshd.net import speedups
 from meshd.net.identity import load_identity, load_revocation_list
+from meshd.net.liblog import route_libp2p_logs
+from meshd.net.listen import (
+    check_addresses,
+    ensure_listening,
+    install_exclusive_listen,
+    parse_listen,
+    probe_listen,
+)
 from meshd.node.autoplace import initial_range
 from meshd.node.engine_model import EngineModel, default_model_dir, load_engine_model
+from meshd.node.node import Node
 from meshd.node.runner import Runner, Served
+from meshd.node.sdnotify import notify
+from meshd.paths import control_socket_path
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +71,12 @@ def preflight(cfg: Config) -> None:
     exit 78: the listen and bootstrap addresses parse, each fixed listen port is free (not
     shared with a running node through SO_REUSEPORT), the control socket path is usable and
     not served by another daemon."""
-    from meshd.control.server import prepare_socket_path
-    from meshd.net.listen import check_addresses, probe_listen
-    from meshd.paths import control_socket_path
-
     check_addresses(cfg.node.listen, cfg.node.bootstrap)
     probe_listen(cfg.node.listen)
     prepare_socket_path(control_socket_path(cfg))
 
 
-def build_node(cfg: Config) -> Any:
-    from meshd.net import speedups
-    from meshd.net.liblog import route_libp2p_logs
-    from meshd.net.listen import install_exclusive_listen
-    from meshd.node.node import Node
-
+def build_node(cfg: Config) -> Node:
     route_libp2p_logs()  # libp2p's bare lines get meshd's format and a rate limit
     speedups.install()  # py-libp2p CPU fixes (yamux credit, service task lookup): see the module
     install_exclusive_listen()  # no SO_REUSEPORT: a second daemon cannot share our port
@@ -112,8 +116,6 @@ def open_store(path: Path) -> Any:
 
 async def run_daemon(node: Any) -> None:
     from meshd.api.server import serve_api
-    from meshd.net.listen import ensure_listening, parse_listen
-    from meshd.node.sdnotify import notify
 
     async with trio.open_nursery() as nursery:
         if getattr(node.store, "run", None) is not None:

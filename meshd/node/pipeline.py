@@ -23,10 +23,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
+from meshd.config import Config
 from meshd.core.messages import MessageType
 from meshd.core.planner import Plan, plan
 from meshd.core.request import DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS
@@ -35,9 +36,8 @@ from meshd.errors import ErrorCode, PeerGoneError, RemoteError, RoutingError
 from meshd.node.activations import encode_ids
 from meshd.node.forward import Outcome
 from meshd.node.generation import gen_fields
-
-if TYPE_CHECKING:
-    from meshd.node.entry.context import EntryHost
+from meshd.node.stagelinks import StageLinks
+from meshd.node.view import MeshView
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,21 @@ def plan_record(p: Plan) -> dict[str, Any]:
     }
 
 
+class PipelineHost(Protocol):
+    """What the pipeline driver needs of the entry node (``meshd.node.entry.context.EntryHost``)."""
+
+    config: Config
+    store: Any  # meshd.store.AsyncStore or None
+    node_name: str
+    peer_id: str
+
+    @property
+    def membership(self) -> MeshView: ...
+
+    @property
+    def stage_links(self) -> StageLinks: ...
+
+
 class StageFailure(RemoteError):
     """A stage of a pipeline failed (died, stalled, refused): ``culprits`` are the peers to plan
     around; ``code`` is what the client is told if no replan succeeds."""
@@ -74,7 +89,7 @@ class StageFailure(RemoteError):
 
 @dataclass
 class _Run:
-    node: EntryHost
+    node: PipelineHost
     rid: str
     model: str
     msg: dict[str, Any]
@@ -91,7 +106,7 @@ class _Run:
 
 
 async def run_pipeline(
-    node: EntryHost, first: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
+    node: PipelineHost, first: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
     sink: Any, journal: Any, policy: Policy,
 ) -> tuple[Outcome, Plan]:
     """Serve one request along ``first``, replanning around failed stages; never raises for a
@@ -150,7 +165,7 @@ def excluded_peers(failed_at: dict[str, float], heard_at: dict[str, float]) -> f
     return frozenset(p for p, t in failed_at.items() if heard_at.get(p, -1.0) <= t)
 
 
-async def _replan(node: EntryHost, req: RouteRequest, policy: Policy, failed_at: dict[str, float], *,
+async def _replan(node: PipelineHost, req: RouteRequest, policy: Policy, failed_at: dict[str, float], *,
                   prompt_tokens: int, max_tokens: int) -> tuple[Plan, RouteRequest]:
     """Plan the rest of the request without the failed peers. When nothing covers the model
     right now (a healthy stage's connection dropped with the failed one), wait up to two advert
@@ -169,7 +184,7 @@ async def _replan(node: EntryHost, req: RouteRequest, policy: Policy, failed_at:
         await trio.sleep(REPLAN_POLL_S)
 
 
-def record_plan(node: EntryHost, rid: str, p: Plan, req: RouteRequest, policy: Policy) -> None:
+def record_plan(node: PipelineHost, rid: str, p: Plan, req: RouteRequest, policy: Policy) -> None:
     if node.store is None:
         return
     node.store.record_decision(
@@ -306,7 +321,7 @@ def _raise_if_failed(kind: str, m: dict[str, Any], peer_of: dict[str, str]) -> N
 
 
 async def _next(watch: Any, timeout: float, peer_of: dict[str, str], hops: Any,
-                node: EntryHost) -> dict[str, Any]:
+                node: PipelineHost) -> dict[str, Any]:
     with trio.move_on_after(timeout):
         kind, m = await watch.recv.receive()
         _raise_if_failed(kind, m, peer_of)

@@ -22,7 +22,7 @@ the sessions that the stream's peer opened.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import multiaddr
 import trio
@@ -34,9 +34,7 @@ from meshd.core.wire import MAX_STAGE_FRAME, Message
 from meshd.errors import PeerGoneError, ProtocolError
 from meshd.net.framed import FramedStream
 from meshd.node.links import Links
-
-if TYPE_CHECKING:
-    from meshd.node.stages import StageServer
+from meshd.node.stages import Port, StageServer
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +42,6 @@ OPEN_STREAM_TIMEOUT_S = 5.0
 SEND_TIMEOUT_S = 5.0
 OPEN_RETRY_WAITS_S = (0.05, 0.2, 0.5, 1.0)
 WATCH_BUFFER = 4096
-
-
-class Port(Protocol):
-    peer_id: str
-
-    @property
-    def alive(self) -> bool: ...
-
-    async def send(self, mtype: MessageType, fields: dict[str, Any]) -> None: ...
 
 
 class StreamPort:

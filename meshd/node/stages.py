@@ -21,7 +21,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import trio
@@ -30,10 +30,8 @@ from meshd.core.messages import MessageType
 from meshd.core.wire import Message
 from meshd.errors import ErrorCode, MeshdError, PeerGoneError, RemoteError
 from meshd.node.activations import WIRE_DTYPES, decode_tensor, encode_hidden
-
-if TYPE_CHECKING:
-    from meshd.node.runner import Runner, Served
-    from meshd.node.stagelinks import Port, StageLinks
+from meshd.node.generation import gen_config_from
+from meshd.node.runner import Runner, Served
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +84,31 @@ class _Speed:
             self.prefill_ms_per_layer_token = per if old <= 0 else (1 - EWMA) * old + EWMA * per
 
 
+class Port(Protocol):
+    """Where frames for one peer go: its stage stream, or this node itself
+    (``meshd.node.stagelinks``: ``StreamPort``, ``LocalPort``)."""
+
+    peer_id: str
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def send(self, mtype: MessageType, fields: dict[str, Any]) -> None: ...
+
+
+class Ports(Protocol):
+    """The ports to other stages (``meshd.node.stagelinks.StageLinks``)."""
+
+    async def port(self, peer_id: str) -> Port: ...
+
+    def statistics(self) -> dict[str, Any]: ...
+
+
 class StageServer:
     def __init__(self, runner: Runner, node_name: str) -> None:
         self.runner = runner
         self.node_name = node_name
-        self.links: StageLinks | None = None
+        self.links: Ports | None = None  # set by whoever builds the stage links
         self.sessions: dict[str, _Session] = {}
         self.speeds: dict[str, _Speed] = {}
         self._nursery: trio.Nursery | None = None
@@ -292,8 +310,7 @@ class StageServer:
         sess.hidden = engine_model.hidden_size
         sess.vocab = engine_model.vocab_size
         if sess.is_last:
-            from meshd.engine.generation import Generation
-            from meshd.node.generation import gen_config_from
+            from meshd.engine.generation import Generation  # only here: it loads the engine
 
             ids = list(msg.get("prompt_ids") or [])
             if not ids:

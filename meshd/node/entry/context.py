@@ -16,28 +16,20 @@ from typing import Any, Protocol
 
 from meshd.config import Config
 from meshd.core.decide import Decision
-from meshd.core.peertable import PeerTable
 from meshd.core.request import EntryRequest
-from meshd.core.snapshot import MeshSnapshot, Policy, RouteRequest
+from meshd.core.snapshot import Policy, RouteRequest
 from meshd.errors import MeshdError
 from meshd.node.forward import Outcome
 from meshd.node.links import Links
 from meshd.node.runner import Runner
 from meshd.node.stagelinks import StageLinks
+from meshd.node.view import MeshView
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 """``await emit(kind, payload)``: "route" ({"served_by", "route"}) and "tokens" ({"ids", "text"})."""
 
 Journal = Callable[[str, dict[str, Any]], None]
 """``journal(kind, payload)``: one event of the request in the node's journal (never raises)."""
-
-
-class MeshView(Protocol):
-    """What the entry chain reads of membership (``meshd.node.membership.Membership``)."""
-
-    table: PeerTable
-
-    def snapshot(self) -> MeshSnapshot: ...
 
 
 class EntryHost(Protocol):
