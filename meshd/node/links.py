@@ -70,6 +70,7 @@ class LinkedMembership(Protocol):
 class Links:
     def __init__(self, host: Any, config: Config, membership: LinkedMembership, *,
                  rng: random.Random | None = None) -> None:
+        # host: the libp2p host (its IHost type lacks the swarm's unblock_peer, hence Any)
         self.host = host
         self.config = config
         self.membership = membership
