@@ -27,6 +27,7 @@ SUBCOMMANDS = (
     "status",
     "peers",
     "explain",
+    "audit",
     "keys",
     "model",
     "testnet",
