@@ -28,6 +28,7 @@ SUBCOMMANDS = (
     "status",
     "peers",
     "explain",
+    "audit",
     "keys",
     "model",
     "testnet",

@@ -18,6 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from meshd.config import Config
+from meshd.control.audit import audit_requests
 from meshd.control.server import ControlServer
 from meshd.core.advert import (
     Advert,
@@ -178,7 +179,8 @@ class Node:
                     self.links = Links(self, nursery)
                     self.host.get_network().register_notifee(self.links.notifee())
                     gossip.on_heard = self.links.heard
-                    await nursery.start(ControlServer(self.socket_path(), self.control).run)
+                    await nursery.start(ControlServer(self.socket_path(), self.control,
+                                                      extra=audit_requests(self.store)).run)
                     await nursery.start(self.stage_server.run)
                     await nursery.start(self.stage_links.run)
                     await nursery.start(self.placer.run)
