@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "explain",
     "keys",
     "model",
+    "embed",
     "testnet",
     "sim",
     "bench",
