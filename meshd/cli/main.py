@@ -31,6 +31,7 @@ SUBCOMMANDS = (
     "audit",
     "keys",
     "model",
+    "embed",
     "testnet",
     "sim",
     "bench",
