@@ -34,7 +34,7 @@ from meshd.core.snapshot import Policy, RouteRequest
 from meshd.errors import ErrorCode, PeerGoneError, RemoteError, RoutingError
 from meshd.node.activations import encode_ids
 from meshd.node.forward import Outcome
-from meshd.node.generation import gen_fields
+from meshd.node.gen_config import gen_fields
 
 if TYPE_CHECKING:
     from meshd.node.entry.context import EntryHost

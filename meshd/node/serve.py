@@ -22,7 +22,7 @@ from meshd.core.wire import Message
 from meshd.errors import ErrorCode, MeshdError, PeerGoneError, ProtocolError, RemoteError
 from meshd.net.framed import FramedStream
 from meshd.node.coalesce import FrameBatcher
-from meshd.node.generation import gen_config_from
+from meshd.node.gen_config import gen_config_from
 from meshd.node.runner import Runner
 
 log = logging.getLogger(__name__)

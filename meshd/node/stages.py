@@ -293,7 +293,7 @@ class StageServer:
         sess.vocab = engine_model.vocab_size
         if sess.is_last:
             from meshd.engine.generation import Generation
-            from meshd.node.generation import gen_config_from
+            from meshd.node.gen_config import gen_config_from
 
             ids = list(msg.get("prompt_ids") or [])
             if not ids:

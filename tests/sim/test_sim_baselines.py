@@ -14,7 +14,7 @@ import pytest
 from meshd.cli.main import main
 from meshd.sim import sweep
 from meshd.sim.capacity import capacity
-from meshd.sim.engine import Engine
+from meshd.sim.loop import Engine
 from meshd.sim.world import World
 
 from .helpers import LENGTHS, SCENARIOS, scenario

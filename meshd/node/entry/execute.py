@@ -18,7 +18,7 @@ from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
 from meshd.node.coalesce import pump_coalesced
 from meshd.node.entry.context import EntryContext, EntryHost
 from meshd.node.forward import Outcome, Target, serve_request
-from meshd.node.generation import gen_config_from
+from meshd.node.gen_config import gen_config_from
 from meshd.node.pipeline import record_plan, run_pipeline
 
 log = logging.getLogger(__name__)
