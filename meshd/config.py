@@ -102,7 +102,6 @@ class ApiConfig:
     keys_file: str = "api-keys"  # hashes of the API keys, written by `meshd keys api-key create`
     max_body_bytes: int = 2_097_152  # a larger request body is answered 413
     keep_alive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
-    graceful_timeout_s: float = 3.0  # on shutdown, requests in progress get this long to finish
 
 
 @dataclass(frozen=True)
@@ -268,8 +267,8 @@ def _validate_api(api: ApiConfig, bad: Any) -> None:
                   "(keys from `meshd keys api-key create`) or listen on 127.0.0.1")
     if api.max_body_bytes < 1024:
         raise bad("[api] max_body_bytes", "must be >= 1024")
-    if api.keep_alive_timeout_s <= 0 or api.graceful_timeout_s < 0:
-        raise bad("[api]", "keep_alive_timeout_s must be > 0 and graceful_timeout_s >= 0")
+    if api.keep_alive_timeout_s <= 0:
+        raise bad("[api] keep_alive_timeout_s", "must be > 0")
 
 
 def parse_config(data: dict[str, Any], src: str = "<config>", base_dir: str = "") -> Config:
