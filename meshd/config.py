@@ -66,6 +66,15 @@ class ModelConfig:
     # with layers = "auto": how many layers this node has room for (0: every layer that fits in
     # half of the free memory at start); the range itself follows the mesh's weakest coverage
     max_layers: int = 0
+    # serve the model by forwarding to an OpenAI-compatible server (vLLM, llama-server, TGI,
+    # Ollama, another meshd) instead of a local ONNX model: its base URL ("http://HOST:PORT/v1"),
+    # the model name it knows, a file holding its API key (if it wants one), and the context
+    # length to advertise (0: unknown, the upstream checks). `name` is required with upstream.
+    upstream: str = ""
+    upstream_model: str = ""
+    upstream_key_file: str = ""
+    upstream_timeout_s: float = 30.0  # connect and first-token deadline of one upstream call
+    context_length: int = 0
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,10 @@ def _validate(cfg: Config, src: str) -> None:
             raise bad(f"[[models]][{i}].max_layers", "must be >= 0 (0 = as many as fit)")
         if m.max_decode_tokens_per_s < 0:
             raise bad(f"[[models]][{i}].max_decode_tokens_per_s", "must be >= 0 (0 = no cap)")
+        if m.context_length < 0:
+            raise bad(f"[[models]][{i}].context_length", "must be >= 0 (0 = unknown)")
+        if m.upstream or m.upstream_model:
+            _validate_upstream(m, f"[[models]][{i}]", bad)
     if cfg.routing.sample_d < 1:
         raise bad("[routing] sample_d", "must be >= 1")
     if cfg.routing.wait_bound_attempts < 0:
@@ -226,6 +239,20 @@ def _validate(cfg: Config, src: str) -> None:
     if cfg.engine.providers not in ("auto", "cpu", "cuda", "tensorrt"):
         raise bad("[engine] providers", "must be auto, cpu, cuda or tensorrt")
     _validate_api(cfg.api, bad)
+
+
+def _validate_upstream(m: ModelConfig, where: str, bad: Any) -> None:
+    if not m.upstream.startswith(("http://", "https://")):
+        raise bad(f"{where}.upstream", 'must be the base URL of an OpenAI-compatible API, '
+                  'e.g. "http://127.0.0.1:8000/v1"')
+    if not m.upstream_model:
+        raise bad(f"{where}.upstream_model", "must name the model as the upstream server knows it")
+    if not m.name:
+        raise bad(f"{where}.name", "is required with upstream (the name the mesh serves it as)")
+    if m.path != "default" or m.layers != "all":
+        raise bad(where, "upstream serves the whole model: leave path and layers out")
+    if m.upstream_timeout_s <= 0:
+        raise bad(f"{where}.upstream_timeout_s", "must be > 0")
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
