@@ -114,6 +114,17 @@ class ApiConfig:
 
 
 @dataclass(frozen=True)
+class StoreConfig:
+    # the node's SQLite record (data_dir/meshd.db: request journal, decisions, outcomes, audit) is
+    # pruned every prune_interval_s: rows older than max_age_days go, then the oldest rows until
+    # the data fills at most three quarters of max_size_mb (the rest is room for what arrives
+    # before the next prune)
+    max_age_days: float = 30.0
+    max_size_mb: float = 256.0  # MiB
+    prune_interval_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     keys: KeysConfig = field(default_factory=KeysConfig)
@@ -122,6 +133,7 @@ class Config:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     base_dir: str = ""  # where relative paths resolve (the config file's folder)
 
     def path(self, p: str) -> Path:
@@ -136,6 +148,7 @@ _SECTIONS: dict[str, type] = {
     "routing": RoutingConfig,
     "engine": EngineConfig,
     "api": ApiConfig,
+    "store": StoreConfig,
 }
 
 
@@ -238,6 +251,9 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[routing] max_hops", "must be >= 1")
     if cfg.engine.providers not in ("auto", "cpu", "cuda", "tensorrt"):
         raise bad("[engine] providers", "must be auto, cpu, cuda or tensorrt")
+    for key in ("max_age_days", "max_size_mb", "prune_interval_s"):
+        if getattr(cfg.store, key) <= 0:
+            raise bad(f"[store] {key}", "must be > 0")
     _validate_api(cfg.api, bad)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from meshd import __version__
 from meshd.errors import (
     ConfigError,
+    ErrorCode,
     KeyFileError,
     LocalError,
     MeshdError,
@@ -27,8 +28,10 @@ SUBCOMMANDS = (
     "status",
     "peers",
     "explain",
+    "audit",
     "keys",
     "model",
+    "embed",
     "testnet",
     "sim",
     "bench",
@@ -67,9 +70,14 @@ def exit_code_for(err: MeshdError) -> Exit:
         return Exit.CONFIG
     if isinstance(err, KeyFileError):
         return Exit.NOPERM
-    if isinstance(err, RoutingError):
-        return Exit.UNAVAILABLE
-    if isinstance(err, RemoteError):
+    code = getattr(err, "code", None)
+    if code in (ErrorCode.BUSY, ErrorCode.QUOTA, ErrorCode.DEADLINE):
+        return Exit.TEMPFAIL  # try again later
+    if code == ErrorCode.UNATTESTED:
+        return Exit.NOPERM
+    if code == ErrorCode.INTERNAL:
+        return Exit.SOFTWARE
+    if isinstance(err, RoutingError | RemoteError):
         return Exit.UNAVAILABLE
     if isinstance(err, LocalError):
         return Exit.FAILURE

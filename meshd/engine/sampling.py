@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshd.core.request import sampling_problem
+from meshd.core.request import DEFAULT_MAX_TOKENS, sampling_problem
 from meshd.errors import ConfigError
 
 
@@ -22,7 +22,7 @@ class GenerationConfig:
     penalty; ``seed=None`` draws a fresh seed; generation ends at an end-of-sequence token, at a
     ``stop`` string (which is not included in the text) or after ``max_tokens`` new tokens."""
 
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95

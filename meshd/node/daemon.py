@@ -124,7 +124,7 @@ def preflight(cfg: Config) -> None:
     prepare_socket_path(control_socket_path(cfg))
 
 
-def build_node(cfg: Config) -> Any:
+def build_node(cfg: Config, config_file: str | Path | None = None) -> Any:
     from meshd.net import speedups
     from meshd.net.liblog import route_libp2p_logs
     from meshd.net.listen import install_exclusive_listen
@@ -158,7 +158,12 @@ def build_node(cfg: Config) -> Any:
 
     hardware = read_hardware()
     store = open_store(data_dir / "meshd.db")
-    return Node(cfg, identity, runner, store=store, hardware=hardware, revocation=revocation)
+    node = Node(cfg, identity, runner, store=store, hardware=hardware, revocation=revocation)
+    from meshd.node.audit import record_start, store_sink
+
+    node.attestor.audit = store_sink(store)  # refusals, revocations: the audit table
+    record_start(node.attestor.audit, cfg, identity, config_file, node.attestor.revocation_list)
+    return node
 
 
 def open_store(path: Path) -> Any:
@@ -175,6 +180,10 @@ async def run_daemon(node: Any) -> None:
     async with trio.open_nursery() as nursery:
         if getattr(node.store, "run", None) is not None:
             await nursery.start(node.store.run)
+        if getattr(node.store, "prune_to", None) is not None:
+            from meshd.store.retention import Retention, run_pruner
+
+            await nursery.start(run_pruner, node.store, Retention.from_config(node.config.store))
         await nursery.start(node.run)
         ensure_listening(node.host, parse_listen(node.config.node.listen))
         await nursery.start(serve_api, node, node.config)  # the HTTP API and /metrics (meshd/api)

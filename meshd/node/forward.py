@@ -29,7 +29,7 @@ import trio
 
 from meshd.core.admission import back_to_refuser
 from meshd.core.routing import RouteDecision
-from meshd.errors import BusyError, PeerGoneError, RemoteError
+from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ async def serve_request(
             refused.clear()
         if not queue or attempts >= MAX_ATTEMPTS:
             out.error = out.error or "no candidate could serve the request"
-            out.error_code = out.error_code or "no_route"
+            out.error_code = out.error_code or ErrorCode.NO_ROUTE
             break
         primary = queue.pop(0)
         if primary.max_wait_ms is None and refused:
@@ -250,7 +250,7 @@ async def _race(
                 exc = payload["exc"]
                 reason = str(exc)
                 target = names[idx]
-                is_busy = isinstance(exc, BusyError) or getattr(exc, "code", "") == "busy"
+                is_busy = isinstance(exc, BusyError) or getattr(exc, "code", "") == ErrorCode.BUSY
                 out.retries.append({"target": target.name, "reason": reason, "busy": is_busy,
                                     "after_tokens": len(out.tokens)})
                 wait_ms = getattr(exc, "wait_ms", None)
@@ -258,9 +258,9 @@ async def _race(
                     refused.append((wait_ms + (target.known_ms or 0.0), target))
                 journal("retry", {"target": target.name, "reason": reason,
                                   "after_tokens": len(out.tokens)})
-                code = getattr(exc, "code", "peer_gone")
+                code = getattr(exc, "code", ErrorCode.PEER_GONE)
                 if not isinstance(exc, PeerGoneError | BusyError | RemoteError):
-                    code = "internal"
+                    code = ErrorCode.INTERNAL
                 out.error, out.error_code = reason, code
                 if winner and idx == winner[0]:
                     nursery.cancel_scope.cancel()

@@ -18,6 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from meshd.config import Config
+from meshd.control.audit import audit_requests
 from meshd.control.server import ControlServer
 from meshd.core.advert import (
     Advert,
@@ -36,6 +37,7 @@ from meshd.core.messages import (
     MessageType,
 )
 from meshd.core.peertable import PeerTable, Verdict
+from meshd.core.routing import round_robin_offset
 from meshd.core.snapshot import Policy
 from meshd.core.vivaldi import Coord, update
 from meshd.core.wire import MAX_ADVERT_BYTES, MAX_REQUEST_FRAME, decode_message, encode_message
@@ -115,7 +117,9 @@ class Node:
         self.stage_links = StageLinks(self, self.stage_server)
         self.stage_server.links = self.stage_links
         self.placer = AutoPlacer(self)  # layers = "auto"
-        self.entry = EntryChain(self)  # what this node does with a request a client gave it
+        # what this node does with a request a client gave it; a round-robin counter that starts
+        # where this node's identity says, so independent entry nodes do not walk in step
+        self.entry = EntryChain(self, rr_offset=round_robin_offset(self.peer_id, config.routing.strategy))
         self.control = ControlService(self)
         self.host: Any = None
         self.gossip: Gossip | None = None
@@ -175,7 +179,8 @@ class Node:
                     self.links = Links(self, nursery)
                     self.host.get_network().register_notifee(self.links.notifee())
                     gossip.on_heard = self.links.heard
-                    await nursery.start(ControlServer(self.socket_path(), self.control).run)
+                    await nursery.start(ControlServer(self.socket_path(), self.control,
+                                                      extra=audit_requests(self.store)).run)
                     await nursery.start(self.stage_server.run)
                     await nursery.start(self.stage_links.run)
                     await nursery.start(self.placer.run)

@@ -29,11 +29,12 @@ import trio
 
 from meshd.core.messages import MessageType
 from meshd.core.planner import Plan, plan
+from meshd.core.request import DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS
 from meshd.core.snapshot import Policy, RouteRequest
-from meshd.errors import PeerGoneError, RoutingError
+from meshd.errors import ErrorCode, PeerGoneError, RemoteError, RoutingError
 from meshd.node.activations import encode_ids
 from meshd.node.forward import Outcome
-from meshd.node.generation import DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS, gen_fields
+from meshd.node.generation import gen_fields
 
 if TYPE_CHECKING:
     from meshd.node.entry.context import EntryHost
@@ -62,11 +63,13 @@ def plan_record(p: Plan) -> dict[str, Any]:
     }
 
 
-class StageFailure(Exception):
-    def __init__(self, message: str, culprits: set[str], code: str = "peer_gone") -> None:
-        super().__init__(message)
+class StageFailure(RemoteError):
+    """A stage of a pipeline failed (died, stalled, refused): ``culprits`` are the peers to plan
+    around; ``code`` is what the client is told if no replan succeeds."""
+
+    def __init__(self, message: str, culprits: set[str], code: str = ErrorCode.PEER_GONE) -> None:
+        super().__init__(message, code)
         self.culprits = culprits
-        self.code = code
 
 
 @dataclass
@@ -122,7 +125,7 @@ async def run_pipeline(
                                            max_tokens=max(run.remaining, 1))
             except RoutingError as e:
                 run.out.error = f"{f}; no replacement: {e}"
-                run.out.error_code = "no_route"
+                run.out.error_code = ErrorCode.NO_ROUTE
                 journal("failed", {"error": run.out.error})
                 break
             journal("replan", {
@@ -287,10 +290,10 @@ async def _wait_ready(run: _Run, watch: Any, sids: list[str], peer_of: dict[str,
     if scope.cancelled_caught:
         slow = {peer_of[s] for s in sids if s not in ready}
         raise StageFailure(f"no answer to STAGE_OPEN within {OPEN_TIMEOUT_S:.0f} s", slow,
-                           "deadline")
+                           ErrorCode.DEADLINE)
     if not run.prompt_ids:
         raise StageFailure("the last stage did not return the prompt's token ids",
-                           {peer_of[sids[-1]]}, "malformed")
+                           {peer_of[sids[-1]]}, ErrorCode.MALFORMED)
 
 
 def _raise_if_failed(kind: str, m: dict[str, Any], peer_of: dict[str, str]) -> None:
@@ -310,7 +313,7 @@ async def _next(watch: Any, timeout: float, peer_of: dict[str, str], hops: Any,
         return dict(m)
     # nothing in time: blame the stages this node no longer hears from
     dead = {h.peer_id for h in hops if h.peer_id != node.peer_id and node.table.get(h.peer_id) is None}
-    raise StageFailure(f"no token from the pipeline within {timeout:.1f} s", dead, "deadline")
+    raise StageFailure(f"no token from the pipeline within {timeout:.1f} s", dead, ErrorCode.DEADLINE)
 
 
 async def _send_step(run: _Run, peer: str, sid: str, step: int, pos: list[int],

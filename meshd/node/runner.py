@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import trio
 
 from meshd.core.admission import slot_wait_ms
-from meshd.errors import BusyError, ModelError, RemoteError
+from meshd.errors import BusyError, ErrorCode, ModelError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class Runner:
         if the request would wait for a slot longer than ``max_wait_ms`` (when given)."""
         s = self.whole(model)
         if s is None:
-            raise RemoteError(f"this node does not serve the whole of model {model!r}", "no_model")
+            raise RemoteError(f"this node does not serve the whole of model {model!r}", ErrorCode.NO_MODEL)
         if s.waiting >= s.max_queue and s.limiter.available_tokens == 0:
             s.busy_refusals += 1
             raise BusyError(f"queue of {model} is full ({s.waiting} waiting)")

@@ -24,6 +24,7 @@ from typing import Any
 
 from meshd.core.advert import significant_load_change
 from meshd.core.decide import decide
+from meshd.core.routing import LOCKSTEP
 from meshd.core.snapshot import RouteRequest
 from meshd.core.vivaldi import update
 from meshd.errors import RoutingError
@@ -65,7 +66,7 @@ class Engine:
         self.strategy = strategy
         self.world = World(sc, self.seed)
         # round_robin_lockstep is the herding baseline: every counter starts at 0.
-        self.lockstep = strategy == routing.LOCKSTEP
+        self.lockstep = strategy == LOCKSTEP
         if self.lockstep:
             for node in self.world.nodes:
                 node.rr = 0

@@ -29,6 +29,7 @@ from multiaddr import Multiaddr
 from meshd.core import cert as C
 from meshd.net import attest as A
 from meshd.net.identity import NodeIdentity, generate_node_key_pair
+from meshd.testing.wait import wait_until
 
 LOCAL = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
 ECHO = TProtocol("/meshd-test/echo/1")
@@ -94,13 +95,6 @@ async def running(*nodes: Node) -> AsyncIterator[None]:
         for node in nodes:
             await A.disconnect_all(node.host)
         await wait_until(lambda: all(not n.host.get_network().get_connections() for n in nodes))
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 3.0) -> None:
-    """Wait for a condition (polling the in-process state) under a deadline."""
-    with trio.fail_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.005)
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:

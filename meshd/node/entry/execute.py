@@ -14,7 +14,7 @@ from contextlib import aclosing
 from typing import Any
 
 from meshd.core.messages import MessageType
-from meshd.errors import BusyError, PeerGoneError, RemoteError
+from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
 from meshd.node.coalesce import pump_coalesced
 from meshd.node.entry.context import EntryContext, EntryHost
 from meshd.node.forward import Outcome, Target, serve_request
@@ -40,7 +40,7 @@ async def execute(ctx: EntryContext, host: EntryHost, in_flight: dict[str, int])
             del in_flight[client]
     ctx.outcome = outcome
     if outcome.error is not None:
-        raise RemoteError(f"request failed: {outcome.error}", outcome.error_code or "internal")
+        raise RemoteError(f"request failed: {outcome.error}", outcome.error_code or ErrorCode.INTERNAL)
     ctx.answer = answer_fields(ctx, outcome)
 
 

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from meshd.errors import ErrorCode
 from meshd.node.entry.context import EntryContext, EntryHost
 
 log = logging.getLogger(__name__)
@@ -23,9 +24,9 @@ def record(ctx: EntryContext, host: EntryHost, observers: list[Observer], cancel
     rid = ctx.req.request_id
     code = "ok"
     if cancelled:
-        code = "cancelled"
+        code = ErrorCode.CANCELLED
     elif ctx.error is not None:
-        code = str(getattr(ctx.error, "code", "internal"))
+        code = str(getattr(ctx.error, "code", ErrorCode.INTERNAL))
     if code != "ok":
         host.stats["requests_failed"] += 1
     stats: dict[str, Any] = dict(ctx.answer) if ctx.answer is not None else (
