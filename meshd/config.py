@@ -66,6 +66,15 @@ class ModelConfig:
     # with layers = "auto": how many layers this node has room for (0: every layer that fits in
     # half of the free memory at start); the range itself follows the mesh's weakest coverage
     max_layers: int = 0
+    # serve the model by forwarding to an OpenAI-compatible server (vLLM, llama-server, TGI,
+    # Ollama, another meshd) instead of a local ONNX model: its base URL ("http://HOST:PORT/v1"),
+    # the model name it knows, a file holding its API key (if it wants one), and the context
+    # length to advertise (0: unknown, the upstream checks). `name` is required with upstream.
+    upstream: str = ""
+    upstream_model: str = ""
+    upstream_key_file: str = ""
+    upstream_timeout_s: float = 30.0  # connect and first-token deadline of one upstream call
+    context_length: int = 0
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,6 @@ class ApiConfig:
     keys_file: str = "api-keys"  # hashes of the API keys, written by `meshd keys api-key create`
     max_body_bytes: int = 2_097_152  # a larger request body is answered 413
     keep_alive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
-    graceful_timeout_s: float = 3.0  # on shutdown, requests in progress get this long to finish
 
 
 @dataclass(frozen=True)
@@ -229,6 +237,10 @@ def _validate(cfg: Config, src: str) -> None:
             raise bad(f"[[models]][{i}].max_layers", "must be >= 0 (0 = as many as fit)")
         if m.max_decode_tokens_per_s < 0:
             raise bad(f"[[models]][{i}].max_decode_tokens_per_s", "must be >= 0 (0 = no cap)")
+        if m.context_length < 0:
+            raise bad(f"[[models]][{i}].context_length", "must be >= 0 (0 = unknown)")
+        if m.upstream or m.upstream_model:
+            _validate_upstream(m, f"[[models]][{i}]", bad)
     if cfg.routing.sample_d < 1:
         raise bad("[routing] sample_d", "must be >= 1")
     if cfg.routing.wait_bound_attempts < 0:
@@ -243,6 +255,20 @@ def _validate(cfg: Config, src: str) -> None:
         if getattr(cfg.store, key) <= 0:
             raise bad(f"[store] {key}", "must be > 0")
     _validate_api(cfg.api, bad)
+
+
+def _validate_upstream(m: ModelConfig, where: str, bad: Any) -> None:
+    if not m.upstream.startswith(("http://", "https://")):
+        raise bad(f"{where}.upstream", 'must be the base URL of an OpenAI-compatible API, '
+                  'e.g. "http://127.0.0.1:8000/v1"')
+    if not m.upstream_model:
+        raise bad(f"{where}.upstream_model", "must name the model as the upstream server knows it")
+    if not m.name:
+        raise bad(f"{where}.name", "is required with upstream (the name the mesh serves it as)")
+    if m.path != "default" or m.layers != "all":
+        raise bad(where, "upstream serves the whole model: leave path and layers out")
+    if m.upstream_timeout_s <= 0:
+        raise bad(f"{where}.upstream_timeout_s", "must be > 0")
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -284,8 +310,8 @@ def _validate_api(api: ApiConfig, bad: Any) -> None:
                   "(keys from `meshd keys api-key create`) or listen on 127.0.0.1")
     if api.max_body_bytes < 1024:
         raise bad("[api] max_body_bytes", "must be >= 1024")
-    if api.keep_alive_timeout_s <= 0 or api.graceful_timeout_s < 0:
-        raise bad("[api]", "keep_alive_timeout_s must be > 0 and graceful_timeout_s >= 0")
+    if api.keep_alive_timeout_s <= 0:
+        raise bad("[api] keep_alive_timeout_s", "must be > 0")
 
 
 def parse_config(data: dict[str, Any], src: str = "<config>", base_dir: str = "") -> Config:

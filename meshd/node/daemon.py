@@ -26,11 +26,16 @@ PROVIDERS = {
 
 def load_runner(cfg: Config) -> Runner:
     runner = Runner()
-    if not cfg.models:
+    for m in cfg.models:
+        if m.upstream:  # served by an OpenAI-compatible server (meshd/upstream)
+            runner.add(upstream_served(cfg, m))
+    if all(m.upstream for m in cfg.models):
         return runner  # a relay/router-only node: do not even import onnxruntime (~20 MB)
     from meshd import engine
 
     for i, m in enumerate(cfg.models):
+        if m.upstream:
+            continue
         path = default_model_dir() if m.path == "default" else cfg.path(m.path)
         if not Path(path).is_dir():
             raise ConfigError(f"[[models]][{i}].path: model directory {path} does not exist")
@@ -60,6 +65,17 @@ def load_runner(cfg: Config) -> Runner:
         log.info("model loaded name=%s layers=%d-%d provider=%s", name, start, end,
                  getattr(model, "provider", "?"))
     return runner
+
+
+def upstream_served(cfg: Config, m: Any) -> Served:
+    from meshd.upstream.model import UpstreamModel
+
+    key = cfg.path(m.upstream_key_file) if m.upstream_key_file else None
+    model = UpstreamModel.from_config(m, key)
+    log.info("upstream model name=%s url=%s upstream_model=%s", m.name, m.upstream, m.upstream_model)
+    return Served(name=m.name, model=model, layer_start=0, layer_end=1, num_layers=1,
+                  max_concurrency=m.max_concurrency, max_queue=m.max_queue,
+                  max_decode_tps=m.max_decode_tokens_per_s)
 
 
 def default_model_dir() -> Path:

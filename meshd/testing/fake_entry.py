@@ -158,6 +158,8 @@ class FakeNode:
                 "attestation": {"attested_total": 3, "attested_peers": 2,
                                 "rejected_by_reason": {"wrong_ca": 1, "expired": 0}},
                 "links": {"pings": 9, "stalls": 1},
+                "upstreams": {"tiny-up": {"requests": 4, "in_flight": 1, "errors": 1,
+                                          "errors_by_kind": {"peer_gone": 1}}},
             },
         }
 
