@@ -118,7 +118,7 @@ class Embedder:
                     "batches": self._batches, "busy_s": round(self._busy_s, 3)}
 
     def close(self) -> None:
-        self._session = None  # type: ignore[assignment]
+        self._session = None
 
 
 def _check_texts(texts: Sequence[str]) -> None:
