@@ -16,24 +16,26 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from meshd.core.cert import (
     CERT_KIND,
-    CRL_KIND,
-    MAX_REVOCATION_LIST_BYTES,
     MAX_SERIAL,
     AttestationRejected,
     Certificate,
-    RevocationList,
     ca_key_id,
     check_certificate,
     decode_certificate,
-    decode_revocation_list,
-    detect_kind,
     issue_certificate,
     peer_id_of,
     public_key_bytes,
-    sign_revocation_list,
-    verify_revocation_list,
     verify_signature,
 )
+from meshd.core.crl import (
+    CRL_KIND,
+    MAX_REVOCATION_LIST_BYTES,
+    RevocationList,
+    decode_revocation_list,
+    sign_revocation_list,
+    verify_revocation_list,
+)
+from meshd.core.signed import detect_kind
 from meshd.errors import KeyFileError, LocalError, MeshdError
 from meshd.exitcodes import Exit
 from meshd.paths import state_home
