@@ -485,7 +485,7 @@ class Node:
         # any author may relay a list: the CA's signature is what counts
         try:
             msg = decode_message(data, 300_000, frozenset({int(MessageType.REVOCATION)}))
-            from meshd.core.cert import verify_revocation_list
+            from meshd.core.crl import verify_revocation_list
 
             verify_revocation_list(msg["crl"], ca_public_key=self.identity.ca_public_key)
         except MeshdError:
