@@ -50,18 +50,23 @@ async def prepare(ctx: EntryContext, host: EntryHost) -> None:
 def pick_model(host: EntryHost, requested: str | None) -> str:
     """The model to serve: the one asked for (if anybody serves it), else this node's default,
     else the one most nodes serve."""
-    heard = models_heard(host)
     if requested:
-        if host.runner.get(requested) is None and requested not in heard:
-            raise UnknownModelError(f"no node of the mesh serves model {requested!r}"
-                                    f" (served: {', '.join(sorted(heard)) or 'none yet'})")
-        return requested
+        if host.runner.get(requested) is not None or _heard_of(host, requested):
+            return requested
+        heard = models_heard(host)
+        raise UnknownModelError(f"no node of the mesh serves model {requested!r}"
+                                f" (served: {', '.join(sorted(heard)) or 'none yet'})")
     local = host.runner.default_model()
     if local is not None:
         return local
+    heard = models_heard(host)
     if not heard:
         raise RemoteError("no model is served anywhere in the mesh yet", ErrorCode.NO_ROUTE)
     return sorted(heard.items(), key=lambda kv: (-kv[1]["nodes"], kv[0]))[0][0]
+
+
+def _heard_of(host: EntryHost, model: str) -> bool:
+    return any(m.name == model for e in host.table.live() for m in e.advert.models)
 
 
 def models_heard(host: EntryHost) -> dict[str, dict[str, Any]]:
