@@ -39,7 +39,7 @@ class Embedder:
         self.batch_size = batch_size
         self.threads = threads
         self._tok = tokenizer
-        self._session = session
+        self._session: Any = session
         self._lock = threading.Lock()
         self._texts = 0
         self._batches = 0
@@ -118,7 +118,7 @@ class Embedder:
                     "batches": self._batches, "busy_s": round(self._busy_s, 3)}
 
     def close(self) -> None:
-        self._session = None  # type: ignore[assignment]
+        self._session = None
 
 
 def _check_texts(texts: Sequence[str]) -> None:

@@ -71,7 +71,7 @@ def encode_one(weights: Mapping[str, np.ndarray], arch: BertArch, ids: Sequence[
         x = layer_norm(x + dense(h, "output.dense"), w(f"{p}output.LayerNorm.weight"),
                        w(f"{p}output.LayerNorm.bias"), arch.layer_norm_eps)
     pooled = x.mean(0) if arch.pooling == "mean" else x[0]
-    return pooled / max(float(np.linalg.norm(pooled)), 1e-12)
+    return np.asarray(pooled / max(float(np.linalg.norm(pooled)), 1e-12), np.float64)
 
 
 def encode_reference(weights: Mapping[str, np.ndarray], arch: BertArch,
