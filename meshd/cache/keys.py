@@ -70,6 +70,11 @@ def partition(model: str, settings: str, tenant: str, reader: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def prompt_key(prompt: str) -> str:
+    """The key of a prompt for the exact-repeat path: its words, whitespace collapsed."""
+    return hashlib.sha256(" ".join(prompt.split()).encode()).hexdigest()[:32]
+
+
 def admit(req: CacheRequest) -> Admission:
     if req.temperature > 0 and not req.cache_sampled:
         return Admission(False, "sampled at temperature > 0 without cache_sampled opt-in")

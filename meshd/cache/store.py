@@ -39,7 +39,7 @@ from meshd.cache.eviction import (
     overflow,
 )
 from meshd.cache.index import EXACT_MAX, PartitionIndex
-from meshd.cache.keys import CacheRequest, admit
+from meshd.cache.keys import CacheRequest, admit, prompt_key
 from meshd.cache.policy import Decision, FixedThreshold, Observation, Policy, answers_match
 
 log = logging.getLogger(__name__)
@@ -133,10 +133,12 @@ class SemanticCache:
             self.db.table("meta").create({"key": str, "value": str}, pk="key")
         if "entries" not in self.db.table_names():
             self.db.table("entries").create({
-                "id": int, "partition": str, "prompt": str, "answer": str, "vector": bytes,
+                "id": int, "partition": str, "prompt_key": str, "prompt": str, "answer": str,
+                "vector": bytes,
                 "created_at": float, "last_used": float, "expires_at": float, "hits": int,
                 "nbytes": int, "observations": str,
             }, pk="id")
+            self.db.table("entries").create_index(["partition", "prompt_key"])
             self.db.table("entries").create_index(["last_used"])
             self.db.table("entries").create_index(["expires_at"])
         meta = {r["key"]: r["value"] for r in self.db["meta"].rows}
@@ -237,6 +239,18 @@ class SemanticCache:
             self.stats["skips"] += 1
             return Lookup("skip", adm.reason)
         t0 = time.perf_counter()
+        try:
+            with self._lock:
+                same = self._exact_locked(adm.read, prompt_key(req.prompt))
+        except sqlite3.DatabaseError as err:
+            with self._lock:
+                self._rebuild(err)
+            same = None
+        if same is not None:  # the very same prompt: no embedding needed
+            self.stats["lookups"] += 1
+            self.stats["hits"] += 1
+            return Lookup("hit", "same prompt", same[1], same[0], 1.0, None, None, 0.0,
+                          (time.perf_counter() - t0) * 1e3)
         if vector is None:
             vector = np.asarray(self.embedder.embed([req.prompt])[0], np.float32)
         t1 = time.perf_counter()
@@ -256,6 +270,19 @@ class SemanticCache:
                       decision.similarity if eid is not None else None,
                       decision.threshold if eid is not None else None, vector,
                       (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+
+    def _exact_locked(self, parts: tuple[str, ...], key: str) -> tuple[int, str] | None:
+        now = self._clock()
+        for part in parts:
+            row = self.db.execute("SELECT id, answer FROM entries WHERE partition = ? AND "
+                                  "prompt_key = ? AND expires_at > ? ORDER BY id DESC LIMIT 1",
+                                  [part, key, now]).fetchone()
+            if row is not None:
+                with self.db.conn:
+                    self.db.execute("UPDATE entries SET last_used = ?, hits = hits + 1 "
+                                    "WHERE id = ?", [now, row[0]])
+                return int(row[0]), str(row[1])
+        return None
 
     def _lookup_locked(self, req: CacheRequest, parts: tuple[str, ...], vector: np.ndarray
                        ) -> tuple[Decision, int | None, str | None]:
@@ -338,10 +365,11 @@ class SemanticCache:
             self.stats["evictions"] += len(victims)
         with self.db.conn:
             cur = self.db.execute(
-                "INSERT INTO entries (partition, prompt, answer, vector, created_at, last_used, "
-                "expires_at, hits, nbytes, observations) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, '[]')",
-                [part, prompt, answer, vec.tobytes(), now, now, expires_at(now, self.limits),
-                 nbytes])
+                "INSERT INTO entries (partition, prompt_key, prompt, answer, vector, created_at, "
+                "last_used, expires_at, hits, nbytes, observations) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, '[]')",
+                [part, prompt_key(prompt), prompt, answer, vec.tobytes(), now, now,
+                 expires_at(now, self.limits), nbytes])
         eid = int(cur.lastrowid or 0)
         self._index(part).add(np.array([eid], np.int64), vec[None])
         self._entries += 1

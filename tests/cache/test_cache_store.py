@@ -203,3 +203,14 @@ def test_saved_graph_is_loaded_and_a_stale_one_is_not(tmp_path: Path) -> None:
     graphs[0].write_bytes(b"garbage" * 1000)  # a damaged graph file is rebuilt from the rows
     fourth = _cache(path, exact_max=8)
     assert fourth.lookup(replace(REQ, prompt="one more question")).answer == "b"
+
+
+def test_exact_repeat_needs_no_embedding(tmp_path: Path) -> None:
+    emb = FakeEmbedder()
+    c = SemanticCache(tmp_path / "c.db", emb, clock=Clock())
+    c.insert(REQ, "Paris")
+    calls = emb.calls
+    got = c.lookup(replace(REQ, prompt="what is the   capital of france"))
+    assert (got.kind, got.answer, got.reason, got.similarity) == ("hit", "Paris", "same prompt", 1.0)
+    assert emb.calls == calls
+    assert c.lookup(replace(REQ, client="bob")).kind == "miss"  # partitions still apply
