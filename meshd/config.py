@@ -66,6 +66,15 @@ class ModelConfig:
     # with layers = "auto": how many layers this node has room for (0: every layer that fits in
     # half of the free memory at start); the range itself follows the mesh's weakest coverage
     max_layers: int = 0
+    # serve the model by forwarding to an OpenAI-compatible server (vLLM, llama-server, TGI,
+    # Ollama, another meshd) instead of a local ONNX model: its base URL ("http://HOST:PORT/v1"),
+    # the model name it knows, a file holding its API key (if it wants one), and the context
+    # length to advertise (0: unknown, the upstream checks). `name` is required with upstream.
+    upstream: str = ""
+    upstream_model: str = ""
+    upstream_key_file: str = ""
+    upstream_timeout_s: float = 30.0  # connect and first-token deadline of one upstream call
+    context_length: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,28 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class ApiConfig:
+    """The OpenAI-compatible HTTP API (docs/api.md) and Prometheus ``/metrics`` (docs/metrics.md)."""
+
+    listen: str = "127.0.0.1:8080"  # HOST:PORT ([::1]:PORT for IPv6); "" turns the API off
+    auth: str = "key"  # "key": bearer API keys from keys_file; "none": no key (loopback only)
+    keys_file: str = "api-keys"  # hashes of the API keys, written by `meshd keys api-key create`
+    max_body_bytes: int = 2_097_152  # a larger request body is answered 413
+    keep_alive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    # the node's SQLite record (data_dir/meshd.db: request journal, decisions, outcomes, audit) is
+    # pruned every prune_interval_s: rows older than max_age_days go, then the oldest rows until
+    # the data fills at most three quarters of max_size_mb (the rest is room for what arrives
+    # before the next prune)
+    max_age_days: float = 30.0
+    max_size_mb: float = 256.0  # MiB
+    prune_interval_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     keys: KeysConfig = field(default_factory=KeysConfig)
@@ -101,6 +132,8 @@ class Config:
     models: tuple[ModelConfig, ...] = (ModelConfig(),)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
     base_dir: str = ""  # where relative paths resolve (the config file's folder)
 
     def path(self, p: str) -> Path:
@@ -114,6 +147,8 @@ _SECTIONS: dict[str, type] = {
     "gossip": GossipConfig,
     "routing": RoutingConfig,
     "engine": EngineConfig,
+    "api": ApiConfig,
+    "store": StoreConfig,
 }
 
 
@@ -202,6 +237,10 @@ def _validate(cfg: Config, src: str) -> None:
             raise bad(f"[[models]][{i}].max_layers", "must be >= 0 (0 = as many as fit)")
         if m.max_decode_tokens_per_s < 0:
             raise bad(f"[[models]][{i}].max_decode_tokens_per_s", "must be >= 0 (0 = no cap)")
+        if m.context_length < 0:
+            raise bad(f"[[models]][{i}].context_length", "must be >= 0 (0 = unknown)")
+        if m.upstream or m.upstream_model:
+            _validate_upstream(m, f"[[models]][{i}]", bad)
     if cfg.routing.sample_d < 1:
         raise bad("[routing] sample_d", "must be >= 1")
     if cfg.routing.wait_bound_attempts < 0:
@@ -212,6 +251,67 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[routing] max_hops", "must be >= 1")
     if cfg.engine.providers not in ("auto", "cpu", "cuda", "tensorrt"):
         raise bad("[engine] providers", "must be auto, cpu, cuda or tensorrt")
+    for key in ("max_age_days", "max_size_mb", "prune_interval_s"):
+        if getattr(cfg.store, key) <= 0:
+            raise bad(f"[store] {key}", "must be > 0")
+    _validate_api(cfg.api, bad)
+
+
+def _validate_upstream(m: ModelConfig, where: str, bad: Any) -> None:
+    if not m.upstream.startswith(("http://", "https://")):
+        raise bad(f"{where}.upstream", 'must be the base URL of an OpenAI-compatible API, '
+                  'e.g. "http://127.0.0.1:8000/v1"')
+    if not m.upstream_model:
+        raise bad(f"{where}.upstream_model", "must name the model as the upstream server knows it")
+    if not m.name:
+        raise bad(f"{where}.name", "is required with upstream (the name the mesh serves it as)")
+    if m.path != "default" or m.layers != "all":
+        raise bad(where, "upstream serves the whole model: leave path and layers out")
+    if m.upstream_timeout_s <= 0:
+        raise bad(f"{where}.upstream_timeout_s", "must be > 0")
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[V6]:PORT`` for IPv6) as (host, port); raises ValueError saying why."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("must be HOST:PORT, e.g. 127.0.0.1:8080 or [::1]:8080")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError("an IPv6 host goes in brackets, e.g. [::1]:8080")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (127.0.0.0/8, ::1 or localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _validate_api(api: ApiConfig, bad: Any) -> None:
+    if api.auth not in ("key", "none"):
+        raise bad("[api] auth", 'must be "key" or "none"')
+    if not api.listen:
+        return  # the API is off
+    try:
+        host, _ = parse_listen(api.listen)
+    except ValueError as e:
+        raise bad("[api] listen", str(e)) from None
+    if api.auth == "none" and not is_loopback(host):
+        raise bad("[api] auth", f'= "none" is allowed only on a loopback listener, not on '
+                  f'{api.listen}: anyone who can reach it could use the mesh. Use auth = "key" '
+                  "(keys from `meshd keys api-key create`) or listen on 127.0.0.1")
+    if api.max_body_bytes < 1024:
+        raise bad("[api] max_body_bytes", "must be >= 1024")
+    if api.keep_alive_timeout_s <= 0:
+        raise bad("[api] keep_alive_timeout_s", "must be > 0")
 
 
 def parse_config(data: dict[str, Any], src: str = "<config>", base_dir: str = "") -> Config:

@@ -8,6 +8,34 @@ it and never a traceback.
 
 from __future__ import annotations
 
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    """Every error code meshd sends on the wire or answers a client with (proto/errors.md).
+
+    The values are the wire strings. ONLY APPEND: peers of older versions read these.
+    """
+
+    MALFORMED = "malformed"
+    TOO_LARGE = "too_large"
+    UNSUPPORTED = "unsupported"
+    UNATTESTED = "unattested"
+    BUSY = "busy"
+    NO_MODEL = "no_model"
+    NO_ROUTE = "no_route"
+    DEADLINE = "deadline"
+    HOPS = "hops"
+    CANCELLED = "cancelled"
+    PEER_GONE = "peer_gone"
+    BAD_TENSOR = "bad_tensor"
+    QUOTA = "quota"
+    INTERNAL = "internal"
+    NO_SESSION = "no_session"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    DUPLICATE_REQUEST = "duplicate_request"
+    UNAUTHORIZED = "unauthorized"
+
 
 class MeshdError(Exception):
     """Base of every error meshd raises on purpose."""
@@ -30,37 +58,47 @@ class KeyFileError(LocalError):
 
 
 class RoutingError(MeshdError):
-    """No node may serve a request (every candidate excluded by a hard constraint, or none)."""
+    """No node may serve a request (every candidate excluded by a hard constraint, or none).
+
+    Raised by the pure router; the entry chain answers the client with ``code``."""
+
+    code: ErrorCode = ErrorCode.NO_ROUTE
+
+
+class QuotaError(RoutingError):
+    """The client has as many requests in flight as its quota allows."""
+
+    code = ErrorCode.QUOTA
 
 
 class RemoteError(MeshdError):
     """A peer or client sent something we reject. ``code`` is the wire error code to answer."""
 
-    code: str = "internal"
+    code: str = ErrorCode.INTERNAL
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
         if code is not None:
-            self.code = code
+            self.code = ErrorCode(code) if code in ErrorCode.__members__.values() else code
 
 
 class ProtocolError(RemoteError):
     """Malformed bytes: bad framing, bad msgpack, a schema violation, an oversized frame."""
 
-    code = "malformed"
+    code = ErrorCode.MALFORMED
 
 
 class AttestationError(RemoteError):
     """A peer failed attestation: no certificate, wrong CA, wrong key, expired or revoked."""
 
-    code = "unattested"
+    code = ErrorCode.UNATTESTED
 
 
 class BusyError(RemoteError):
     """The node's queue is full, or it cannot start the request within the wait the entry node
     allowed (``wait_ms``: its own estimate of the wait, when it gave one); try another."""
 
-    code = "busy"
+    code = ErrorCode.BUSY
 
     def __init__(self, message: str, code: str | None = None, *, wait_ms: float | None = None) -> None:
         super().__init__(message, code)
@@ -70,4 +108,24 @@ class BusyError(RemoteError):
 class PeerGoneError(RemoteError):
     """The peer closed, died or stalled while serving us."""
 
-    code = "peer_gone"
+    code = ErrorCode.PEER_GONE
+
+
+
+
+class ContextLengthError(RemoteError):
+    """The prompt plus the tokens asked for do not fit the model's context; says both numbers."""
+
+    code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
+
+    def __init__(self, message: str, *, prompt_tokens: int, max_tokens: int, context: int) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.context = context
+
+
+class UnknownModelError(RemoteError):
+    """No node of the mesh serves the model the request names."""
+
+    code = ErrorCode.NO_MODEL

@@ -5,8 +5,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 SYSTEM_SOCKET = Path("/run/meshd/meshd.sock")
+
+
+def control_socket_path(cfg: Any) -> Path:
+    """The control socket of the daemon run with ``cfg`` (a ``meshd.config.Config``):
+    ``[node] socket``, else ``meshd.sock`` in ``[node] data_dir``."""
+    if cfg.node.socket:
+        return Path(cfg.path(cfg.node.socket))
+    return Path(cfg.path(cfg.node.data_dir)) / "meshd.sock"
 
 
 def state_home() -> Path:

@@ -32,6 +32,7 @@ GOLDEN = {
     "stage_ready": (MessageType.STAGE_READY, {"rid": "r1.1@4", "prompt_ids": [1, 2, 3]}),
     "stage_free": (MessageType.STAGE_FREE, {"rid": "r1.1@2"}),
     "sync_req": (MessageType.SYNC_REQ, {"n": 7}),
+    "audit_req": (MessageType.AUDIT_REQ, {"n": 20, "kind": "attestation_failed"}),
 }
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from meshd import __version__
 from meshd.errors import (
     ConfigError,
+    ErrorCode,
     KeyFileError,
     LocalError,
     MeshdError,
@@ -27,6 +28,7 @@ SUBCOMMANDS = (
     "status",
     "peers",
     "explain",
+    "audit",
     "keys",
     "model",
     "embed",
@@ -68,9 +70,14 @@ def exit_code_for(err: MeshdError) -> Exit:
         return Exit.CONFIG
     if isinstance(err, KeyFileError):
         return Exit.NOPERM
-    if isinstance(err, RoutingError):
-        return Exit.UNAVAILABLE
-    if isinstance(err, RemoteError):
+    code = getattr(err, "code", None)
+    if code in (ErrorCode.BUSY, ErrorCode.QUOTA, ErrorCode.DEADLINE):
+        return Exit.TEMPFAIL  # try again later
+    if code == ErrorCode.UNATTESTED:
+        return Exit.NOPERM
+    if code == ErrorCode.INTERNAL:
+        return Exit.SOFTWARE
+    if isinstance(err, RoutingError | RemoteError):
         return Exit.UNAVAILABLE
     if isinstance(err, LocalError):
         return Exit.FAILURE
@@ -87,13 +94,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Exit.USAGE
     try:
         return int(args.func(args))
-    except MeshdError as err:
-        print(f"meshd {args.command}: {err}", file=sys.stderr)
-        return exit_code_for(err)
-    except KeyboardInterrupt:
+    except BaseException as exc:  # noqa: B036 - every failure ends as one line and an exit code
+        return report(args.command, exc)
+
+
+def report(command: str, exc: BaseException) -> int:
+    """Print one line for ``exc`` and return its exit code. An error from inside the daemon's
+    nurseries arrives wrapped in exception groups: the meshd error inside is what counts. Anything
+    that is not a meshd error is a bug (exit 70); its traceback goes to the log at debug level
+    (``-vv``) and never to the user's screen otherwise."""
+    leaves = _leaves(exc)
+    if any(isinstance(e, KeyboardInterrupt) for e in leaves):
         return Exit.INTERRUPTED
-    except BrokenPipeError:
+    if leaves and all(isinstance(e, BrokenPipeError) for e in leaves):
         return Exit.OK
+    if any(isinstance(e, SystemExit) for e in leaves):
+        raise exc
+    ours = [e for e in leaves if isinstance(e, MeshdError)]
+    if ours:
+        print(f"meshd {command}: {ours[0]}", file=sys.stderr)
+        return exit_code_for(ours[0])
+    first = leaves[0] if leaves else exc
+    logging.getLogger(__name__).debug("internal error", exc_info=exc)
+    text = str(first).strip().splitlines()
+    detail = f": {text[0]}" if text else ""
+    print(f"meshd {command}: internal error: {type(first).__name__}{detail} (a bug in meshd; "
+          "run again with -vv for the traceback and please report it)", file=sys.stderr)
+    return Exit.SOFTWARE
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions at the leaves of (possibly nested) exception groups, trio's Cancelled
+    left out (it only says a sibling failed)."""
+    import trio
+
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [] if isinstance(exc, trio.Cancelled) else [exc]
 
 
 def entry() -> None:

@@ -15,6 +15,12 @@ view a real node would have, and print TTFT percentiles, end-to-end latency, thr
 per 1K tokens, utilisation spread and failures per strategy. Same seed, same result.
 
   meshd sim testnet/scenarios/mesh-512.toml --strategies meshd,round_robin --plot out.png
+
+With --sweep-load, every strategy runs at each offered load (a fraction of the scenario's
+capacity: its arrival rates are scaled) and the table compares each with the best other
+strategy at that load:
+
+  meshd sim testnet/scenarios/homog-128.toml --sweep-load 0.1,0.3,0.5,0.7,0.8,0.9,0.95
 """
 
 
@@ -30,8 +36,14 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--strategies",
         metavar="A,B,...",
-        help="strategies to compare (default: all: meshd,round_robin,random,least_queue,"
-        "latency_only,lwsq)",
+        help="strategies to compare (default: meshd,round_robin,random,least_queue,"
+        "latency_only,lwsq; round_robin_lockstep, the herding round-robin, only when named)",
+    )
+    p.add_argument(
+        "--sweep-load",
+        metavar="L,L,...",
+        help="run every strategy at each offered load, as a fraction of capacity "
+        "(e.g. 0.1,0.5,0.9); prints one row per strategy and load, against the best other",
     )
     p.add_argument("--seed", type=int, metavar="N", help="random seed (default: the scenario's)")
     p.add_argument(
@@ -49,7 +61,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from meshd.core.routing import STRATEGIES
+    from meshd.core.routing import BASELINE_STRATEGIES
     from meshd.errors import ConfigError
     from meshd.sim import report
     from meshd.sim.capacity import capacity
@@ -70,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
         advert_interval_s=args.advert_interval,
         fail_fraction=args.fail_fraction,
     )
-    strategies = check_strategies((args.strategies or ",".join(STRATEGIES)).split(","))
+    strategies = check_strategies((args.strategies or ",".join(BASELINE_STRATEGIES)).split(","))
+    if args.sweep_load is not None:
+        return _sweep(args, sc, strategies)
     cap = capacity(sc)
     header = (
         f"scenario {sc.name}: {sc.node_count} nodes, {sc.run.duration_s:g} s, seed {sc.run.seed}, "
@@ -97,4 +111,46 @@ def run(args: argparse.Namespace) -> int:
         line = report.ratios(results)
         if line:
             print(line)
+    return Exit.OK
+
+
+def _sweep(args: argparse.Namespace, sc: Any, strategies: tuple[str, ...]) -> int:
+    import json
+
+    from meshd.sim import sweep
+    from meshd.sim.capacity import capacity
+    from meshd.sim.progress import ProgressBar
+
+    loads = sweep.parse_loads(args.sweep_load)
+    cap = capacity(sc)
+    header = (
+        f"scenario {sc.name}: {sc.node_count} nodes, {sc.run.duration_s:g} s, seed {sc.run.seed}, "
+        f"capacity {cap.capacity_rps:.0f} req/s, loads {', '.join(f'{x:g}' for x in loads)} "
+        f"({', '.join(f'{x * cap.capacity_rps:.0f}' for x in loads)} req/s), "
+        f"advert interval {sc.gossip.advert_interval_s:g} s"
+    )
+    floor = sweep.floor_ms(sc)
+    if floor:
+        header += (
+            "\nfloor (every request started at once on the fastest hardware, no network): "
+            + ", ".join(f"{k[5:8]} {v:.0f} ms" for k, v in floor.items())
+        )
+    bar = None if args.no_progress else ProgressBar(len(strategies) * len(loads))
+    if bar:
+        print(header, file=sys.stderr)
+    res = sweep.run_sweep(sc, strategies, loads, seed=args.seed, jobs=args.jobs, progress=bar)
+    if bar:
+        bar.close()
+    if args.csv:
+        sweep.write_csv(res, args.csv)
+    if args.plot:
+        sweep.plot(res, args.plot, f"{sc.name}: {sc.node_count} nodes, "
+                   f"adverts every {sc.gossip.advert_interval_s:g} s")  # fmt: skip
+    if args.json:
+        print(json.dumps({"header": header, "floor": floor, **sweep.to_json(res)}, indent=2))
+        return Exit.OK
+    print(header)
+    print(sweep.table(res))
+    for line in sweep.yardstick(res, floor=floor):
+        print(line)
     return Exit.OK

@@ -32,7 +32,8 @@ def register(sub: Any) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt", nargs="?", default="-", help="the prompt (default: read stdin)")
     p.add_argument("--model", "-m", help="model name (default: the node's default model)")
-    p.add_argument("--max-tokens", "-n", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("--max-tokens", "-n", type=int,
+                   help="tokens to generate at most (default 64, or what the model's context leaves)")
     p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
@@ -60,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
         print("meshd submit: the prompt is empty", file=sys.stderr)
         return Exit.USAGE
     fields: dict[str, Any] = {"rid": uuid.uuid4().hex[:16], "prompt": prompt, "chat": args.chat,
-                              "max_tokens": args.max_tokens, "temperature": args.temperature}
-    for k in ("model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy",
+                              "temperature": args.temperature}
+    for k in ("max_tokens", "model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy",
               "pipeline", "client"):
         v = getattr(args, k)
         if v is not None:
@@ -82,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             + (f"{tps:.1f} tokens/s" if tps else f"{result['tokens']} tokens"),
             file=sys.stderr if not sys.stdout.isatty() else sys.stdout,
         )
+        for note in result.get("notes") or ():
+            print(f"-- note: {note}", file=sys.stderr)
     return Exit.OK
 
 

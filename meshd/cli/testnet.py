@@ -47,11 +47,14 @@ def register(sub: Any) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from meshd.testnet.launcher import NodeSpec, up
+    from meshd.testnet.launcher import NodeSpec, down, running_daemons, up
 
-    directory = Path(args.dir) if args.dir else default_testnet_dir()
+    directory = (Path(args.dir) if args.dir else default_testnet_dir()).resolve()
     if args.advert_interval is not None and args.advert_interval <= 0:
         raise LocalError("--advert-interval must be > 0")
+    if running_daemons(directory):  # `up` twice in a row replaces the mesh, keeping its keys
+        print(f"stopping the testnet already running in {directory}")
+        down(directory)
     if args.scenario:
         from meshd.testnet.scenario import load_scenario
         from meshd.testnet.scenario_up import up_scenario
@@ -76,8 +79,16 @@ def run_up(args: argparse.Namespace) -> int:
         region = f"[{n['region']}]" if index.get("scenario") else ""
         print(f"  {n['name']:<10} {region:<8} {n['addr']}")
         print(f"  {'':<10} socket {n['socket']}  log {n['dir']}/meshd.log")
+        if n.get("api_url"):
+            print(f"  {'':<10} api    {n['api_url']}")
     print('try:  meshd submit "Once upon a time"      (reaches the first node)')
     print(f"      meshd peers --socket {index['nodes'][-1]['socket']}")
+    if index.get("api_key_file"):
+        first = index["nodes"][0]["api_url"]
+        print(f"      curl -s {first}/completions -H \"Authorization: Bearer $(cat "
+              f"{index['api_key_file']})\" -H 'content-type: application/json' \\")
+        print("        -d '{\"model\": \"tiny-en\", \"prompt\": \"And God said\"}'")
+        print(f"      (OpenAI clients: base_url {first}, api_key in {index['api_key_file']})")
     print(f"stop: meshd testnet down --dir {index['dir']}")
     return Exit.OK
 

@@ -72,3 +72,18 @@ def slot_wait_ms(
     if rounds and not math.isfinite(service_ms):
         return math.inf
     return ends[k] + rounds * max(service_ms, 0.0)
+
+
+def back_to_refuser(next_predicted_ms: float | None, refused_ms: Sequence[float]) -> int | None:
+    """The bounded attempts are over: which refuser to go back to (its index in
+    ``refused_ms``, each the refuser's reported wait plus its RTT and prefill as the router saw
+    them), or None to go on to the next candidate, predicted at ``next_predicted_ms`` (None when
+    nothing was predicted there, or when there is no next candidate: then back to the soonest
+    refuser). Ties go to the next candidate. The daemon (``meshd.node.forward``) and the
+    simulator (``meshd.sim.admission``) both follow this rule."""
+    if not refused_ms:
+        return None
+    k = min(range(len(refused_ms)), key=lambda i: refused_ms[i])
+    if next_predicted_ms is not None and next_predicted_ms <= refused_ms[k]:
+        return None
+    return k

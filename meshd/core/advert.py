@@ -36,6 +36,7 @@ class ModelAdvert:
     # Per-layer speed of this range, measured by the stage server (0: not measured yet).
     prefill_ms_per_layer_token: float = 0.0
     decode_ms_per_layer: float = 0.0
+    context_length: int = 0  # tokens of context (prompt + output); 0: not advertised
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,7 @@ class Advert:
                     **({"prefill_ms_layer": m.prefill_ms_per_layer_token,
                         "decode_ms_layer": m.decode_ms_per_layer}
                        if m.prefill_ms_per_layer_token or m.decode_ms_per_layer else {}),
+                    **({"ctx": m.context_length} if m.context_length else {}),
                 }
                 for m in self.models
             ],
@@ -170,6 +172,7 @@ def _model(d: Any) -> ModelAdvert:
         hidden_size=_count(d, "hidden_size"),
         prefill_ms_per_layer_token=_num(d, "prefill_ms_layer"),
         decode_ms_per_layer=_num(d, "decode_ms_layer"),
+        context_length=_count(d, "ctx") if "ctx" in d else 0,
     )
 
 

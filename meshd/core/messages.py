@@ -43,6 +43,7 @@ class MessageType(enum.IntEnum):
     ROUTE = 14
     PUSH_REVOCATION = 15
     OK = 16
+    AUDIT_REQ = 17
     # Peer request protocol (entry node <-> serving node), multiplexed by request id
     REQ = 20
     PING = 22
@@ -287,6 +288,12 @@ SPECS: tuple[MessageSpec, ...] = (
         Field("cert", F.BIN),
     ),
     _m(MessageType.REVOCATION, "a CA-signed revocation list (gossip)", Field("crl", F.BIN)),
+    _m(
+        MessageType.AUDIT_REQ,
+        "ask the node's audit trail, newest first; answered by OK {events: [...]}",
+        _opt("n", F.INT),
+        _opt("kind", F.STR),
+    ),
 )
 
 REGISTRY: dict[int, MessageSpec] = {s.type_id: s for s in SPECS}
@@ -301,6 +308,7 @@ CONTROL_TYPES = frozenset(
         MessageType.EXPLAIN_REQ,
         MessageType.CANCEL,
         MessageType.PUSH_REVOCATION,
+        MessageType.AUDIT_REQ,
     )
 )
 CONTROL_REPLY_TYPES = frozenset(
@@ -363,4 +371,7 @@ ERROR_CODES = {
     "quota": "the client's quota is exhausted",
     "internal": "a bug in meshd; the node logged it",
     "no_session": "no open stage session has this id (never opened, freed or expired)",
+    "context_length_exceeded": "the prompt plus max_tokens do not fit the model's context",
+    "duplicate_request": "a request with this id is already in flight at the entry node",
+    "unauthorized": "no API key, or one this node does not know",
 }

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import heapq
 import itertools
 import math
@@ -32,9 +33,16 @@ import numpy as np
 import numpy.typing as npt
 
 from meshd.core.snapshot import MeshSnapshot, NodeView, Policy, RouteRequest, Serving
-from meshd.errors import ConfigError, RoutingError
+from meshd.errors import ConfigError, QuotaError, RoutingError
 
-STRATEGIES = ("meshd", "round_robin", "random", "least_queue", "latency_only", "lwsq")
+STRATEGIES = (
+    "meshd", "round_robin", "random", "least_queue", "latency_only", "lwsq",
+    "round_robin_lockstep",
+)  # fmt: skip
+# The strategies compared by default (`meshd sim`, the benchmarks): every one but the herding
+# round-robin, which is there only to show what a round-robin whose counters all start at 0 does.
+BASELINE_STRATEGIES = STRATEGIES[:6]
+LOCKSTEP = "round_robin_lockstep"
 
 # Hard constraints on single nodes, in the order they are checked (the first that applies is
 # the one reported in ``Candidate.excluded_by``).
@@ -58,7 +66,7 @@ class Candidate(NamedTuple):
 
     ``predicted_ttft_ms`` = ``rtt_ms`` + ``queue_wait_ms`` + ``prefill_ms`` (staleness corrected,
     the same model whatever the strategy, so hedging and ``meshd explain`` can use it). ``score``
-    is what the strategy ranked by, lower is better (None for round_robin and random).
+    is what the strategy ranked by, lower is better (None for the round-robins and random).
     ``excluded_by`` names the hard constraint that ruled the node out, or is None. (A named
     tuple: a decision lists up to ``explain_limit`` of them, and a tuple is built in a third of
     the time of a frozen dataclass.)
@@ -119,6 +127,49 @@ def residency_allows(labels: frozenset[str], tag: str) -> bool:
     return False
 
 
+def round_robin_offset(peer_id: str, strategy: str = "round_robin") -> int:
+    """Where a node's round-robin counter starts: a number fixed by its identity.
+
+    Independent balancers do not start in step. If every node's counter started at 0 and every
+    node walked the same list, all entry nodes would point at the same few servers at any
+    moment (``round_robin_lockstep``, kept to show that herd: its counters start at 0). The
+    daemon starts its counter here; the simulator draws each node's offset from its seeded
+    generator instead (so that a seed changes it). Stable across restarts and platforms.
+    """
+    if strategy == LOCKSTEP:
+        return 0
+    digest = hashlib.blake2b(b"rr-offset\0" + peer_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 33  # 31 bits
+
+
+def round_robin_rank(local_peer_id: str, peer_id: str) -> int:
+    """``peer_id``'s place in ``local_peer_id``'s own order of peers (lower first).
+
+    Each node walks its own permutation of the candidates, a stable hash of the pair, so two
+    entry nodes whose counters happen to agree still point at different servers.
+    """
+    key = f"{local_peer_id}\0{peer_id}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+
+
+def _round_robin(idx: ModelIndex, e: Positions, local_peer_id: str, rr_index: int,
+                 k: int) -> list[int]:  # fmt: skip
+    """The first ``k`` positions (in ``e``) of the local node's own order, from ``rr_index``."""
+    order = idx.rr_order(local_peer_id)
+    n = len(e)
+    if n == len(order):
+        seq = order  # every node is eligible: positions in e are positions in the index
+    elif isinstance(e, np.ndarray):
+        at = np.full(len(order), -1, dtype=np.intp)
+        at[e] = np.arange(n, dtype=np.intp)
+        seq = [p for p in at[order].tolist() if p >= 0]
+    else:
+        where = dict(zip(e, range(n), strict=True))
+        seq = [where[i] for i in order if i in where]
+    start = rr_index % n
+    return [seq[(start + j) % n] for j in range(min(k, n))]
+
+
 def _serves_whole(serving: tuple[Serving, ...], model: str) -> bool:
     for s in serving:
         if s.model == model and s.layer_start == 0 and s.layer_end == s.num_layers:
@@ -153,7 +204,7 @@ class ModelIndex:
 
     __slots__ = (
         "nodes", "ids", "pos", "rtt", "adv", "sent", "c", "rate", "inv_pf", "inv_dc", "age",
-        "cph", "kv", "local", "local_at", "queued", "max_queue", "_residency", "_cols",
+        "cph", "kv", "local", "local_at", "queued", "max_queue", "_residency", "_cols", "_rr",
     )  # fmt: skip
 
     def __init__(self, nodes: tuple[NodeView, ...]) -> None:
@@ -186,6 +237,16 @@ class ModelIndex:
         self.local_at = self.local.index(True) if True in self.local else -1
         self._residency: dict[str, list[bool]] = {}
         self._cols: _Columns | None = None
+        self._rr: tuple[str, list[int]] | None = None
+
+    def rr_order(self, local_peer_id: str) -> list[int]:
+        """The positions of every node in ``local_peer_id``'s own round-robin order (memoised:
+        a snapshot is one node's)."""
+        hit = self._rr
+        if hit is None or hit[0] != local_peer_id:
+            keys = [round_robin_rank(local_peer_id, pid) for pid in self.ids]
+            hit = self._rr = (local_peer_id, sorted(range(len(keys)), key=keys.__getitem__))
+        return hit[1]
 
     def residency(self, tag: str) -> list[bool]:
         """Which nodes' labels allow residency ``tag`` (memoised per tag)."""
@@ -408,7 +469,7 @@ def quota_constraint(req: RouteRequest, snap: MeshSnapshot, policy: Policy) -> s
         return None
     used = snap.client_in_flight.get(req.client, 0)
     if used >= quota:
-        raise RoutingError(
+        raise QuotaError(
             f"request {req.request_id}: client {req.client!r} has {used} requests in flight, "
             f"its quota is {quota}"
         )
@@ -777,8 +838,13 @@ def route(
     want = max(policy.max_fallbacks + 1, 1)
     listed_n = max(policy.explain_limit, want)
     score: Vec | None
-    if strategy in ("round_robin", "random"):
-        start = rr_index % n if strategy == "round_robin" else rng.randrange(n)
+    if strategy == "round_robin":
+        ranked = _round_robin(idx, e, snap.local_peer_id, rr_index, listed_n)
+        score = None
+    elif strategy in (LOCKSTEP, "random"):
+        # Peer id order from the counter (lockstep: every node walks the same list) or from a
+        # random start.
+        start = rr_index % n if strategy == LOCKSTEP else rng.randrange(n)
         ranked = [(start + k) % n for k in range(min(n, listed_n))]
         score = None
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshd.core.request import DEFAULT_MAX_TOKENS
 from meshd.core.vivaldi import Coord
 
 
@@ -89,7 +90,7 @@ class RouteRequest:
     request_id: str
     model: str
     prompt_tokens: int
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     residency: str | None = None  # a region/residency tag the serving node's labels must allow
     client: str = "local"
     exclude: frozenset[str] = frozenset()  # peer ids already tried (failover, hedging)

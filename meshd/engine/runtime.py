@@ -368,7 +368,7 @@ class Model:
             except OSError as err:
                 raise ModelError(f"{path}: cannot read stage graph ({err.strerror})") from None
             if hashlib.sha256(data).hexdigest() != prebuilt.sha256:
-                raise ModelError(f"{prebuilt.file}: hash mismatch (corrupt stage graph)")
+                raise ModelError(f"{path}: hash mismatch (corrupt stage graph)")
             source = str(path)
             if _graph_layout(data) != g.KV_LAYOUT:
                 log.warning("stage graph rebuilt file=%s reason=%s", prebuilt.file,
@@ -452,7 +452,7 @@ def load_model(path: str | Path, *, providers: list[str] | tuple[str, ...] | Non
     except OSError:
         raise ModelError(f"{path}: {manifest.tokenizer.file} is missing") from None
     if hashlib.sha256(tok_bytes).hexdigest() != manifest.tokenizer.sha256:
-        raise ModelError(f"{manifest.tokenizer.file}: hash mismatch (not this model's tokenizer)")
+        raise ModelError(f"{tok_path}: hash mismatch (not this model's tokenizer)")
     tokenizer = Tokenizer(tok_path, manifest.tokenizer)
     model = Model(path, manifest, tokenizer, choose_providers(providers), span, threads,
                   max_concurrent_runs)

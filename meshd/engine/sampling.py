@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshd.core.request import DEFAULT_MAX_TOKENS, sampling_problem
 from meshd.errors import ConfigError
 
 
@@ -21,7 +22,7 @@ class GenerationConfig:
     penalty; ``seed=None`` draws a fresh seed; generation ends at an end-of-sequence token, at a
     ``stop`` string (which is not included in the text) or after ``max_tokens`` new tokens."""
 
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
@@ -30,18 +31,12 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ConfigError(f"max_tokens={self.max_tokens!r} must be an integer >= 1")
-        if not self.temperature >= 0:
-            raise ConfigError(f"temperature={self.temperature!r} must be >= 0")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"top_k={self.top_k!r} must be an integer >= 0")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p={self.top_p!r} must be in (0, 1]")
-        if not self.repetition_penalty > 0:
-            raise ConfigError(f"repetition_penalty={self.repetition_penalty!r} must be > 0")
-        if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
-            raise ConfigError("stop must be a tuple of non-empty strings")
+        problem = sampling_problem(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
+            top_p=self.top_p, repetition_penalty=self.repetition_penalty, seed=self.seed,
+            stop=self.stop)  # the entry node's rule too (meshd.core.request)
+        if problem is not None:
+            raise ConfigError(problem)
 
 
 def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int] | np.ndarray,

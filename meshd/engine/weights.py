@@ -65,7 +65,7 @@ def verify_weights(directory: Path, manifest: Manifest, names: Iterable[str]) ->
         raise ModelError(f"{path}: weights file is missing") from None
     if size != manifest.weights_bytes:
         raise ModelError(
-            f"{manifest.weights_file}: size {size} bytes, manifest says "
+            f"{path}: size {size} bytes, manifest says "
             f"{manifest.weights_bytes} (truncated or replaced?)"
         )
     wanted = set(names)
@@ -76,12 +76,12 @@ def verify_weights(directory: Path, manifest: Manifest, names: Iterable[str]) ->
             f.seek(t.offset)
             if hashlib.sha256(f.read(t.nbytes)).hexdigest() != t.sha256:
                 raise ModelError(
-                    f"{manifest.weights_file}: hash mismatch in tensor {t.name!r} "
+                    f"{path}: hash mismatch in tensor {t.name!r} "
                     "(the file is corrupt or does not belong to this manifest)"
                 )
     missing = wanted - {t.name for t in manifest.tensors}
     if missing:
-        raise ModelError(f"manifest.json: tensor {sorted(missing)[0]!r} is not listed")
+        raise ModelError(f"{directory / 'manifest.json'}: tensor {sorted(missing)[0]!r} is not listed")
 
 
 def file_sha256(path: Path) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from meshd.errors import RemoteError
+from meshd.errors import ErrorCode, RemoteError
 
 WIRE_DTYPES = ("f16", "q8", "f32")
 MAX_TOKENS_PER_STEP = 1 << 14
@@ -32,7 +32,7 @@ _ITEM = {"i64": 8, "f16": 2, "f32": 4}
 class TensorError(RemoteError):
     """A received activation tensor is malformed, of the wrong shape, or not finite."""
 
-    code = "bad_tensor"
+    code = ErrorCode.BAD_TENSOR
 
 
 def encode_ids(ids: Sequence[int]) -> tuple[str, list[int], bytes]:

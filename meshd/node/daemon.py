@@ -11,7 +11,7 @@ from typing import Any
 import trio
 
 from meshd.config import Config
-from meshd.errors import KeyFileError, ModelError
+from meshd.errors import ConfigError, KeyFileError, ModelError
 from meshd.net.identity import load_identity, load_revocation_list
 from meshd.node.runner import Runner, Served
 
@@ -26,23 +26,34 @@ PROVIDERS = {
 
 def load_runner(cfg: Config) -> Runner:
     runner = Runner()
-    if not cfg.models:
+    for m in cfg.models:
+        if m.upstream:  # served by an OpenAI-compatible server (meshd/upstream)
+            runner.add(upstream_served(cfg, m))
+    if all(m.upstream for m in cfg.models):
         return runner  # a relay/router-only node: do not even import onnxruntime (~20 MB)
     from meshd import engine
 
     for i, m in enumerate(cfg.models):
+        if m.upstream:
+            continue
         path = default_model_dir() if m.path == "default" else cfg.path(m.path)
-        if not Path(path).exists():
-            raise ModelError(f"[[models]][{i}].path: model directory {path} does not exist")
-        layers = None if m.layers in ("all", "auto") else m.layers
-        if m.layers == "auto":  # [0, capacity) until the node has heard the mesh (autoplace.py)
+        if not Path(path).is_dir():
+            raise ConfigError(f"[[models]][{i}].path: model directory {path} does not exist")
+        layers: tuple[int, int] | None = None
+        if isinstance(m.layers, tuple):
+            layers = (int(m.layers[0]), int(m.layers[1]))
+        elif m.layers == "auto":  # [0, capacity) until the node has heard the mesh (autoplace.py)
             from meshd.node.autoplace import initial_range
 
             layers = initial_range(Path(path), m.max_layers)
         providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
-        model = engine.load_model(path, providers=providers, layers=layers,
-                                  threads=cfg.engine.threads or None,
-                                  max_concurrent_runs=cfg.engine.workers)
+        try:
+            model = engine.load_model(path, providers=providers, layers=layers,
+                                      threads=cfg.engine.threads or None,
+                                      max_concurrent_runs=cfg.engine.workers)
+        except ModelError as err:  # the config names an unusable model: a config error (78)
+            where = str(err) if str(path) in str(err) else f"{path}: {err}"
+            raise ConfigError(f"[[models]][{i}].path: {where}") from None
         n = int(model.num_layers)
         start, end = (0, n) if layers is None else layers
         if end > n:
@@ -54,6 +65,17 @@ def load_runner(cfg: Config) -> Runner:
         log.info("model loaded name=%s layers=%d-%d provider=%s", name, start, end,
                  getattr(model, "provider", "?"))
     return runner
+
+
+def upstream_served(cfg: Config, m: Any) -> Served:
+    from meshd.upstream.model import UpstreamModel
+
+    key = cfg.path(m.upstream_key_file) if m.upstream_key_file else None
+    model = UpstreamModel.from_config(m, key)
+    log.info("upstream model name=%s url=%s upstream_model=%s", m.name, m.upstream, m.upstream_model)
+    return Served(name=m.name, model=model, layer_start=0, layer_end=1, num_layers=1,
+                  max_concurrency=m.max_concurrency, max_queue=m.max_queue,
+                  max_decode_tps=m.max_decode_tokens_per_s)
 
 
 def default_model_dir() -> Path:
@@ -77,15 +99,41 @@ class EngineModel:
     def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
         return list(self.model.encode_prompt(text, chat=chat))
 
+    def encode_messages(self, messages: list[Any]) -> list[int]:
+        return list(self.model.tokenizer.encode_chat(messages))
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model.context_length)
+
     def generate(self, prompt: list[int], cfg: Any) -> Any:
         return self.model.generate(prompt, cfg)
 
 
-def build_node(cfg: Config) -> Any:
+def preflight(cfg: Config) -> None:
+    """What can be checked before anything starts, so that it fails at once, in one line, with
+    exit 78: the listen and bootstrap addresses parse, each fixed listen port is free (not
+    shared with a running node through SO_REUSEPORT), the control socket path is usable and
+    not served by another daemon."""
+    from meshd.control.server import prepare_socket_path
+    from meshd.net.listen import check_addresses, probe_listen
+    from meshd.paths import control_socket_path
+
+    check_addresses(cfg.node.listen, cfg.node.bootstrap)
+    probe_listen(cfg.node.listen)
+    prepare_socket_path(control_socket_path(cfg))
+
+
+def build_node(cfg: Config, config_file: str | Path | None = None) -> Any:
     from meshd.net import speedups
+    from meshd.net.liblog import route_libp2p_logs
+    from meshd.net.listen import install_exclusive_listen
     from meshd.node.node import Node
 
+    route_libp2p_logs()  # libp2p's bare lines get meshd's format and a rate limit
     speedups.install()  # py-libp2p CPU fixes (yamux credit, service task lookup): see the module
+    install_exclusive_listen()  # no SO_REUSEPORT: a second daemon cannot share our port
+    preflight(cfg)
     keys_dir = cfg.path(".")
     identity = load_identity(
         keys_dir,
@@ -110,7 +158,12 @@ def build_node(cfg: Config) -> Any:
 
     hardware = read_hardware()
     store = open_store(data_dir / "meshd.db")
-    return Node(cfg, identity, runner, store=store, hardware=hardware, revocation=revocation)
+    node = Node(cfg, identity, runner, store=store, hardware=hardware, revocation=revocation)
+    from meshd.node.audit import record_start, store_sink
+
+    node.attestor.audit = store_sink(store)  # refusals, revocations: the audit table
+    record_start(node.attestor.audit, cfg, identity, config_file, node.attestor.revocation_list)
+    return node
 
 
 def open_store(path: Path) -> Any:
@@ -120,16 +173,26 @@ def open_store(path: Path) -> Any:
 
 
 async def run_daemon(node: Any) -> None:
+    from meshd.api.server import serve_api
+    from meshd.net.listen import ensure_listening, parse_listen
     from meshd.node.sdnotify import notify
 
     async with trio.open_nursery() as nursery:
         if getattr(node.store, "run", None) is not None:
             await nursery.start(node.store.run)
+        if getattr(node.store, "prune_to", None) is not None:
+            from meshd.store.retention import Retention, run_pruner
+
+            await nursery.start(run_pruner, node.store, Retention.from_config(node.config.store))
         await nursery.start(node.run)
+        ensure_listening(node.host, parse_listen(node.config.node.listen))
+        await nursery.start(serve_api, node, node.config)  # the HTTP API and /metrics (meshd/api)
         notify("READY=1")
         print(f"meshd: node {node.node_name} ready, peer id {node.peer_id}", flush=True)
         print(f"meshd: listening on {', '.join(node.addrs)}", flush=True)
         print(f"meshd: control socket {node.socket_path()}", flush=True)
+        if getattr(node, "api_url", None):
+            print(f"meshd: HTTP API {node.api_url}", flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for sig in signals:
                 log.warning("shutting down signal=%s", signal.Signals(sig).name)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from meshd.config import Config
+from meshd.control.audit import audit_requests
 from meshd.control.server import ControlServer
 from meshd.core.advert import (
     Advert,
@@ -37,6 +37,7 @@ from meshd.core.messages import (
     MessageType,
 )
 from meshd.core.peertable import PeerTable, Verdict
+from meshd.core.routing import round_robin_offset
 from meshd.core.snapshot import Policy
 from meshd.core.vivaldi import Coord, update
 from meshd.core.wire import MAX_ADVERT_BYTES, MAX_REQUEST_FRAME, decode_message, encode_message
@@ -46,13 +47,16 @@ from meshd.net.framed import FramedStream
 from meshd.net.gossip import Gossip, open_gossip
 from meshd.net.identity import NodeIdentity
 from meshd.node.autoplace import AutoPlacer
-from meshd.node.control import ControlMixin
+from meshd.node.control import ControlService
+from meshd.node.entry import EntryChain
 from meshd.node.links import Links
 from meshd.node.runner import Runner
 from meshd.node.serve import RequestServer
 from meshd.node.stagelinks import StageLinks
 from meshd.node.stages import StageServer
+from meshd.node.status import node_status, peers_listing
 from meshd.node.view import build_snapshot, coord_of
+from meshd.paths import control_socket_path
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +69,7 @@ ADVERT_JITTER = 0.1  # each advert period is the interval +-10%, so nodes do not
 JOIN_SYNC_WAIT_S = 2.0  # the first advert waits this long at most for the bootstrap SYNC
 
 
-class Node(ControlMixin):
+class Node:
     def __init__(
         self,
         config: Config,
@@ -96,7 +100,6 @@ class Node(ControlMixin):
         self.started_at = time.time()
         self.started_mono = trio.current_time() if _in_trio() else 0.0
         self.rng = random.Random()
-        self.rr_index = 0
         self.policy = Policy(
             strategy=config.routing.strategy,
             lwsq_alpha=config.routing.lwsq_alpha,
@@ -108,13 +111,16 @@ class Node(ControlMixin):
             wait_bound_attempts=config.routing.wait_bound_attempts,
             wait_bound_min_ms=config.routing.wait_bound_min_ms,
         )
-        self.client_in_flight: dict[str, int] = {}
         self.server = RequestServer(runner, self.node_name, max_hops=config.routing.max_hops,
                                     adverts=self.signed_adverts, accept_adverts=self.accept_synced)
         self.stage_server = StageServer(runner, self.node_name)  # pipelines: docs/pipeline.md
         self.stage_links = StageLinks(self, self.stage_server)
         self.stage_server.links = self.stage_links
         self.placer = AutoPlacer(self)  # layers = "auto"
+        # what this node does with a request a client gave it; a round-robin counter that starts
+        # where this node's identity says, so independent entry nodes do not walk in step
+        self.entry = EntryChain(self, rr_offset=round_robin_offset(self.peer_id, config.routing.strategy))
+        self.control = ControlService(self)
         self.host: Any = None
         self.gossip: Gossip | None = None
         self.links: Links | None = None
@@ -146,9 +152,7 @@ class Node(ControlMixin):
     # ------------------------------------------------------------------ lifecycle
 
     def socket_path(self) -> Path:
-        if self.config.node.socket:
-            return self.config.path(self.config.node.socket)
-        return self.config.path(self.config.node.data_dir) / "meshd.sock"
+        return control_socket_path(self.config)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         cfg = self.config
@@ -175,7 +179,8 @@ class Node(ControlMixin):
                     self.links = Links(self, nursery)
                     self.host.get_network().register_notifee(self.links.notifee())
                     gossip.on_heard = self.links.heard
-                    await nursery.start(ControlServer(self.socket_path(), self).run)
+                    await nursery.start(ControlServer(self.socket_path(), self.control,
+                                                      extra=audit_requests(self.store)).run)
                     await nursery.start(self.stage_server.run)
                     await nursery.start(self.stage_links.run)
                     await nursery.start(self.placer.run)
@@ -241,6 +246,7 @@ class Node(ControlMixin):
                     hidden_size=int(getattr(s.model, "hidden_size", 0) or 0),
                     prefill_ms_per_layer_token=round(self.stage_server.speed(s.name).prefill_ms_per_layer_token, 4),
                     decode_ms_per_layer=round(self.stage_server.speed(s.name).decode_ms_per_layer, 4),
+                    context_length=self.runner.context_length(s.name) or 0,
                 )
             )
         served = list(self.runner.models.values())
@@ -479,7 +485,7 @@ class Node(ControlMixin):
         # any author may relay a list: the CA's signature is what counts
         try:
             msg = decode_message(data, 300_000, frozenset({int(MessageType.REVOCATION)}))
-            from meshd.core.cert import verify_revocation_list
+            from meshd.core.crl import verify_revocation_list
 
             verify_revocation_list(msg["crl"], ca_public_key=self.identity.ca_public_key)
         except MeshdError:
@@ -554,8 +560,19 @@ class Node(ControlMixin):
     def snapshot(self) -> Any:
         return build_snapshot(self.local_advert(), self.table.live(), self.coord, trio.current_time())
 
-    def new_request_id(self) -> str:
-        return uuid.uuid4().hex[:16]
+    def status(self) -> dict[str, Any]:
+        return node_status(self)
+
+    def peers_listing(self) -> list[dict[str, Any]]:
+        return peers_listing(self)
+
+    def ready_state(self) -> tuple[bool, str]:
+        """Ready to take requests: running, and holding a local model or a peer to forward to."""
+        if not self.ready.is_set():
+            return False, "starting"
+        if self.runner.models or len(self.table):
+            return True, "ready"
+        return False, "no local model and no attested peer yet"
 
 
 def _fields(adv: Advert) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The entry node's pipeline driver: run a request through a chain of stage nodes.
 
-``choose_pipeline`` asks the pure planner (``meshd.core.planner.plan``, the simulator's very
-function) whether the request runs as a pipeline: when no node serves the whole model, or when
-the chain is predicted to finish sooner. ``run_pipeline`` then does the I/O (docs/pipeline.md):
+The entry chain's route step asks ``meshd.core.decide.decide`` (the simulator's very function)
+whether the request runs as a pipeline: when no node serves the whole model, or when the chain
+is predicted to finish sooner. ``run_pipeline`` then does the I/O (docs/pipeline.md):
 
 1. open a stage session on every hop at once (``STAGE_OPEN``), each told the next hop's peer
    and session id; the last stage gets the prompt (ids, or text it encodes) and the sampling
@@ -29,14 +29,15 @@ import trio
 
 from meshd.core.messages import MessageType
 from meshd.core.planner import Plan, plan
-from meshd.core.snapshot import MeshSnapshot, Policy, RouteRequest
-from meshd.errors import PeerGoneError, RemoteError, RoutingError
+from meshd.core.request import DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS
+from meshd.core.snapshot import Policy, RouteRequest
+from meshd.errors import ErrorCode, PeerGoneError, RemoteError, RoutingError
 from meshd.node.activations import encode_ids
-from meshd.node.entry import Outcome
-from meshd.node.generation import DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS, gen_fields
+from meshd.node.forward import Outcome
+from meshd.node.gen_config import gen_fields
 
 if TYPE_CHECKING:
-    from meshd.node.node import Node
+    from meshd.node.entry.context import EntryHost
 
 log = logging.getLogger(__name__)
 
@@ -45,71 +46,6 @@ OPEN_TIMEOUT_S = 15.0
 FREE_TIMEOUT_S = 2.0
 REPLAN_WAIT_MIN_S = 3.0
 REPLAN_POLL_S = 0.2
-MODES = ("auto", "never", "always")
-
-
-def choose_pipeline(
-    req: RouteRequest, snap: MeshSnapshot, policy: Policy, mode: str | None = None
-) -> Plan | None:
-    """The plan to run as a pipeline, or None to route the request to one whole-model node.
-
-    ``mode``: ``"auto"`` (default) follows the planner; ``"never"`` never pipelines;
-    ``"always"`` runs through the stage protocol even when a whole-model node would win: the
-    best chain of two or more stages if there is one, else the planner's single node as a
-    one-stage pipeline (benchmarks compare the two this way). Raises ``RoutingError`` (naming
-    the uncovered layers) when no node serves the whole model and no chain covers it.
-    """
-    mode = mode or "auto"
-    if mode not in MODES:
-        raise RemoteError(f"pipeline must be one of {', '.join(MODES)}, not {mode!r}", "malformed")
-    if mode == "never":
-        return None
-    if mode == "auto" and whole_only(snap, req.model):
-        return None  # what planning would answer, without its cost (see ``whole_only``)
-    return _by_planning(req, snap, policy, mode)
-
-
-def whole_only(snap: MeshSnapshot, model: str) -> bool:
-    """True when some node serves ``model`` and every node serving any of its layers serves all
-    of them. Then ``choose_pipeline`` in ``"auto"`` mode answers None without planning, and
-    planning would answer the same: every stage range the planner considers covers the whole
-    model, so it has no chain of two or more stages to offer (its best plan is one node), and
-    if it raises ``RoutingError`` a node serving the whole model exists, so the request goes to
-    the router. The check reads each node's serving list once, where a plan prices every
-    candidate; memoised in the snapshot's cache."""
-    key = ("pipeline.whole_only", model)
-    hit = snap.cache.get(key)
-    if hit is not None:
-        return bool(hit)
-    any_range = False
-    only = True
-    for n in snap.nodes:
-        for s in n.serving:
-            if s.model == model:
-                any_range = True
-                if not s.whole:
-                    only = False
-                    break
-        if not only:
-            break
-    snap.cache[key] = result = any_range and only
-    return result
-
-
-def _by_planning(
-    req: RouteRequest, snap: MeshSnapshot, policy: Policy, mode: str
-) -> Plan | None:
-    """``choose_pipeline`` by asking the planner (tests compare it with the shortcut)."""
-    try:
-        p = plan(req, snap, policy)
-    except RoutingError:
-        if any(n.serves(req.model) is not None for n in snap.nodes):
-            return None  # the router explains why no whole-model node qualifies
-        raise  # the planner's message names the layers nobody serves
-    if p.is_pipeline or mode != "always":
-        return p if p.is_pipeline else None
-    alt = next((a for a in p.alternatives if a.is_pipeline), None)
-    return alt if alt is not None else p
 
 
 def plan_record(p: Plan) -> dict[str, Any]:
@@ -127,16 +63,18 @@ def plan_record(p: Plan) -> dict[str, Any]:
     }
 
 
-class StageFailure(Exception):
-    def __init__(self, message: str, culprits: set[str], code: str = "peer_gone") -> None:
-        super().__init__(message)
+class StageFailure(RemoteError):
+    """A stage of a pipeline failed (died, stalled, refused): ``culprits`` are the peers to plan
+    around; ``code`` is what the client is told if no replan succeeds."""
+
+    def __init__(self, message: str, culprits: set[str], code: str = ErrorCode.PEER_GONE) -> None:
+        super().__init__(message, code)
         self.culprits = culprits
-        self.code = code
 
 
 @dataclass
 class _Run:
-    node: Node
+    node: EntryHost
     rid: str
     model: str
     msg: dict[str, Any]
@@ -153,7 +91,7 @@ class _Run:
 
 
 async def run_pipeline(
-    node: Node, first: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
+    node: EntryHost, first: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
     sink: Any, journal: Any, policy: Policy,
 ) -> tuple[Outcome, Plan]:
     """Serve one request along ``first``, replanning around failed stages; never raises for a
@@ -187,7 +125,7 @@ async def run_pipeline(
                                            max_tokens=max(run.remaining, 1))
             except RoutingError as e:
                 run.out.error = f"{f}; no replacement: {e}"
-                run.out.error_code = "no_route"
+                run.out.error_code = ErrorCode.NO_ROUTE
                 journal("failed", {"error": run.out.error})
                 break
             journal("replan", {
@@ -212,7 +150,7 @@ def excluded_peers(failed_at: dict[str, float], heard_at: dict[str, float]) -> f
     return frozenset(p for p, t in failed_at.items() if heard_at.get(p, -1.0) <= t)
 
 
-async def _replan(node: Node, req: RouteRequest, policy: Policy, failed_at: dict[str, float], *,
+async def _replan(node: EntryHost, req: RouteRequest, policy: Policy, failed_at: dict[str, float], *,
                   prompt_tokens: int, max_tokens: int) -> tuple[Plan, RouteRequest]:
     """Plan the rest of the request without the failed peers. When nothing covers the model
     right now (a healthy stage's connection dropped with the failed one), wait up to two advert
@@ -231,7 +169,7 @@ async def _replan(node: Node, req: RouteRequest, policy: Policy, failed_at: dict
         await trio.sleep(REPLAN_POLL_S)
 
 
-def record_plan(node: Node, rid: str, p: Plan, req: RouteRequest, policy: Policy) -> None:
+def record_plan(node: EntryHost, rid: str, p: Plan, req: RouteRequest, policy: Policy) -> None:
     if node.store is None:
         return
     node.store.record_decision(
@@ -352,10 +290,10 @@ async def _wait_ready(run: _Run, watch: Any, sids: list[str], peer_of: dict[str,
     if scope.cancelled_caught:
         slow = {peer_of[s] for s in sids if s not in ready}
         raise StageFailure(f"no answer to STAGE_OPEN within {OPEN_TIMEOUT_S:.0f} s", slow,
-                           "deadline")
+                           ErrorCode.DEADLINE)
     if not run.prompt_ids:
         raise StageFailure("the last stage did not return the prompt's token ids",
-                           {peer_of[sids[-1]]}, "malformed")
+                           {peer_of[sids[-1]]}, ErrorCode.MALFORMED)
 
 
 def _raise_if_failed(kind: str, m: dict[str, Any], peer_of: dict[str, str]) -> None:
@@ -368,14 +306,14 @@ def _raise_if_failed(kind: str, m: dict[str, Any], peer_of: dict[str, str]) -> N
 
 
 async def _next(watch: Any, timeout: float, peer_of: dict[str, str], hops: Any,
-                node: Node) -> dict[str, Any]:
+                node: EntryHost) -> dict[str, Any]:
     with trio.move_on_after(timeout):
         kind, m = await watch.recv.receive()
         _raise_if_failed(kind, m, peer_of)
         return dict(m)
     # nothing in time: blame the stages this node no longer hears from
     dead = {h.peer_id for h in hops if h.peer_id != node.peer_id and node.table.get(h.peer_id) is None}
-    raise StageFailure(f"no token from the pipeline within {timeout:.1f} s", dead, "deadline")
+    raise StageFailure(f"no token from the pipeline within {timeout:.1f} s", dead, ErrorCode.DEADLINE)
 
 
 async def _send_step(run: _Run, peer: str, sid: str, step: int, pos: list[int],
@@ -399,39 +337,3 @@ async def _free(links: Any, peer: str, sid: str) -> None:
         await port.send(MessageType.STAGE_FREE, {"rid": sid})
     except Exception:
         pass
-
-
-async def submit_pipeline(
-    node: Node, p: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
-    out: Any, journal: Any, strategy: str, policy: Policy,
-) -> None:
-    """The pipeline branch of ``ControlMixin._submit``: run it, record it, answer the client."""
-    rid = req.request_id
-    node.stats["requests_pipelined"] = node.stats.get("requests_pipelined", 0) + 1
-    record_plan(node, rid, p, req, policy)
-    journal("routed", {"target": " -> ".join(h.name for h in p.hops), "pipeline": True,
-                       "resume_tokens": 0})
-
-    async def sink(kind: str, payload: dict[str, Any]) -> None:
-        if kind == "route":
-            await out.send(MessageType.ROUTE, {"rid": rid, **payload})
-        else:
-            await out.send(MessageType.TOKENS, {"rid": rid, "ids": payload["ids"],
-                                                "text": payload["text"]})
-
-    client = req.client
-    node.client_in_flight[client] = node.client_in_flight.get(client, 0) + 1
-    try:
-        outcome, last = await run_pipeline(node, p, req, msg, prompt_ids, sink, journal, policy)
-    finally:
-        node.client_in_flight[client] -= 1
-    await node._record_outcome(rid, outcome)
-    if outcome.error is not None:
-        node.stats["requests_failed"] += 1
-        raise RemoteError(f"request failed: {outcome.error}", outcome.error_code or "internal")
-    stats = outcome.stats()
-    done = {**stats, "request_id": rid, "text": "".join(outcome.text),
-            "token_ids": outcome.tokens, "model": req.model, "strategy": strategy,
-            "pipeline": [f"{h.name}[{h.layer_start},{h.layer_end})" for h in last.hops],
-            "replans": len(outcome.retries)}
-    await out.send(MessageType.DONE, {"rid": rid, "stats": done})

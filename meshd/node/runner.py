@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import trio
 
 from meshd.core.admission import slot_wait_ms
-from meshd.errors import BusyError, ModelError, RemoteError
+from meshd.errors import BusyError, ErrorCode, ModelError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,20 @@ class Runner:
         ids: list[int] = s.model.encode_prompt(text, chat=chat)
         return ids
 
+    def encode_messages(self, model: str, messages: list[Any]) -> list[int]:
+        """Token ids of chat ``messages`` through the model's chat template."""
+        s = self.models.get(model)
+        if s is None:
+            raise ModelError(f"this node does not serve model {model!r}")
+        ids: list[int] = s.model.encode_messages(messages)
+        return ids
+
+    def context_length(self, model: str) -> int | None:
+        """The model's context in tokens (None when the model does not say)."""
+        s = self.models.get(model)
+        n = getattr(s.model, "context_length", None) if s is not None else None
+        return int(n) if n else None
+
     async def generate(
         self, model: str, prompt_ids: list[int], gen: Any, *, max_wait_ms: float | None = None
     ) -> AsyncIterator[Token]:
@@ -164,7 +178,7 @@ class Runner:
         if the request would wait for a slot longer than ``max_wait_ms`` (when given)."""
         s = self.whole(model)
         if s is None:
-            raise RemoteError(f"this node does not serve the whole of model {model!r}", "no_model")
+            raise RemoteError(f"this node does not serve the whole of model {model!r}", ErrorCode.NO_MODEL)
         if s.waiting >= s.max_queue and s.limiter.available_tokens == 0:
             s.busy_refusals += 1
             raise BusyError(f"queue of {model} is full ({s.waiting} waiting)")

@@ -19,10 +19,10 @@ import trio
 
 from meshd.core.messages import MessageType
 from meshd.core.wire import Message
-from meshd.errors import MeshdError, PeerGoneError, ProtocolError, RemoteError
+from meshd.errors import ErrorCode, MeshdError, PeerGoneError, ProtocolError, RemoteError
 from meshd.net.framed import FramedStream
 from meshd.node.coalesce import FrameBatcher
-from meshd.node.generation import gen_config_from
+from meshd.node.gen_config import gen_config_from
 from meshd.node.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class RequestServer:
                         elif t == MessageType.REQ:
                             rid = msg["rid"]
                             if rid in scopes:
-                                await _error(framed, rid, "malformed", "duplicate request id")
+                                await _error(framed, rid, ErrorCode.MALFORMED, "duplicate request id")
                                 continue
                             scope = trio.CancelScope()
                             scopes[rid] = scope
@@ -113,23 +113,23 @@ class RequestServer:
                 scope.deadline = trio.current_time() + max(msg["deadline_ms"], 0) / 1000.0
                 await self._run(out, msg)
             if scope.cancelled_caught:
-                code = "deadline" if trio.current_time() >= scope.deadline else "cancelled"
+                code = ErrorCode.DEADLINE if trio.current_time() >= scope.deadline else ErrorCode.CANCELLED
                 _fail(out, rid, code, f"request {code}")
         except RemoteError as e:
             _fail(out, rid, e.code, str(e), getattr(e, "wait_ms", None))
         except MeshdError as e:
-            _fail(out, rid, "internal", str(e))
+            _fail(out, rid, ErrorCode.INTERNAL, str(e))
         except Exception:
             self.stats["errors"] += 1
             log.exception("serving request failed rid=%s peer=%s", rid, peer_id)
-            _fail(out, rid, "internal", "internal error on the serving node")
+            _fail(out, rid, ErrorCode.INTERNAL, "internal error on the serving node")
         finally:
             scopes.pop(rid, None)
 
     async def _run(self, out: FrameBatcher, msg: Message) -> None:
         rid = msg["rid"]
         if msg["hops"] >= self.max_hops:
-            raise RemoteError(f"hop limit {self.max_hops} reached", "hops")
+            raise RemoteError(f"hop limit {self.max_hops} reached", ErrorCode.HOPS)
         model = msg["model"]
         ids = list(msg["prompt_ids"])
         if not ids and msg.get("prompt"):

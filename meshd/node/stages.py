@@ -28,7 +28,7 @@ import trio
 
 from meshd.core.messages import MessageType
 from meshd.core.wire import Message
-from meshd.errors import MeshdError, PeerGoneError, RemoteError
+from meshd.errors import ErrorCode, MeshdError, PeerGoneError, RemoteError
 from meshd.node.activations import WIRE_DTYPES, decode_tensor, encode_hidden
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ class StageServer:
     def on_step(self, msg: Message, port: Port, from_peer: str) -> None:
         sess = self.sessions.get(msg["rid"])
         if sess is None:
-            self._spawn(_reply_error, port, msg["rid"], "no_session",
+            self._spawn(_reply_error, port, msg["rid"], ErrorCode.NO_SESSION,
                         f"{self.node_name} holds no open stage session {msg['rid']}", None)
             return
         try:
@@ -215,7 +215,7 @@ class StageServer:
             self.stats["errors"] += 1
             log.exception("stage open failed sid=%s", msg.get("rid"))
             self.sessions.pop(msg["rid"], None)
-            await _reply_error(port, msg["rid"], "internal",
+            await _reply_error(port, msg["rid"], ErrorCode.INTERNAL,
                                f"internal error on stage node {self.node_name}", None)
 
     async def _open_session(self, msg: Message, port: Port, from_peer: str) -> None:
@@ -235,7 +235,7 @@ class StageServer:
             await self._build(sess, msg)
         except (MeshdError, ValueError) as e:
             self.sessions.pop(sid, None)
-            code = getattr(e, "code", "no_model")
+            code = getattr(e, "code", ErrorCode.NO_MODEL)
             await _reply_error(port, sid, code, f"{self.node_name}: {e}", None)
             return
         self._spawn(self._serve, sess)
@@ -251,21 +251,21 @@ class StageServer:
         sid, model = msg["rid"], msg["model"]
         start, end = msg["layer_start"], msg["layer_end"]
         if sid in self.sessions:
-            raise RemoteError(f"stage session {sid} is already open", "malformed")
+            raise RemoteError(f"stage session {sid} is already open", ErrorCode.MALFORMED)
         s = self.runner.get(model)
         if s is None:
-            raise RemoteError(f"{self.node_name} does not serve model {model!r}", "no_model")
+            raise RemoteError(f"{self.node_name} does not serve model {model!r}", ErrorCode.NO_MODEL)
         if not (s.layer_start <= start < end <= s.layer_end):
             raise RemoteError(f"{self.node_name} serves layers [{s.layer_start}, {s.layer_end}) "
-                              f"of {model}, not [{start}, {end})", "no_model")
+                              f"of {model}, not [{start}, {end})", ErrorCode.NO_MODEL)
         wire = msg.get("wire_dtype") or "f16"
         if wire not in WIRE_DTYPES:
-            raise RemoteError(f"unknown activation dtype {wire!r}", "bad_tensor")
+            raise RemoteError(f"unknown activation dtype {wire!r}", ErrorCode.BAD_TENSOR)
         nxt = msg.get("next") or []
         last = end == s.num_layers
         if not last and not (len(nxt) == 2 and all(isinstance(x, str) for x in nxt)):
             raise RemoteError("a stage that is not the last needs next = [peer id, session id]",
-                              "malformed")
+                              ErrorCode.MALFORMED)
         open_here = [x for x in self.sessions.values() if x.model == model]
         want = int(msg.get("max_tokens") or 0)
         ctx = self.kv_budget(s) // self.max_sessions(s)
@@ -273,7 +273,7 @@ class StageServer:
         if len(open_here) >= self.max_sessions(s) or reserved > self.free_kv_tokens(model):
             self.stats["busy_refusals"] += 1
             raise RemoteError(f"{self.node_name} is at capacity ({len(open_here)} stage sessions "
-                              f"of {model}, {self.free_kv_tokens(model)} KV tokens free)", "busy")
+                              f"of {model}, {self.free_kv_tokens(model)} KV tokens free)", ErrorCode.BUSY)
         deadline_ms = max(int(msg["deadline_ms"]), 1)
         idle_ms = int(msg.get("idle_ms") or DEFAULT_IDLE_S * 1000)
         return _Session(
@@ -293,19 +293,19 @@ class StageServer:
         sess.vocab = engine_model.vocab_size
         if sess.is_last:
             from meshd.engine.generation import Generation
-            from meshd.node.generation import gen_config_from
+            from meshd.node.gen_config import gen_config_from
 
             ids = list(msg.get("prompt_ids") or [])
             if not ids:
                 if not msg.get("prompt"):
-                    raise RemoteError("the last stage needs prompt_ids or prompt", "malformed")
+                    raise RemoteError("the last stage needs prompt_ids or prompt", ErrorCode.MALFORMED)
                 ids = engine_model.encode_prompt(msg["prompt"], chat=bool(msg.get("chat")))
             if not ids or len(ids) >= ctx:
                 raise RemoteError(f"the prompt has {len(ids)} tokens; the context is {ctx}",
-                                  "malformed")
+                                  ErrorCode.MALFORMED)
             cfg = gen_config_from(dict(msg.get("gen") or {}))
             if cfg is None:
-                raise RemoteError("nothing left to generate", "malformed")
+                raise RemoteError("nothing left to generate", ErrorCode.MALFORMED)
             sess.gen = Generation(ids, cfg, engine_model.tokenizer,
                                   max_new_tokens=min(cfg.max_tokens, ctx - len(ids)))
 
@@ -329,12 +329,12 @@ class StageServer:
             self.stats["errors"] += 1
             log.exception("stage session failed sid=%s", sess.sid)
             sess.reason = "error"
-            await _reply_error(sess.reply, sess.sid, "internal",
+            await _reply_error(sess.reply, sess.sid, ErrorCode.INTERNAL,
                                f"internal error on stage node {self.node_name}", None)
         finally:
             self._release(sess)
         if sess.reason in ("idle", "deadline"):
-            await _reply_error(sess.reply, sess.sid, "deadline",
+            await _reply_error(sess.reply, sess.sid, ErrorCode.DEADLINE,
                                f"stage session on {self.node_name} expired ({sess.reason})", None)
 
     def _release(self, sess: _Session) -> None:
@@ -356,7 +356,7 @@ class StageServer:
                 range(pos[0], pos[0] + len(pos))
             ):
                 raise RemoteError(f"positions must run {sess.kv.length}..; got {pos[:4]}...",
-                                  "bad_tensor")
+                                  ErrorCode.BAD_TENSOR)
             x = decode_tensor(msg["dtype"], msg["shape"], msg["data"], tokens=len(pos),
                               hidden=None if sess.is_first else sess.hidden, vocab=sess.vocab)
         except RemoteError as e:
@@ -375,7 +375,7 @@ class StageServer:
         except MeshdError as e:
             self.stats["errors"] += 1
             sess.reason = "error"
-            await _reply_error(sess.reply, sess.sid, "internal", f"{self.node_name}: {e}", None)
+            await _reply_error(sess.reply, sess.sid, ErrorCode.INTERNAL, f"{self.node_name}: {e}", None)
             return False
         self.speed(sess.model).note((time.perf_counter() - t0) * 1000, sess.end - sess.start,
                                     len(pos))
@@ -395,7 +395,7 @@ class StageServer:
                                                      "data": data})
         except (PeerGoneError, trio.TooSlowError) as e:
             sess.reason = "next_gone"
-            await _reply_error(sess.reply, sess.sid, "peer_gone",
+            await _reply_error(sess.reply, sess.sid, ErrorCode.PEER_GONE,
                                f"{self.node_name} cannot reach the next stage: {e}",
                                sess.next_peer)
             return False

@@ -137,7 +137,7 @@ def build_snapshot(local_advert: Advert, entries: list[PeerEntry], local_coord: 
                 rtt, src = measured, SOURCE_MEASURED
             else:
                 rtt, src = UNKNOWN_RTT_MS, SOURCE_UNKNOWN
-        append(NodeView(*m.head, rtt, src, max(0.0, now - e.heard_at), e.sent_since_advert,
-                        *m.tail))
+        append(NodeView(*m.head, rtt, src, max(0.0, now - e.heard_at),  # type: ignore[call-arg]
+                        e.sent_since_advert, *m.tail))
     nodes.sort(key=_PEER_ID)
     return MeshSnapshot(local_peer_id=local_advert.peer_id, nodes=tuple(nodes))

@@ -14,20 +14,21 @@ difference is a hedge that would have been refused queueing instead).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from meshd.core.admission import slot_wait_ms, wait_bounds
+from meshd.core.admission import back_to_refuser, slot_wait_ms
 
 if TYPE_CHECKING:
     from meshd.core.routing import RouteDecision
-    from meshd.sim.engine import Engine
+    from meshd.sim.loop import Engine
     from meshd.sim.request import SimRequest
     from meshd.sim.world import SimNode
 
 
-def arm(eng: Engine, r: SimRequest, dec: RouteDecision) -> None:
-    """After a decision: the bounds of its first peers, and what the router predicted."""
-    bounds = wait_bounds(dec, eng.policy)
+def arm(eng: Engine, r: SimRequest, dec: RouteDecision, bounds: Mapping[str, float]) -> None:
+    """After a decision: the bounds of its first peers (``Decision.wait_bounds``), and what the
+    router predicted."""
     if not bounds:
         r.bounds = None
         return
@@ -68,10 +69,10 @@ def next_target(eng: Engine, r: SimRequest, wait_ms: float, now: float) -> None:
     nxt = r.order[r.pos] if r.pos < len(r.order) else -1
     if nxt < 0 or nxt not in bounds:
         # Unbounded from here: the next peer, or back to the refuser predicted sooner.
-        k = min(range(len(refused)), key=lambda i: refused[i][0])
-        best_ms, best = refused[k]
         nxt_ms = r.pred.get(nxt, (None, 0.0))[0] if nxt >= 0 and r.pred else None
-        if nxt < 0 or nxt_ms is None or best_ms < nxt_ms:
+        k = back_to_refuser(nxt_ms if nxt >= 0 else None, [ms for ms, _ in refused])
+        if k is not None:
+            best = refused[k][1]
             del refused[k]
             bounds.pop(best, None)
             r.tried.discard(best)

@@ -1,6 +1,6 @@
 """Hedged requests, as the daemon sends them (issue 4).
 
-If a request's first token has not reached its entry node by ``routing.hedge_deadline_ms`` after
+If a request's first token has not reached its entry node by the decision's ``hedge_ms`` (``meshd.core.decide``) after
 it was sent, a second copy goes to the next peer of the decision's order. The copy whose first
 token reaches the entry node first wins; the other is cancelled at that instant (dropped from its
 queue, or its slot freed). A copy that is answered busy or finds its peer dead while the other
@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshd.core import routing
-from meshd.core.snapshot import Policy
 from meshd.sim.request import SimRequest
 
 if TYPE_CHECKING:
-    from meshd.core.routing import RouteDecision
-    from meshd.sim.engine import Engine
+    from meshd.sim.loop import Engine
 
 
 class Family:
@@ -34,15 +31,14 @@ class Family:
         self.done = False
 
 
-def arm(eng: Engine, r: SimRequest, dec: RouteDecision, policy: Policy, now: float) -> None:
-    """After the first decision: schedule the hedge check."""
+def arm(eng: Engine, r: SimRequest, hedge_ms: float, now: float) -> None:
+    """After the first decision: schedule the hedge check ``hedge_ms`` (``Decision.hedge_ms``)
+    after sending."""
     if r.stages is not None or r.attempts or r.family is not None:
         return
-    d = routing.hedge_deadline_ms(dec, policy)
-    if d is not None:
-        from meshd.sim.engine import HEDGE
+    from meshd.sim.loop import HEDGE
 
-        eng.push(now + d / 1000.0, HEDGE, r, r.gen)
+    eng.push(now + hedge_ms / 1000.0, HEDGE, r, r.gen)
 
 
 def _has_first_token(eng: Engine, r: SimRequest, now: float) -> bool:
@@ -84,7 +80,7 @@ def fire(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
 
 def watch(eng: Engine, r: SimRequest) -> None:
     """``r`` started serving while a sibling lives: its first token decides the race."""
-    from meshd.sim.engine import FIRST
+    from meshd.sim.loop import FIRST
 
     eng.push(r.first_s + r.rtt_s / 2.0, FIRST, r, r.gen)
 

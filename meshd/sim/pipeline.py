@@ -1,4 +1,4 @@
-"""Requests for a model served in layer ranges: planned by ``meshd.core.planner.plan``, run as a chain.
+"""Requests for a model served in layer ranges: planned by ``meshd.core.decide.decide``, run as a chain.
 
 The planner returns either one node serving the whole model (then the request is served like any
 routed one) or a chain of stages. The request visits the stages in order: at each it waits for a
@@ -16,25 +16,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshd.core import planner
-from meshd.core.snapshot import MeshSnapshot, RouteRequest
-from meshd.errors import RoutingError
-
 if TYPE_CHECKING:
-    from meshd.sim.engine import Engine
+    from meshd.core.planner import Plan
+    from meshd.sim.loop import Engine
     from meshd.sim.request import SimRequest
     from meshd.sim.world import SimNode
 
 
-def plan_and_send(
-    eng: Engine, r: SimRequest, req: RouteRequest, snap: MeshSnapshot, now: float
-) -> None:
+def send_plan(eng: Engine, r: SimRequest, plan: Plan, now: float) -> None:
+    """Send ``r`` along ``plan`` (from ``meshd.core.decide.decide``, as the daemon does)."""
     w = eng.world
-    try:
-        plan = planner.plan(req, snap, eng.policy)
-    except RoutingError:
-        eng._fail(r, "no_route")
-        return
     n_layers = w.models[r.model]
     if len(plan.hops) == 1:  # a node serving the whole model won: an ordinary request
         r.stages = None
@@ -56,7 +47,7 @@ def plan_and_send(
 
 
 def _stage_kind() -> int:
-    from meshd.sim.engine import STAGE
+    from meshd.sim.loop import STAGE
 
     return STAGE
 
@@ -71,7 +62,7 @@ def at_stage(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
     """The request (its activations) reached stage ``r.stage_i``."""
     if gen != r.gen or r.stages is None:
         return
-    from meshd.sim.engine import BUSY, DEAD
+    from meshd.sim.loop import BUSY, DEAD
 
     j = r.stages[r.stage_i][0]
     t = eng.world.nodes[j]
@@ -94,7 +85,7 @@ def at_stage(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
 def slot_granted(eng: Engine, t: SimNode, r: SimRequest, now: float) -> None:
     """Stage ``r.stage_i`` took the request: prefill its layers, pass on (or emit a token)."""
     assert r.stages is not None
-    from meshd.sim.engine import DONE, STAGE
+    from meshd.sim.loop import DONE, STAGE
 
     t.running += 1
     t.active.add(r)

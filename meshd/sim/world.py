@@ -3,7 +3,8 @@
 ``World`` is built once per run from a ``Scenario`` and a seed. Node placement, cells, hardware
 and Vivaldi warm-up depend only on the seed, so every strategy of one comparison runs on the
 very same mesh. A ``SimNode`` is both a server (slots, queue) and an entry node (what it has sent,
-RTTs it measured, peers it found dead, its round-robin index, its probes).
+RTTs it measured, peers it found dead, its round-robin counter, its probes). Each node's
+round-robin counter starts at an offset of its own, drawn from the run's seed.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class SimNode:
         self.sent: dict[int, list[float]] = {}  # peer idx -> send instants (recent)
         self.measured: dict[int, tuple[float, float]] = {}  # peer idx -> (rtt_ms, at_s)
         self.known_dead: set[int] | frozenset[int] = _NO_DEAD  # a set once one is found
-        self.rr = 0
+        self.rr = 0  # round-robin counter: the World sets this node's own starting offset
         self.probe_at = -1e18
         self.probes: list[tuple[int, float, float, int, int, float]] = []
         self.probe_pending: list[tuple[int, float, float, int, int, float]] = []
@@ -113,6 +114,9 @@ class World:
         self.latency = LatencyModel(scenario.latency, self.region_names)
         self.models = {m.name: m.num_layers for m in scenario.models.values()}
         self.rng = random.Random(seed * 31 + 5)
+        # Each node's round-robin counter starts at an offset of its own, as independent
+        # balancers' would (a separate generator: the mesh itself does not change with it).
+        self.rr_rng = random.Random(seed * 29 + 11)
         self.nodes: list[SimNode] = []
         self.by_peer: dict[str, int] = {}
         self.cells: list[list[int]] = []  # cell -> member idx sorted by peer id
@@ -137,6 +141,7 @@ class World:
         node = SimNode(
             idx, region, self.region_names[region], hw, serve, self.models, labels, born_s
         )
+        node.rr = self.rr_rng.getrandbits(31)
         self.nodes.append(node)
         self.by_peer[node.peer_id] = idx
         ra = self.region_alive[region]

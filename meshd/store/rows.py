@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from meshd.core import audit as audit_kinds
 from meshd.errors import LocalError
 
 # The lifecycle of one request, in the order they usually happen. ``cancelled``: the client
@@ -37,10 +38,11 @@ EVENT_KINDS = frozenset(
     }
 )
 
-# Common audit kinds (the column is free text so that new kinds need no migration).
-AUDIT_ATTESTATION_FAILED = "attestation_failed"
-AUDIT_REVOKED = "revoked"
-AUDIT_ADVERT_REJECTED = "advert_rejected"
+# Common audit kinds (the column is free text so that new kinds need no migration); every kind
+# is in meshd.core.audit.
+AUDIT_ATTESTATION_FAILED = audit_kinds.ATTESTATION_FAILED
+AUDIT_REVOKED = audit_kinds.REVOKED
+AUDIT_ADVERT_REJECTED = audit_kinds.ADVERT_REJECTED
 
 
 class StoreError(LocalError):

@@ -27,6 +27,9 @@ from meshd.errors import LocalError, MeshdError
 from meshd.paths import remember_testnet
 
 READY_TIMEOUT_S = 90.0
+API_KEY_FILE = "api-key"  # the testnet's HTTP API key, in plain text (mode 0600)
+API_KEYS_FILE = "api-keys"  # its hash, the key file every node of the testnet reads
+API_CLIENT = "testnet"  # the client name of that key
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
@@ -40,6 +43,7 @@ class NodeSpec:
     host: str = "127.0.0.1"
     port: int = 0
     netns: str | None = None
+    api_port: int = 0  # the HTTP API's port (0: up() picks a free one)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -78,30 +82,11 @@ def write_toml(sections: dict[str, Any]) -> str:
 
 
 def issue_keys(directory: Path, specs: list[NodeSpec]) -> dict[str, str]:
-    """A fresh CA and one identity per node (through `meshd keys`); returns name -> peer id."""
-    import contextlib
-    import io
+    """The folder's CA and one identity per node, kept from an earlier testnet in the same folder
+    where still good, else issued (meshd/testnet/keys.py); returns name -> peer id."""
+    from meshd.testnet.keys import prepare_keys
 
-    from meshd.cli.main import main
-    from meshd.core.cert import decode_certificate
-
-    ca_dir = directory / "ca"
-    ids = {}
-    with contextlib.redirect_stdout(io.StringIO()):
-        if main(["keys", "init-ca", "--dir", str(ca_dir)]) != 0:
-            hint = " (left by an earlier testnet: remove the folder or use another --dir)" \
-                if (ca_dir / "ca.key").exists() else ""
-            raise LocalError(f"cannot create a CA in {ca_dir}{hint}")
-        for s in specs:
-            argv = ["keys", "issue", s.name, "--dir", str(ca_dir), "--out", str(directory / s.name),
-                    "--days", "30", "--label", f"region={s.region}"]
-            for k, v in s.labels.items():
-                argv += ["--label", f"{k}={v}"]
-            if main(argv) != 0:
-                raise LocalError(f"cannot issue keys for {s.name}")
-            cert = decode_certificate((directory / s.name / "node.cert").read_bytes())
-            ids[s.name] = cert.peer_id
-    return ids
+    return prepare_keys(directory, {s.name: {"region": s.region, **s.labels} for s in specs})
 
 
 def node_config(spec: NodeSpec, node_dir: Path, bootstrap: list[str], *,
@@ -118,6 +103,8 @@ def node_config(spec: NodeSpec, node_dir: Path, bootstrap: list[str], *,
         "keys": {"identity": "node.key", "certificate": "node.cert", "ca": "ca.pub"},
         "gossip": {"advert_interval_s": advert_interval_s},
         "models": spec.models,
+        # the testnet's one key (TESTNET_DIR/api-key) is in TESTNET_DIR/api-keys
+        "api": {"listen": f"{spec.host}:{spec.api_port}", "keys_file": str(node_dir.parent / API_KEYS_FILE)},
     }
     for k, v in spec.extra.items():
         if isinstance(v, dict) and isinstance(sections.get(k), dict):
@@ -193,12 +180,44 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def api_url(host: str, port: int) -> str:
+    return f"http://{host}:{port}/v1"
+
+
+def write_api_key(directory: Path) -> str:
+    """A fresh HTTP API key for the testnet: the key in DIR/api-key (0600), its hash in
+    DIR/api-keys (the key file of every node), for client ``testnet``."""
+    from meshd.api.auth import add_key
+
+    keys = directory / API_KEYS_FILE
+    keys.unlink(missing_ok=True)
+    key = add_key(keys, API_CLIENT)
+    path = directory / API_KEY_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
+def running_daemons(directory: Path) -> set[int]:
+    """Pids of the daemons of the testnet in ``directory`` that still run: those testnet.json
+    lists, and any started again by hand there (meshd/testnet/procs.py)."""
+    from meshd.testnet.procs import is_meshd_daemon, testnet_daemons
+
+    if not directory.is_dir():
+        return set()
+    try:
+        nodes = json.loads((directory / "testnet.json").read_text()).get("nodes", [])
+    except (OSError, ValueError):
+        nodes = []
+    listed = {n["pid"] for n in nodes if _alive(n["pid"]) and is_meshd_daemon(n["pid"])}
+    return listed | testnet_daemons(directory, [Path(n["socket"]) for n in nodes if "socket" in n])
+
+
 def check_not_running(directory: Path) -> None:
-    if (directory / "testnet.json").exists():
-        existing = json.loads((directory / "testnet.json").read_text())
-        if any(_alive(n["pid"]) for n in existing.get("nodes", [])):
-            raise LocalError(f"a testnet is already running in {directory}; "
-                             f"stop it with `meshd testnet down --dir {directory}`")
+    if running_daemons(directory):
+        raise LocalError(f"a testnet is already running in {directory}; "
+                         f"stop it with `meshd testnet down --dir {directory}`")
 
 
 def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0,
@@ -212,7 +231,10 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
     for s in specs:
         if not s.port:
             s.port = free_port(s.host)
+        if not s.api_port:
+            s.api_port = free_port(s.host)
     ids = issue_keys(directory, specs)
+    write_api_key(directory)
     first = specs[0]
     boot = [f"/ip4/{first.host}/tcp/{first.port}/p2p/{ids[first.name]}"]
     nodes = []
@@ -229,8 +251,10 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
         dirs[s.name] = d
         nodes.append({"name": s.name, "peer_id": ids[s.name], "pid": pid, "socket": str(d / "meshd.sock"),
                       "addr": f"/ip4/{s.host}/tcp/{s.port}/p2p/{ids[s.name]}", "region": s.region,
-                      "dir": str(d), "netns": s.netns, "host": s.host})
-    index = {"dir": str(directory), "nodes": nodes, "started": time.time(), **(extra_index or {})}
+                      "dir": str(d), "netns": s.netns, "host": s.host,
+                      "api_url": api_url(s.host, s.api_port)})
+    index = {"dir": str(directory), "nodes": nodes, "started": time.time(),
+             "api_key_file": str(directory / API_KEY_FILE), **(extra_index or {})}
     (directory / "testnet.json").write_text(json.dumps(index, indent=2))
     remember_testnet(directory)
     if wait:
@@ -243,45 +267,72 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
 
 
 def down(directory: Path, timeout_s: float = 10.0) -> list[str]:
-    """Stop the daemons, then remove the emulated network (namespaces, forwarder) if any."""
-    from meshd.testnet import netns
+    """Stop the daemons, then remove the emulated network (namespaces, forwarder) if any.
+
+    The daemons are those testnet.json lists and every other one of this folder still running:
+    restarted by hand with a config or a control socket in it (meshd/testnet/procs.py)."""
+    from meshd.testnet import netns, procs
 
     try:
-        index = json.loads((directory / "testnet.json").read_text())
+        index: dict[str, Any] | None = json.loads((directory / "testnet.json").read_text())
     except (OSError, ValueError):
+        index = None
+    listed = [Path(n["socket"]) for n in index["nodes"]] if index else []
+    extra = procs.testnet_daemons(directory, listed) if directory.is_dir() else set()
+    if index is None and not extra:
         if netns.load_state(directory) is not None:  # a scenario `up` that failed early
             netns.teardown(directory)
             return []
-        raise LocalError(f"no testnet in {directory}") from None
+        raise LocalError(f"no testnet in {directory}")
     try:
-        return _stop_daemons(index, timeout_s)
+        return _stop_daemons(index["nodes"] if index else [], extra, timeout_s)
     finally:
         if netns.load_state(directory) is not None:
             netns.teardown(directory)
 
 
-def _stop_daemons(index: dict[str, Any], timeout_s: float) -> list[str]:
+def _stop_daemons(nodes: list[dict[str, Any]], extra: set[int], timeout_s: float) -> list[str]:
+    """SIGTERM (after SIGCONT, for a frozen one) each daemon: the listed ``nodes`` whose pid still
+    runs meshd, and the pids in ``extra``; SIGKILL whatever is left after ``timeout_s``."""
+    from meshd.testnet.procs import is_meshd_daemon
+
+    targets: dict[int, str] = {}
+    for n in nodes:
+        if _alive(n["pid"]) and (n["pid"] in extra or is_meshd_daemon(n["pid"])):
+            targets[n["pid"]] = n["name"]
+    for pid in sorted(extra - set(targets)):
+        targets[pid] = f"pid {pid}"
     stopped = []
-    for n in index["nodes"]:
-        pid = n["pid"]
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            stopped.append(n["name"])
+    for pid, name in targets.items():
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        stopped.append(name)
     deadline = time.monotonic() + timeout_s
-    for n in index["nodes"]:
-        while _alive(n["pid"]) and time.monotonic() < deadline:
+    for pid in targets:
+        while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive(n["pid"]):
-            try:
-                os.killpg(n["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if _alive(pid):
+            _kill(pid)
+    for n in nodes:
         _reap(n["pid"])
+    for pid in targets:
+        _reap(pid)
     return stopped
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL a daemon, with its process group when it leads one (`up` starts each in its own
+    session); a daemon started by hand shares its shell's group, which must be left alone."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _reap(pid: int) -> None:

@@ -32,3 +32,13 @@ def test_golden_vectors_decode(name: str) -> None:
     (msg,) = list(d.messages())
     assert msg["t"] == int(t)
     assert {k: msg[k] for k in fields} == fields
+
+
+def test_error_codes_agree_in_code_and_docs() -> None:
+    from meshd.core.messages import ERROR_CODES
+    from meshd.errors import ErrorCode
+
+    assert [c.value for c in ErrorCode] == list(ERROR_CODES)  # same codes, same (append) order
+    page = (ROOT / "proto" / "errors.md").read_text()
+    for code in ERROR_CODES:
+        assert f"| `{code}` |" in page, code

@@ -170,11 +170,61 @@ FIVE = snap(*(node(p, rtt_ms=r, queue_depth=q) for p, r, q in
 
 
 @pytest.mark.parametrize(("rr", "want"), [(0, "a"), (1, "b"), (4, "e"), (5, "a"), (7, "c")])
-def test_round_robin(rr: int, want: str) -> None:
-    d = route(req(), FIVE, Policy(strategy="round_robin"), random.Random(1), rr)
+def test_round_robin_lockstep_walks_peer_id_order(rr: int, want: str) -> None:
+    d = route(req(), FIVE, Policy(strategy="round_robin_lockstep"), random.Random(1), rr)
     assert d.chosen == want
     assert len(d.order) == 5 and d.order[0] == want and sorted(d.order) == list("abcde")
     assert all(c.score is None for c in d.candidates)
+
+
+def _rr_walk(s: MeshSnapshot, start: int, steps: int, request: RouteRequest | None = None
+             ) -> list[str]:  # fmt: skip
+    pol = Policy(strategy="round_robin")
+    return [route(request or req(), s, pol, random.Random(1), start + k).chosen
+            for k in range(steps)]  # fmt: skip
+
+
+def test_round_robin_walks_every_eligible_node_once_per_turn_in_its_own_order() -> None:
+    walk = _rr_walk(FIVE, 0, 10)
+    assert sorted(walk[:5]) == list("abcde") and walk[5:] == walk[:5]
+    d = route(req(), FIVE, Policy(strategy="round_robin"), random.Random(1), 0)
+    assert d.order == tuple(walk[:5])  # the fallbacks go on along the same walk
+    assert all(c.score is None for c in d.candidates)
+    # Another node has its own order, and the same node always the same one.
+    others = {tuple(_rr_walk(dataclasses.replace(FIVE, local_peer_id=f"n{i}"), 0, 5))
+              for i in range(12)}  # fmt: skip
+    assert len(others) >= 6
+    assert _rr_walk(dataclasses.replace(FIVE, local_peer_id="n3"), 0, 5) == _rr_walk(
+        dataclasses.replace(FIVE, local_peer_id="n3"), 0, 5
+    )
+    # Excluded nodes drop out of the walk; the others keep their relative order.
+    tried = req(exclude=frozenset({"b", "d"}))
+    sub = _rr_walk(FIVE, 0, 3, tried)
+    assert sorted(sub) == list("ace") and sub == [p for p in walk[:5] if p in "ace"]
+
+
+@pytest.mark.parametrize("n", [40, 80])  # the loop path and the numpy path
+def test_round_robin_walks_the_local_nodes_own_order_from_its_counter(n: int) -> None:
+    nodes = [node(f"p{i:03d}", queue_depth=64 if i % 7 == 0 else 0) for i in range(n)]
+    s = snap(*nodes, local="p005")
+    eligible = [f"p{i:03d}" for i in range(n) if i % 7]
+    own = sorted(eligible, key=lambda p: routing.round_robin_rank("p005", p))
+    start = 12345 % len(own)
+    assert _rr_walk(s, 12345, len(own)) == own[start:] + own[:start]
+
+
+def test_round_robin_offset_is_stable_per_identity_and_differs_across_nodes() -> None:
+    ids = [f"12D3KooW{i:040d}" for i in range(200)]
+    offsets = [routing.round_robin_offset(p) for p in ids]
+    assert offsets == [routing.round_robin_offset(p) for p in ids]
+    assert len(set(offsets)) == len(offsets)
+    assert all(0 <= x < 2**31 for x in offsets)
+    # Spread over any modulus a decision uses (a cell of 32 candidates): no start is crowded.
+    starts = Counter(x % 32 for x in offsets)
+    assert len(starts) >= 28 and max(starts.values()) <= 16
+    # Fixed by the identity alone: the same value on every platform and in every process.
+    assert routing.round_robin_offset("12D3KooWtest") == 1172782473
+    assert routing.round_robin_offset("12D3KooWtest", "round_robin_lockstep") == 0
 
 
 def test_random_is_seeded() -> None:
@@ -544,3 +594,18 @@ def test_simulation_meshd_beats_lwsq_least_queue_and_round_robin_at_the_tail() -
         assert p95["meshd"] < 0.85 * p95[other], (p95, p99)
         assert p99["meshd"] < p99[other], (p95, p99)
     assert p95["meshd"] < 0.6 * p95["round_robin"], (p95, p99)
+
+
+def test_entry_nodes_in_step_herd_with_lockstep_and_spread_with_round_robin() -> None:
+    """Sixteen entry nodes of one cell, each on its first decision, all holding the same view:
+    lockstep sends all of them to one server; the fair round-robin (counters from each node's
+    identity, each walking its own order) spreads them over most of the cell."""
+    ids = [f"12D3KooW{i:04d}" for i in range(16)]
+    chosen: dict[str, Counter[str]] = {"round_robin_lockstep": Counter(), "round_robin": Counter()}
+    for strategy, picks in chosen.items():
+        for me in ids:
+            view = snap(*(node(p, is_local=p == me) for p in ids), local=me)
+            start = routing.round_robin_offset(me, strategy)
+            picks[route(req(), view, Policy(strategy=strategy), random.Random(1), start).chosen] += 1
+    assert chosen["round_robin_lockstep"] == Counter({ids[0]: 16})
+    assert len(chosen["round_robin"]) >= 8 and max(chosen["round_robin"].values()) <= 4

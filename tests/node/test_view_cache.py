@@ -1,6 +1,6 @@
 """The daemon's per-request work kept exact: the snapshot builder's per-peer memo
 (``meshd.node.view``), the peer table's version counter and cached ``live()`` list, and the
-pipeline planner skipped when the mesh has no stage ranges (``choose_pipeline``)."""
+pipeline planner skipped when the mesh has no stage ranges (``meshd.core.decide.choose_pipeline``)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from dataclasses import replace
 
 import pytest
 
+from meshd.core import decide as decide_mod
 from meshd.core.advert import Advert, ModelAdvert
+from meshd.core.decide import choose_pipeline, whole_only
 from meshd.core.peertable import PeerEntry, PeerTable
 from meshd.core.snapshot import MeshSnapshot, NodeView, Policy, RouteRequest, Serving
 from meshd.core.vivaldi import Coord
 from meshd.errors import RoutingError
-from meshd.node import pipeline
-from meshd.node.pipeline import _by_planning, choose_pipeline, whole_only
 from meshd.node.view import build_snapshot, coord_of, peer_rtt, view_of_advert
 
 WALL = 1000.0
@@ -190,7 +190,9 @@ def test_choose_pipeline_gives_what_planning_gives(seed: int, monkeypatch: pytes
     for req in reqs:
         for policy in policies:
             for mode in ("auto", "always"):
-                want = outcome(_by_planning, req, snap, policy, mode)
+                with monkeypatch.context() as m:  # without the shortcut: always plan
+                    m.setattr(decide_mod, "whole_only", lambda snap, model: False)
+                    want = outcome(choose_pipeline, req, snap, policy, mode)
                 got = outcome(choose_pipeline, req, snap, policy, mode)
                 assert got == want, (req, policy, mode)
             assert choose_pipeline(req, snap, policy, "never") is None
@@ -202,7 +204,7 @@ def test_choose_pipeline_gives_what_planning_gives(seed: int, monkeypatch: pytes
         raise AssertionError("planned although no stage range exists")
 
     if skipped:
-        monkeypatch.setattr(pipeline, "plan", planned)
+        monkeypatch.setattr(decide_mod, "plan", planned)
         for req in reqs[:4]:
             assert choose_pipeline(req, snap, Policy(), "auto") is None
 

@@ -5,7 +5,7 @@ The route is eu-1 -> us-1 of the routing issue's 12-node testnet, carved out as
 testnet/validate-2region.toml (70 ms RTT, us-1 capped at 10 tokens/s): requests enter
 at eu-1 tagged residency "us", which only us-1 may serve. Real daemons run it, each in its own
 network namespace behind the user-space link emulator; then the simulator runs the same route,
-its scenario derived from the same file (``meshd.sim.from_testnet``) and fed what the daemons
+its scenario derived from the same file (``meshd.testnet.to_sim``) and fed what the daemons
 report: us-1's advertised prefill and decode speeds (sampled from eu-1's peer table during the
 run), its slots and queue, the prompt length eu-1 counted, the advert delay eu-1 measured.
 
@@ -38,11 +38,11 @@ import trio
 from meshd.control.client import call, submit_events
 from meshd.core.messages import MessageType
 from meshd.errors import ConfigError, MeshdError
-from meshd.sim.from_testnet import RouteLoad, ServerFigures, entry_strategy, route_scenario
 from meshd.sim.runner import run_one
 from meshd.sim.scenario import scenario_from_dict
 from meshd.testnet import netns
 from meshd.testnet.scenario import Scenario, load_scenario, parse_scenario
+from meshd.testnet.to_sim import RouteLoad, ServerFigures, entry_strategy, route_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "testnet" / "validate-2region.toml"

@@ -18,7 +18,7 @@ from meshd.core.routing import RouteDecision
 from meshd.core.wire import MAX_REQUEST_FRAME, FrameDecoder
 from meshd.errors import BusyError, PeerGoneError
 from meshd.node.coalesce import FrameBatcher
-from meshd.node.entry import Target, serve_request
+from meshd.node.forward import Target, serve_request
 
 GREEDY = list(range(100, 120))  # what any healthy target generates from the prompt
 
@@ -48,7 +48,7 @@ def run(order: list[str], scripts: dict[str, Any], *, hedge_after_s: float | Non
             journal=lambda kind, payload: journal.append(kind),
         )
 
-    return trio.run(main), calls, journal
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0)), calls, journal
 
 
 def healthy(delay_s: float = 0.0, per_token_s: float = 0.0) -> Any:
@@ -99,7 +99,8 @@ def test_death_after_k_tokens_resumes_elsewhere_with_those_tokens() -> None:
     assert out.error is None
     assert out.tokens == GREEDY
     assert calls == [("a", []), ("b", GREEDY[:5])]
-    assert out.route == ["entry", "a", "b"] and out.served_by == "b"
+    # the route is the path of the node that served, not of the one that died (issue 13, 9)
+    assert out.route == ["entry", "b"] and out.served_by == "b"
     assert "retry" in journal
 
 

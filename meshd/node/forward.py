@@ -1,8 +1,8 @@
-"""The entry node's side of a request: route it, serve or forward it, fail over, hedge, record.
+"""The execute step for one node: serve or forward a request, fail over, hedge.
 
-``serve_request`` turns one submitted prompt into a stream of events for the client. The route
-comes from the pure router (``meshd.core.routing.route``) over a snapshot; this module does the
-I/O the decision asks for:
+``serve_request`` turns one routed request into a stream of events for the client. The route
+comes from the pure ``meshd.core.decide.decide`` over a snapshot (the entry chain's route step);
+this module does the I/O the decision asks for:
 
 - the chosen node runs it (this node, or a peer over its long-lived request stream);
 - if no first token arrives by the hedge deadline, a second copy goes to the next-best node and
@@ -23,13 +23,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
-from meshd.core.messages import MessageType
+from meshd.core.admission import back_to_refuser
 from meshd.core.routing import RouteDecision
-from meshd.errors import BusyError, PeerGoneError, RemoteError
+from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +77,6 @@ class Outcome:
         }
 
 
-class Attempts(Protocol):
-    """How to run a request on one target: yields ("tokens", ids, text) events, then ("done",
-    stats). Raises ``PeerGoneError``/``BusyError``/``RemoteError`` on failure."""
-
-    def run(self, target: Target, resume: list[int]) -> Any: ...
-
-
 Sink = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
@@ -115,7 +108,7 @@ async def serve_request(
             refused.clear()
         if not queue or attempts >= MAX_ATTEMPTS:
             out.error = out.error or "no candidate could serve the request"
-            out.error_code = out.error_code or "no_route"
+            out.error_code = out.error_code or ErrorCode.NO_ROUTE
             break
         primary = queue.pop(0)
         if primary.max_wait_ms is None and refused:
@@ -140,12 +133,12 @@ def _unbounded_choice(
     journal: Callable[[str, dict[str, Any]], None],
 ) -> Target:
     """The bounded attempts are over: go to ``nxt`` or back to the refuser whose reported wait
-    makes it sooner; either way without a bound. A refuser gone back to leaves ``refused``."""
-    k = min(range(len(refused)), key=lambda i: refused[i][0])
-    best_ms, best = refused[k]
-    if nxt.predicted_ms is not None and nxt.predicted_ms <= best_ms:
+    makes it sooner (``meshd.core.admission.back_to_refuser``, the simulator's rule too); either
+    way without a bound. A refuser gone back to leaves ``refused``."""
+    k = back_to_refuser(nxt.predicted_ms, [ms for ms, _ in refused])
+    if k is None:
         return nxt
-    del refused[k]
+    best_ms, best = refused.pop(k)
     queue.insert(0, nxt)
     journal("back_to_refuser", {"target": best.name, "predicted_ms": round(best_ms, 1),
                                 "instead_of": nxt.name})
@@ -257,7 +250,7 @@ async def _race(
                 exc = payload["exc"]
                 reason = str(exc)
                 target = names[idx]
-                is_busy = isinstance(exc, BusyError) or getattr(exc, "code", "") == "busy"
+                is_busy = isinstance(exc, BusyError) or getattr(exc, "code", "") == ErrorCode.BUSY
                 out.retries.append({"target": target.name, "reason": reason, "busy": is_busy,
                                     "after_tokens": len(out.tokens)})
                 wait_ms = getattr(exc, "wait_ms", None)
@@ -265,9 +258,9 @@ async def _race(
                     refused.append((wait_ms + (target.known_ms or 0.0), target))
                 journal("retry", {"target": target.name, "reason": reason,
                                   "after_tokens": len(out.tokens)})
-                code = getattr(exc, "code", "peer_gone")
+                code = getattr(exc, "code", ErrorCode.PEER_GONE)
                 if not isinstance(exc, PeerGoneError | BusyError | RemoteError):
-                    code = "internal"
+                    code = ErrorCode.INTERNAL
                 out.error, out.error_code = reason, code
                 if winner and idx == winner[0]:
                     nursery.cancel_scope.cancel()
@@ -283,11 +276,9 @@ async def _race(
 
 
 async def _announce(out: Outcome, t: Target, entry_name: str, sink: Sink) -> None:
-    """Tell the client who serves; after a failover the route lists every node that served."""
-    hop = [t.name] if t.is_local else [entry_name, t.name]
-    for name in hop:
-        if name not in out.route:
-            out.route.append(name)
+    """Tell the client who serves, and through which nodes: after a failover the route is the
+    path of the node now serving (the nodes that failed are in ``out.retries``)."""
+    out.route = [t.name] if t.is_local else [entry_name, t.name]
     out.served_by = t.name
     await sink("route", {"served_by": t.name, "route": list(out.route)})
 
@@ -299,12 +290,3 @@ class _Tagged:
 
     async def send(self, item: Any) -> None:
         await self._send.send((self._idx, item))
-
-
-def kind_of(msg: dict[str, Any]) -> str:
-    t = msg["t"]
-    if t == MessageType.TOKENS:
-        return "tokens"
-    if t == MessageType.DONE:
-        return "done"
-    return "error"

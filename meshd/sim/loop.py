@@ -2,9 +2,9 @@
 
 Events are plain tuples ``(time, seq, kind, a, b)`` on one ``heapq``; ``seq`` breaks ties in
 insertion order, so a run is a pure function of the scenario, the strategy and the seed.
-Every routing decision is ``meshd.core.routing.route`` (and, for models some node serves as a
-layer range, ``meshd.core.planner.plan``) called on the ``MeshSnapshot`` the entry node would
-have built (``meshd.sim.views``); the engine only carries the result out.
+Every routing decision is ``meshd.core.decide.decide``, the daemon's own (one node with its
+fallbacks, or a pipeline plan), called on the ``MeshSnapshot`` the entry node would have built
+(``meshd.sim.views``); the engine only carries the result out.
 
 Serving model: a node has ``concurrency`` slots, each running one request at the node's
 per-stream prefill and decode speeds (continuous batching at a fixed per-stream speed), and a
@@ -22,8 +22,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from meshd.core import routing
 from meshd.core.advert import significant_load_change
+from meshd.core.decide import decide
+from meshd.core.routing import LOCKSTEP
 from meshd.core.snapshot import RouteRequest
 from meshd.core.vivaldi import update
 from meshd.errors import RoutingError
@@ -64,6 +65,11 @@ class Engine:
         self.seed = sc.run.seed if seed is None else seed
         self.strategy = strategy
         self.world = World(sc, self.seed)
+        # round_robin_lockstep is the herding baseline: every counter starts at 0.
+        self.lockstep = strategy == LOCKSTEP
+        if self.lockstep:
+            for node in self.world.nodes:
+                node.rr = 0
         self.nominal = _nominal(sc)
         self.views = Views(self.world, sc, self.seed, self.nominal)
         # The scenario's policy with the strategy under test. The explanation list is trimmed
@@ -84,16 +90,6 @@ class Engine:
         self.outstanding = 0
         self.rid = 0
         self.active_streams = 0
-        # Models some node serves as a layer range go through the planner (which may still pick
-        # a whole-model node); the others through the router and the strategy under test.
-        self.planned = {s.model for n in self.world.nodes for s in n.serving if not s.whole} | {
-            e.serve[0].model
-            for e in sc.events
-            if e.serve
-            and any(
-                x.layer_start != 0 or x.layer_end != sc.models[x.model].num_layers for x in e.serve
-            )
-        }
         self.stop_s = sc.run.duration_s + sc.run.drain_s
         self.last_event_s = 0.0
         self.events = 0
@@ -283,22 +279,24 @@ class Engine:
             request_id=str(r.rid), model=r.model, prompt_tokens=r.effective_prompt,
             max_tokens=r.remaining_output, residency=r.residency, exclude=exclude,
         )  # fmt: skip
-        if r.model in self.planned:
-            pipeline.plan_and_send(self, r, req, snap, now)
-            return
         try:
-            dec = routing.route(req, snap, self.policy, self.route_rng, e.rr)
+            d = decide(req, snap, self.policy, self.route_rng, e.rr, hedge=self.hedge)
         except RoutingError:
             self._fail(r, "no_route")
             return
+        if d.plan is not None:
+            pipeline.send_plan(self, r, d.plan, now)
+            return
+        dec = d.route
+        assert dec is not None
         e.rr += 1
         by_peer = w.by_peer
         r.order = [by_peer[p] for p in dec.order]
         r.pos = 0
-        admission.arm(self, r, dec)
+        admission.arm(self, r, dec, d.wait_bounds)
         self._send(r, now)
-        if self.hedge:
-            hedging.arm(self, r, dec, self.policy, now)
+        if d.hedge_ms is not None:
+            hedging.arm(self, r, d.hedge_ms, now)
 
     def _send(self, r: SimRequest, now: float) -> None:
         j = r.order[r.pos]
@@ -440,6 +438,8 @@ class Engine:
             ri = w.region_names.index(ev.region or "")
             for _ in range(ev.count):
                 node = w.join(ri, self.sc.hardware[ev.hardware or ""], ev.serve, now)
+                if self.lockstep:
+                    node.rr = 0
                 self.views.set_rate(node)
                 self.views.publish_advert(node, now)
                 self._schedule_advert(node, now + self.sc.gossip.advert_interval_s)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from meshd.core import routing
-from meshd.sim.engine import Engine
+from meshd.sim.loop import Engine
 from meshd.sim.runner import run_one
 from meshd.sim.scenario import load_scenario
 
@@ -80,7 +80,12 @@ def test_every_decision_is_made_by_the_daemons_router(monkeypatch: pytest.Monkey
         calls.append((policy.strategy, len(snap.nodes)))
         return real(req, snap, policy, rng, rr_index)
 
-    monkeypatch.setattr(routing, "route", counting)
+    # the simulator decides with the daemon's own decide(), which asks the router
+    from meshd.core import decide
+    from meshd.sim import loop
+
+    assert loop.decide is decide.decide
+    monkeypatch.setattr(decide, "route", counting)
     r = Engine(scenario(), "meshd").run()
     assert len(calls) >= r["arrived"]  # one per request, more on retries
     assert {s for s, _ in calls} == {"meshd"}
@@ -137,17 +142,17 @@ def test_failed_nodes_leave_views_and_entries_reroute() -> None:
 
 
 def test_pipelines_are_planned_by_the_daemons_planner(monkeypatch: pytest.MonkeyPatch) -> None:
-    from meshd.core import planner
+    from meshd.core import decide
 
     calls: list[int] = []
-    real = planner.plan
+    real = decide.plan
 
     def counting(req: Any, snap: Any, policy: Any, *a: Any) -> Any:
         p = real(req, snap, policy, *a)
         calls.append(len(p.hops))
         return p
 
-    monkeypatch.setattr(planner, "plan", counting)
+    monkeypatch.setattr(decide, "plan", counting)
     sc = load_scenario(SCENARIOS / "pipeline-48.toml").with_overrides(duration_s=15.0)
     r = Engine(sc, "meshd").run()
     assert calls and max(calls) >= 2  # real multi-stage chains

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshd.core.request import DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS
+
 GEN_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
-DEFAULT_MAX_TOKENS = 64
-MAX_MAX_TOKENS = 4096
 
 
 def gen_fields(msg: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,318 @@
+"""The HTTP API as a bare ASGI app (no framework): OpenAI's endpoints, health, metrics.
+
+Routes: ``GET /healthz``, ``GET /readyz``, ``GET /metrics`` (no key needed), ``GET /v1/models``,
+``POST /v1/chat/completions``, ``POST /v1/completions`` (a bearer key, unless ``auth = "none"``).
+A generation request becomes an ``EntryRequest`` through ``parse_submit`` and goes to
+``node.entry.submit``, the same entry path as `meshd submit`; a client that goes away cancels it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from meshd.api import replies, sse
+from meshd.api.auth import KeyFile, bearer_token
+from meshd.api.errors import ApiError, from_meshd
+from meshd.api.metrics import CONTENT_TYPE as METRICS_TYPE
+from meshd.api.metrics import Metrics
+from meshd.api.protocols import ApiNode
+from meshd.api.shapes import ApiCall, chat_call, completion_call
+from meshd.core.request import EntryRequest, parse_submit
+from meshd.errors import ErrorCode, MeshdError
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+JSON_TYPE = b"application/json"
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class ApiApp:
+    def __init__(self, node: ApiNode, keys: KeyFile, metrics: Metrics, *,
+                 max_body_bytes: int = 2_097_152) -> None:
+        self.node = node
+        self.keys = keys
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.started = int(time.time())
+        self.routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[int]]] = {
+            ("GET", "/healthz"): self.healthz,
+            ("GET", "/readyz"): self.readyz,
+            ("GET", "/metrics"): self.prometheus,
+            ("GET", "/v1/models"): self.list_models,
+            ("POST", "/v1/chat/completions"): self.chat,
+            ("POST", "/v1/completions"): self.completions,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path = scope["path"].rstrip("/") or "/"
+        handler = self.routes.get((scope["method"], path))
+        endpoint = path if handler is not None else "other"
+        gauge = self.metrics.requests.http_streams
+        gauge.inc()
+        try:
+            if handler is None:
+                allowed = sorted(m for m, p in self.routes if p == path)
+                if allowed:
+                    err = ApiError(405, f"{scope['method']} is not allowed on {path} (use "
+                                   f"{', '.join(allowed)})", headers=[("allow", ", ".join(allowed))])
+                else:
+                    err = ApiError(404, f"no endpoint {scope['method']} {path}",
+                                   code="unknown_url")
+                status = await send_error(send, err)
+            else:
+                status = await handler(scope, receive, send)
+        except ApiError as err:
+            status = await send_error(send, err)
+        finally:
+            gauge.dec()
+        if status:
+            self.metrics.requests.http.labels(endpoint, str(status)).inc()
+
+    # ------------------------------------------------------------------ plain endpoints
+
+    async def healthz(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await send_json(send, 200, {"status": "ok"})
+
+    async def readyz(self, scope: Scope, receive: Receive, send: Send) -> int:
+        ok, why = self.node.ready_state()
+        return await send_json(send, 200 if ok else 503, {"ready": ok, "reason": why})
+
+    async def prometheus(self, scope: Scope, receive: Receive, send: Send) -> int:
+        body = self.metrics.render()
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", METRICS_TYPE.encode()), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+        return 200
+
+    async def list_models(self, scope: Scope, receive: Receive, send: Send) -> int:
+        self.client_of(scope)
+        return await send_json(send, 200, replies.model_list(self.node.entry.models(), self.started))
+
+    # ------------------------------------------------------------------ generation
+
+    async def chat(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await self._generate(scope, receive, send, chat_call)
+
+    async def completions(self, scope: Scope, receive: Receive, send: Send) -> int:
+        return await self._generate(scope, receive, send, completion_call)
+
+    def client_of(self, scope: Scope) -> str:
+        token = bearer_token(_header(scope, b"authorization"))
+        client = self.keys.refresh(trio.current_time()).client(token)
+        if client is None:
+            why = "no API key given (send Authorization: Bearer KEY)" if token is None else \
+                "the API key is not valid"
+            raise ApiError(401, why, code="invalid_api_key")
+        return client
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send,
+                        shape: Callable[[Any], ApiCall]) -> int:
+        client = self.client_of(scope)
+        body = await read_body(scope, receive, self.max_body_bytes)
+        try:
+            obj = json.loads(body)
+        except ValueError as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        call = shape(obj)
+        try:
+            req = parse_submit({**call.fields, "client": client}, self.node.entry.new_request_id)
+        except MeshdError as e:
+            raise from_meshd(e, params=call.params) from None
+        if call.stream:
+            return await self._stream(req, call, receive, send)
+        route: dict[str, Any] = {}
+
+        async def emit(kind: str, payload: dict[str, Any]) -> None:
+            if kind == "route":
+                route.update(payload)
+
+        stats, error = await self._submit(req, emit, receive)
+        if stats is None and error is None:
+            return 0  # the client went away
+        rid = req.request_id
+        if error is not None:
+            err = from_meshd(error, params=call.params)
+            err.headers.append(("x-request-id", rid))
+            return await send_error(send, err)
+        assert stats is not None
+        model = req.model or str(stats.get("model"))
+        build = replies.chat_completion if call.kind == "chat" else replies.text_completion
+        return await send_json(send, 200, build(rid, int(time.time()), model, stats),
+                               _route_headers(rid, stats or route))
+
+    async def _submit(self, req: EntryRequest, emit: Any, receive: Receive
+                      ) -> tuple[dict[str, Any] | None, MeshdError | None]:
+        """Run the request through the entry chain while watching for the client to go away;
+        (stats, None), (None, error), or (None, None) when the client went away and the
+        request was cancelled."""
+        result: dict[str, Any] | None = None
+        error: MeshdError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            try:
+                result = await self.node.entry.submit(req, emit)
+            except MeshdError as e:
+                error = e
+            except Exception as e:  # a bug: answer 500, keep the server
+                log.exception("api request failed rid=%s", req.request_id)
+                error = MeshdError(f"internal error: {type(e).__name__}")
+            finally:
+                nursery.cancel_scope.cancel()
+        if result is None and error is None:
+            self.metrics.requests.disconnects.inc()
+            log.info("api client went away rid=%s", req.request_id)
+        return result, error
+
+    async def _stream(self, req: EntryRequest, call: ApiCall, receive: Receive, send: Send) -> int:
+        rid = req.request_id
+        chunks = replies.Chunks(call.kind, rid, int(time.time()), req.model or "", call.include_usage)
+        started = False
+        route: dict[str, Any] = {}
+        sent_text: list[str] = []
+
+        async def start(data: bytes) -> None:
+            """The headers, then the role chunk and ``data`` in one write."""
+            nonlocal started
+            started = True
+            headers = [(b"content-type", sse.CONTENT_TYPE), (b"cache-control", b"no-cache"),
+                       *_route_headers(rid, route)]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            first = chunks.first()
+            await _body(send, (sse.event(first) if first is not None else b"") + data)
+
+        async def emit(kind: str, payload: dict[str, Any]) -> None:
+            if kind == "route":
+                if not started:
+                    route.update(payload)  # its headers go out with the first tokens
+                else:  # a failover after the headers: say so in a comment clients skip
+                    names = ",".join(str(n) for n in payload.get("route") or [])
+                    await _body(send, sse.comment(f"route served_by={payload.get('served_by')} "
+                                                  f"route={names}"))
+                return
+            if kind == "tokens" and payload.get("text"):
+                sent_text.append(payload["text"])
+                data = sse.event(chunks.text(payload["text"]))
+                if started:
+                    await _body(send, data)
+                else:
+                    await start(data)
+
+        stats, error = await self._submit(req, emit, receive)
+        if stats is None and error is None:
+            return 0
+        if error is not None:
+            err = from_meshd(error, params=call.params)
+            if not started:
+                err.headers.append(("x-request-id", rid))
+                return await send_error(send, err)
+            await _body(send, sse.event(err.body()) + sse.DONE, more=False)
+            return err.status
+        assert stats is not None
+        if not started:
+            route.update({k: stats[k] for k in ("served_by", "route") if stats.get(k)})
+            await start(b"")
+        text = str(stats.get("text") or "")
+        said = "".join(sent_text)
+        tail = sse.event(chunks.text(text[len(said):])) if len(text) > len(said) and text.startswith(said) else b""
+        usage = chunks.usage(stats)
+        await _body(send, tail + sse.event(chunks.last(stats))
+                    + (sse.event(usage) if usage is not None else b"") + sse.DONE, more=False)
+        return 200
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif msg["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return bytes(v)
+    return None
+
+
+def _route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]:
+    out = [(b"x-request-id", rid.encode())]
+    served_by = route.get("served_by")
+    if served_by:
+        out.append((b"x-meshd-served-by", str(served_by).encode()))
+    names = route.get("route")
+    if names:
+        out.append((b"x-meshd-route", ",".join(str(n) for n in names).encode()))
+    return out
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    length = _header(scope, b"content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"the request body is {int(length)} bytes; the limit is {limit}",
+                       code="request_too_large")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ApiError(400, "the client went away before sending the whole body")
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the request body is over the limit of {limit} bytes",
+                           code="request_too_large")
+        parts.append(chunk)
+        if not msg.get("more_body", False):
+            return b"".join(parts)
+
+
+async def _body(send: Send, data: bytes, *, more: bool = True) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+async def send_json(send: Send, status: int, obj: Any,
+                    headers: list[tuple[bytes, bytes]] | None = None) -> int:
+    body = _json(obj)
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", JSON_TYPE), (b"content-length", str(len(body)).encode()),
+        *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+    return status
+
+
+async def send_error(send: Send, err: ApiError) -> int:
+    headers = [(k.encode(), v.encode()) for k, v in err.headers]
+    if err.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    return await send_json(send, err.status, err.body(), headers)
+
+
+__all__ = ["ApiApp", "ErrorCode"]

@@ -1,0 +1,59 @@
+"""What the HTTP API needs from a node: its entry chain, readiness and status.
+
+``meshd.node`` provides them on the daemon; ``meshd.testing.fake_entry`` is the fake beside them
+for the API's unit tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from meshd.core.request import EntryRequest
+
+# ("route", {"served_by": str, "route": [names]}) once before the first tokens and again after a
+# failover; ("tokens", {"ids": [int], "text": str}) as tokens come
+Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+# called once at the end of every request with its final stats, "outcome" ("ok" or the error
+# code) and "origin" ("control" or "http")
+Observer = Callable[[dict[str, Any]], None]
+
+
+class EntryChain(Protocol):
+    """The one way into the mesh: `meshd submit` and the HTTP API both submit through it."""
+
+    observers: list[Observer]
+
+    async def submit(self, req: EntryRequest, emit: Emit) -> dict[str, Any]:
+        """Route and serve ``req``, calling ``emit`` as it goes; returns the final stats
+        (request_id, text, token_ids, model, strategy, served_by, route, ttft_ms, tokens,
+        prompt_tokens, completion_tokens, finish_reason, cached). Raises ``MeshdError`` with a
+        ``code``. Cancelling the caller cancels the request across the mesh."""
+        ...
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every model the mesh serves (gossiped view): {"id", "nodes", "context_length"}."""
+        ...
+
+    def new_request_id(self) -> str: ...
+
+
+class ApiNode(Protocol):
+    """The node as the API sees it."""
+
+    @property
+    def entry(self) -> EntryChain: ...
+
+    def ready_state(self) -> tuple[bool, str]:
+        """(True, why) when running with peers or a local model; else (False, why)."""
+        ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class TelemetrySource(Protocol):
+    """What the metrics collector reads at scrape time."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    def peers_listing(self) -> list[dict[str, Any]]: ...

@@ -1,0 +1,83 @@
+"""Serve the HTTP API: ``await nursery.start(serve_api, node, cfg)``.
+
+The app (``app.py``) is served by ``h11server.H11Server``: h11 for HTTP/1.1, trio for the I/O, in
+the daemon's own trio loop and nursery tree (the module says why not hypercorn). The listening
+socket is bound here first, so a port in use is one clear error (``LocalError``) and port 0 works
+(the URL tells the port chosen).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+import trio
+
+from meshd.api.app import ApiApp
+from meshd.api.auth import KeyFile
+from meshd.api.h11server import H11Server
+from meshd.api.metrics import Metrics
+from meshd.config import Config, parse_listen
+from meshd.errors import LocalError
+
+log = logging.getLogger(__name__)
+KEYS_CHECK_INTERVAL_S = 1.0  # a new or revoked key takes effect within this long
+
+
+def bind_socket(listen: str) -> socket.socket:
+    host, port = parse_listen(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise LocalError(f"cannot listen on {listen} for the HTTP API ([api] listen): "
+                         f"{e.strerror}") from None
+    return sock
+
+
+def base_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/v1"
+
+
+def build_app(node: Any, cfg: Config) -> ApiApp:
+    keys = KeyFile(cfg.path(cfg.api.keys_file), open_access=cfg.api.auth == "none",
+                   check_interval_s=KEYS_CHECK_INTERVAL_S)
+    metrics = Metrics(node)
+    node.entry.observers.append(metrics.requests.observe)
+    return ApiApp(node, keys, metrics, max_body_bytes=cfg.api.max_body_bytes)
+
+
+async def serve_api(node: Any, cfg: Config, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve the API of ``node`` until cancelled; ``started`` with the base URL
+    (``http://HOST:PORT/v1``), which is also ``node.api_url``. With ``[api] listen = ""`` the API
+    is off: started with None at once."""
+    if not cfg.api.listen:
+        task_status.started(None)
+        return
+    app = build_app(node, cfg)
+    sock = bind_socket(cfg.api.listen)
+    url = base_url(sock)
+    node.api_url = url
+    if cfg.api.auth == "none":
+        log.warning("api listening without keys (auth = none) url=%s", url)
+    log.info("api listening url=%s auth=%s", url, cfg.api.auth)
+    server = H11Server(app, keep_alive_timeout_s=cfg.api.keep_alive_timeout_s)
+    await server.serve(sock, task_status=_Started(task_status, url))
+
+
+class _Started:
+    """Passes ``started(url)`` on where the server calls ``started(listeners)``."""
+
+    def __init__(self, inner: Any, url: str) -> None:
+        self.inner = inner
+        self.url = url
+
+    def started(self, value: Any = None) -> None:
+        self.inner.started(self.url)

@@ -1,0 +1,230 @@
+"""What a client asks the mesh for, checked once at the entry node.
+
+Every way into the mesh (the control socket's SUBMIT, the HTTP API) builds an ``EntryRequest``
+with ``parse_submit`` from SUBMIT-shaped fields, so every check happens here, once, with the
+rules the engine applies (``sampling_problem``, which ``meshd.engine.GenerationConfig`` uses
+too). A bad value is a ``ProtocolError`` (code ``malformed``) naming the field; nothing past the
+entry node ever sees it. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshd.errors import ProtocolError
+
+DEFAULT_MAX_TOKENS = 64  # what a request that names no max_tokens gets
+MAX_MAX_TOKENS = 4096  # the most one request may ask for, whatever the model's context
+MAX_ID_CHARS = 128  # request ids and client names
+MAX_NAME_CHARS = 256  # model, strategy, residency, pipeline mode, collection names
+MAX_PROMPT_CHARS = 512 * 1024  # fits the control socket's 1 MiB frame with room for the rest
+MAX_STOP_STRINGS = 8
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 256
+ROLES = ("system", "user", "assistant", "tool", "developer")
+STRATEGIES = ("meshd", "lwsq", "least_queue", "latency_only", "round_robin", "random",
+              "round_robin_lockstep")
+PIPELINE_MODES = ("auto", "never", "always")
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The sampling settings a request carries; None means the engine's default."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        """The settings that are set, as SUBMIT/REQ wire fields."""
+        out: dict[str, Any] = {}
+        for k in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = v
+        if self.stop:
+            out["stop"] = list(self.stop)
+        return out
+
+    @property
+    def greedy(self) -> bool:
+        """Deterministic output: temperature 0 (the engine's default is 0.8)."""
+        return self.temperature == 0
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRequest:
+    """One request as the entry node accepted it. ``prompt`` is text; ``messages`` (chat, from
+    the API) is rendered with the model's chat template; ``chat`` renders ``prompt`` as one user
+    message. ``max_tokens`` None means DEFAULT_MAX_TOKENS (the entry chain clamps it to the
+    model's limits once the model is known)."""
+
+    request_id: str
+    prompt: str | None
+    client: str = "local"
+    messages: tuple[Mapping[str, str], ...] | None = None
+    chat: bool = False
+    model: str | None = None
+    max_tokens: int | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    strategy: str | None = None
+    residency: str | None = None
+    pipeline: str | None = None
+    cache: bool | None = None  # None: the node's default (greedy requests cached)
+    rag: str | None = None  # a collection to retrieve context from
+    origin: str = "control"  # "control" or "http": where the request came in
+
+    @property
+    def wanted_tokens(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS
+
+
+def sampling_problem(
+    *, max_tokens: Any = 1, temperature: Any = 0.0, top_k: Any = 0, top_p: Any = 1.0,
+    repetition_penalty: Any = 1.0, seed: Any = None, stop: Any = (),
+) -> str | None:
+    """What is wrong with these sampling settings, in one line, or None. The engine's
+    ``GenerationConfig`` and the entry node's ``parse_submit`` both apply this rule."""
+    if not _is_int(max_tokens) or max_tokens < 1:
+        return f"max_tokens={max_tokens!r} must be an integer >= 1"
+    if not _is_num(temperature) or not temperature >= 0 or not math.isfinite(temperature):
+        return f"temperature={temperature!r} must be a finite number >= 0"
+    if not _is_int(top_k) or top_k < 0:
+        return f"top_k={top_k!r} must be an integer >= 0"
+    if not _is_num(top_p) or not 0 < top_p <= 1:
+        return f"top_p={top_p!r} must be in (0, 1]"
+    if not _is_num(repetition_penalty) or not repetition_penalty > 0 or not math.isfinite(repetition_penalty):
+        return f"repetition_penalty={repetition_penalty!r} must be a finite number > 0"
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
+        return f"seed={seed!r} must be an integer in [0, 2**63)"
+    if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
+        return "stop must be a list of non-empty strings"
+    return None
+
+
+def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryRequest:
+    """The request in SUBMIT-shaped ``fields`` (proto/registry.toml), checked; raises
+    ``ProtocolError`` naming the first bad field. ``new_id`` makes an id when none is given."""
+    rid = _text(fields, "rid", MAX_ID_CHARS, allow_empty=True) or new_id()
+    messages = _messages(fields.get("messages"))
+    prompt = fields.get("prompt")
+    if messages is None:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ProtocolError("prompt must be a non-empty string")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise ProtocolError(f"prompt is {len(prompt)} characters; the limit is {MAX_PROMPT_CHARS}")
+    elif prompt is not None:
+        raise ProtocolError("give either prompt or messages, not both")
+    max_tokens = fields.get("max_tokens")
+    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+        raise ProtocolError(f"max_tokens={max_tokens!r} must be an integer >= 1")
+    stop = fields.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, list | tuple) or len(stop) > MAX_STOP_STRINGS:
+        raise ProtocolError(f"stop must be a list of at most {MAX_STOP_STRINGS} strings")
+    if any(isinstance(s, str) and len(s) > MAX_STOP_CHARS for s in stop):
+        raise ProtocolError(f"each stop string is at most {MAX_STOP_CHARS} characters")
+    sampling = Sampling(
+        temperature=_num_or_none(fields, "temperature"),
+        top_k=fields.get("top_k"),
+        top_p=_num_or_none(fields, "top_p"),
+        repetition_penalty=_num_or_none(fields, "repetition_penalty"),
+        seed=fields.get("seed"),
+        stop=tuple(stop),
+    )
+    problem = sampling_problem(**_with_defaults(sampling))
+    if problem is not None:
+        raise ProtocolError(problem)
+    strategy = _text(fields, "strategy", MAX_NAME_CHARS)
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ProtocolError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
+    pipeline = _text(fields, "pipeline", MAX_NAME_CHARS)
+    if pipeline is not None and pipeline not in PIPELINE_MODES:
+        raise ProtocolError(f"pipeline must be one of {', '.join(PIPELINE_MODES)}, not {pipeline!r}")
+    cache = fields.get("cache")
+    if cache is not None and not isinstance(cache, bool):
+        raise ProtocolError("cache must be true or false")
+    chat = fields.get("chat", False)
+    if not isinstance(chat, bool):
+        raise ProtocolError("chat must be true or false")
+    return EntryRequest(
+        request_id=rid,
+        prompt=prompt if messages is None else None,
+        client=_text(fields, "client", MAX_ID_CHARS) or "local",
+        messages=messages,
+        chat=chat,
+        model=_text(fields, "model", MAX_NAME_CHARS),
+        max_tokens=max_tokens,
+        sampling=sampling,
+        strategy=strategy,
+        residency=_text(fields, "residency", MAX_NAME_CHARS),
+        pipeline=pipeline,
+        cache=cache,
+        rag=_text(fields, "rag", MAX_NAME_CHARS),
+        origin=str(fields.get("origin") or "control"),
+    )
+
+
+def _with_defaults(s: Sampling) -> dict[str, Any]:
+    out: dict[str, Any] = {"stop": s.stop, "seed": s.seed}
+    for k in ("temperature", "top_k", "top_p", "repetition_penalty"):
+        v = getattr(s, k)
+        if v is not None:
+            out[k] = v
+    return out
+
+
+def _messages(raw: Any) -> tuple[Mapping[str, str], ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list | tuple) or not raw or len(raw) > MAX_MESSAGES:
+        raise ProtocolError(f"messages must be a list of 1 to {MAX_MESSAGES} messages")
+    total = 0
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise ProtocolError(f"messages[{i}] must have a role ({', '.join(ROLES)}) and text content")
+        total += len(m["content"])
+        out.append({"role": m["role"], "content": m["content"]})
+    if total > MAX_PROMPT_CHARS:
+        raise ProtocolError(f"messages hold {total} characters; the limit is {MAX_PROMPT_CHARS}")
+    if not any(m["content"].strip() for m in out):
+        raise ProtocolError("messages must contain some text")
+    return tuple(out)
+
+
+def _text(fields: Mapping[str, Any], key: str, limit: int, *, allow_empty: bool = False) -> str | None:
+    v = fields.get(key)
+    if v is None or (allow_empty and v == ""):
+        return None
+    if not isinstance(v, str) or (not v and not allow_empty):
+        raise ProtocolError(f"{key} must be a non-empty string")
+    if len(v) > limit:
+        raise ProtocolError(f"{key} is {len(v)} characters; the limit is {limit}")
+    if any(ord(c) < 32 for c in v):
+        raise ProtocolError(f"{key} must not contain control characters")
+    return v
+
+
+def _num_or_none(fields: Mapping[str, Any], key: str) -> float | None:
+    v = fields.get(key)
+    if v is None:
+        return None
+    if not _is_num(v):
+        raise ProtocolError(f"{key}={v!r} must be a number")
+    return float(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)

@@ -1,0 +1,154 @@
+"""The entry chain: everything this node does with a request a client gave it, in order.
+
+    accept       the control socket's SUBMIT (meshd.node.control) or the HTTP API turn the
+                 client's message into an ``EntryRequest`` (meshd.core.request.parse_submit:
+                 every field checked once) and name the client (socket owner, or API key)
+    admit        a request id already in flight here is refused at once        (this module)
+    prepare      model, token ids, token budget and context check    (meshd.node.entry.prepare)
+    route        the pure decision: one node with fallbacks, or a pipeline
+                                                                        (meshd.node.entry.route)
+    execute      serve here, forward with hedging/failover, or drive the pipeline
+                                                                      (meshd.node.entry.execute)
+    record       journal, statistics, observers, however the request ended
+                                                                       (meshd.node.entry.record)
+
+``STEPS`` is the ordered list; a step is ``async def step(ctx, chain) -> None`` that reads and
+fills the ``EntryContext``, raises a ``MeshdError`` to refuse, or sets ``ctx.answer`` to answer
+early (an edge answer such as a cache hit: the steps after it are skipped). Adding a step is
+one module and one line here. Steps that decide call pure functions of ``meshd.core``.
+
+The whole chain runs under the request timeout: no client ever waits longer than
+``[routing] request_timeout_s`` for its answer or its error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from meshd.core.request import EntryRequest
+from meshd.errors import ErrorCode, MeshdError, RemoteError
+from meshd.node.entry.context import Emit, EntryContext, EntryHost
+from meshd.node.entry.execute import execute
+from meshd.node.entry.prepare import models_heard, prepare
+from meshd.node.entry.record import Observer, record
+from meshd.node.entry.route import route
+
+log = logging.getLogger(__name__)
+
+Step = Callable[[EntryContext, "EntryChain"], Awaitable[None]]
+
+
+async def _prepare(ctx: EntryContext, chain: EntryChain) -> None:
+    await prepare(ctx, chain.host)
+
+
+async def _route(ctx: EntryContext, chain: EntryChain) -> None:
+    await route(ctx, chain.host, chain.client_in_flight, chain.next_rr())
+
+
+async def _execute(ctx: EntryContext, chain: EntryChain) -> None:
+    await execute(ctx, chain.host, chain.client_in_flight)
+
+
+STEPS: tuple[tuple[str, Step], ...] = (
+    ("prepare", _prepare),
+    ("route", _route),
+    ("execute", _execute),
+)
+
+
+class EntryChain:
+    """The entry node's service: ``submit`` runs one request through ``STEPS``."""
+
+    def __init__(self, host: EntryHost, *, rr_offset: int = 0) -> None:
+        self.host = host
+        self.client_in_flight: dict[str, int] = {}  # requests running here, per client
+        self.in_flight: set[str] = set()  # request ids entered here and not yet answered
+        self.observers: list[Observer] = []
+        self._rr = itertools.count(rr_offset)
+        self.stats: dict[str, int] = {"submitted": 0, "answered": 0, "failed": 0,
+                                      "duplicate_ids": 0, "timeouts": 0, "cancelled": 0}
+
+    def next_rr(self) -> int:
+        """The round-robin position of the next routed request."""
+        return next(self._rr)
+
+    def new_request_id(self) -> str:
+        return uuid.uuid4().hex[:16]
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every model the mesh serves, from the gossiped view and this node."""
+        return [{"id": name, **row} for name, row in sorted(models_heard(self.host).items())]
+
+    def statistics(self) -> dict[str, Any]:
+        return {**self.stats, "in_flight": len(self.in_flight),
+                "client_in_flight": dict(self.client_in_flight)}
+
+    async def submit(self, req: EntryRequest, emit: Emit) -> dict[str, Any]:
+        """Run ``req`` through the chain; ``emit`` gets "route" and "tokens" events as they come.
+        Returns the answer's stats (``meshd.node.entry.execute.answer_fields``); raises a
+        ``RemoteError`` with the code to answer the client with. Cancelling the caller cancels
+        the request everywhere it runs."""
+        self.stats["submitted"] += 1
+        self.host.stats["requests_submitted"] += 1
+        rid = req.request_id
+        if rid in self.in_flight:
+            self.stats["duplicate_ids"] += 1
+            raise RemoteError(f"request id {rid!r} is already in flight at this node; "
+                              f"use a new id", ErrorCode.DUPLICATE_REQUEST)
+        self.in_flight.add(rid)
+        ctx = EntryContext(req, emit, self._journal(rid))
+        cancelled = True
+        timeout_s = self.host.config.routing.request_timeout_s
+        try:
+            with trio.move_on_after(timeout_s) as scope:
+                for name, step in STEPS:
+                    log.debug("entry step rid=%s step=%s", rid, name)
+                    await step(ctx, self)
+                    if ctx.answer is not None:
+                        break
+            cancelled = False
+            if scope.cancelled_caught:
+                self.stats["timeouts"] += 1
+                ctx.error = RemoteError(f"no answer within the request timeout of {timeout_s:g} s",
+                                        ErrorCode.DEADLINE)
+        except MeshdError as e:
+            cancelled = False
+            ctx.error = e if isinstance(e, RemoteError) else RemoteError(
+                str(e), getattr(e, "code", None) or ErrorCode.INTERNAL)
+        except Exception:
+            cancelled = False
+            log.exception("entry chain failed rid=%s", rid)
+            ctx.error = RemoteError("internal error; see the daemon log", ErrorCode.INTERNAL)
+        finally:
+            self.in_flight.discard(rid)
+            if cancelled:
+                self.stats["cancelled"] += 1
+            with trio.CancelScope(shield=True):
+                record(ctx, self.host, self.observers, cancelled)
+        if ctx.error is not None:
+            self.stats["failed"] += 1
+            raise ctx.error
+        self.stats["answered"] += 1
+        assert ctx.answer is not None
+        return ctx.answer
+
+    def _journal(self, rid: str) -> Callable[[str, dict[str, Any]], None]:
+        host = self.host
+
+        def journal(kind: str, payload: dict[str, Any]) -> None:
+            log.debug("request event rid=%s kind=%s %s", rid, kind, payload)
+            if host.store is not None:
+                try:
+                    host.store.record_event(rid, kind, node=host.node_name, payload=payload)
+                except Exception:  # the journal must never cost the client its request
+                    host.stats["journal_errors"] = host.stats.get("journal_errors", 0) + 1
+                    log.exception("journal write failed rid=%s kind=%s", rid, kind)
+
+        return journal

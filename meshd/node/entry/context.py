@@ -1,0 +1,87 @@
+"""What the entry chain's steps share: the request's context, and what they need of the node.
+
+``EntryContext`` is the request on its way through the chain: each step reads what earlier
+steps left in it and adds its own part (the model and token ids, the decision, the outcome, the
+answer). ``EntryHost`` is the narrow view of the node the steps use; ``meshd.node.node.Node``
+conforms, and a test may pass anything else that does.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from meshd.config import Config
+from meshd.core.decide import Decision
+from meshd.core.peertable import PeerTable
+from meshd.core.request import EntryRequest
+from meshd.core.snapshot import MeshSnapshot, Policy, RouteRequest
+from meshd.errors import MeshdError
+from meshd.node.forward import Outcome
+from meshd.node.runner import Runner
+
+Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+"""``await emit(kind, payload)``: "route" ({"served_by", "route"}) and "tokens" ({"ids", "text"})."""
+
+Journal = Callable[[str, dict[str, Any]], None]
+"""``journal(kind, payload)``: one event of the request in the node's journal (never raises)."""
+
+
+class EntryHost(Protocol):
+    """What the entry chain needs of the node."""
+
+    config: Config
+    runner: Runner
+    table: PeerTable
+    policy: Policy
+    rng: random.Random
+    store: Any  # meshd.store.AsyncStore or None
+    links: Any  # meshd.node.links.Links once the node runs
+    stage_links: Any  # meshd.node.stagelinks.StageLinks (pipelines)
+    node_name: str
+    peer_id: str
+    stats: dict[str, int]
+
+    def snapshot(self) -> MeshSnapshot: ...
+
+
+@dataclass(slots=True)
+class EntryContext:
+    """One request on its way through the entry chain (``meshd.node.entry.chain``)."""
+
+    req: EntryRequest
+    emit: Emit
+    journal: Journal
+    started: float = field(default_factory=time.perf_counter)
+    # prepare
+    model: str = ""
+    prompt_ids: list[int] = field(default_factory=list)  # empty: the serving node tokenizes
+    prompt_tokens: int = 0  # exact when prompt_ids are known, else an estimate
+    max_tokens: int = 0
+    notes: list[str] = field(default_factory=list)  # said to the client (e.g. a clamp)
+    # route
+    policy: Policy | None = None
+    route_req: RouteRequest | None = None
+    decision: Decision | None = None
+    # execute
+    outcome: Outcome | None = None
+    answer: dict[str, Any] | None = None  # the final stats; set when the request is answered
+    error: MeshdError | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # what later steps add (cache, rag, tier)
+
+    @property
+    def strategy(self) -> str:
+        return self.policy.strategy if self.policy is not None else ""
+
+    def wire_fields(self) -> dict[str, Any]:
+        """The request as REQ/STAGE_OPEN fields: token ids when this node tokenized it, the text
+        otherwise; the generation settings with the budget ``prepare`` settled."""
+        out: dict[str, Any] = {"rid": self.req.request_id, "model": self.model,
+                               "max_tokens": self.max_tokens, **self.req.sampling.fields()}
+        if not self.prompt_ids:
+            out["prompt"] = self.req.prompt or ""
+            out["chat"] = self.req.chat
+        return out

@@ -1,0 +1,159 @@
+"""Entry step "execute": carry out the decision and stream the answer to the client.
+
+One node (``Decision.route``): ``meshd.node.forward.serve_request`` runs it here or on a peer,
+with the decision's wait bounds, hedging and failover. A pipeline (``Decision.plan``):
+``meshd.node.pipeline.run_pipeline`` drives the chain of stages and replans around failures.
+Either way the client's requests in flight are counted (quotas read them) while it runs, and the
+answer is the same set of fields (``answer_fields``).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import aclosing
+from typing import Any
+
+from meshd.core.messages import MessageType
+from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
+from meshd.node.coalesce import pump_coalesced
+from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.node.forward import Outcome, Target, serve_request
+from meshd.node.gen_config import gen_config_from
+from meshd.node.pipeline import record_plan, run_pipeline
+
+log = logging.getLogger(__name__)
+
+
+async def execute(ctx: EntryContext, host: EntryHost, in_flight: dict[str, int]) -> None:
+    d = ctx.decision
+    assert d is not None
+    client = ctx.req.client
+    in_flight[client] = in_flight.get(client, 0) + 1
+    try:
+        if d.plan is not None:
+            outcome = await _pipeline(ctx, host)
+        else:
+            outcome = await _one_node(ctx, host)
+    finally:
+        in_flight[client] -= 1
+        if not in_flight[client]:
+            del in_flight[client]
+    ctx.outcome = outcome
+    if outcome.error is not None:
+        raise RemoteError(f"request failed: {outcome.error}", outcome.error_code or ErrorCode.INTERNAL)
+    ctx.answer = answer_fields(ctx, outcome)
+
+
+def answer_fields(ctx: EntryContext, outcome: Outcome) -> dict[str, Any]:
+    """The DONE stats every client gets (control socket and HTTP alike)."""
+    stats = outcome.stats()
+    n = len(outcome.tokens)
+    return {
+        **stats,
+        "request_id": ctx.req.request_id,
+        "text": "".join(outcome.text),
+        "token_ids": outcome.tokens,
+        "model": ctx.model,
+        "strategy": ctx.strategy,
+        "prompt_tokens": ctx.prompt_tokens,
+        "completion_tokens": n,
+        "finish_reason": "length" if n >= ctx.max_tokens else "stop",
+        "max_tokens": ctx.max_tokens,
+        "cached": False,
+        **({"notes": list(ctx.notes)} if ctx.notes else {}),
+        **({"pipeline": ctx.extra["pipeline"], "replans": ctx.extra["replans"]}
+           if "pipeline" in ctx.extra else {}),
+    }
+
+
+async def _one_node(ctx: EntryContext, host: EntryHost) -> Outcome:
+    d = ctx.decision
+    assert d is not None and d.route is not None
+    snap_local = host.peer_id
+    targets: dict[str, Target] = {}
+    for c in d.route.candidates:
+        if c.excluded_by is not None:
+            continue
+        t = Target(peer_id=c.peer_id, name=c.name, is_local=c.peer_id == snap_local)
+        if c.predicted_ttft_ms is not None:
+            t.predicted_ms = c.predicted_ttft_ms
+            t.known_ms = c.predicted_ttft_ms - c.queue_wait_ms
+            t.max_wait_ms = d.wait_bounds.get(c.peer_id)
+        targets[c.peer_id] = t
+    fields = ctx.wire_fields()
+
+    async def start_attempt(target: Target, resume: list[int], chan: Any) -> None:
+        await _attempt(host, target, resume, chan, fields, ctx.prompt_ids)
+
+    return await serve_request(
+        d.route, targets, start_attempt, ctx.emit,
+        entry_name=host.node_name,
+        hedge_after_s=d.hedge_ms / 1000.0 if d.hedge_ms else None,
+        first_token_timeout_s=host.config.routing.first_token_timeout_s,
+        journal=ctx.journal,
+    )
+
+
+async def _pipeline(ctx: EntryContext, host: EntryHost) -> Outcome:
+    d = ctx.decision
+    assert d is not None and d.plan is not None and ctx.policy is not None and ctx.route_req is not None
+    host.stats["requests_pipelined"] = host.stats.get("requests_pipelined", 0) + 1
+    record_plan(host, ctx.req.request_id, d.plan, ctx.route_req, ctx.policy)
+    ctx.journal("routed", {"target": " -> ".join(h.name for h in d.plan.hops), "pipeline": True,
+                           "resume_tokens": 0})
+    outcome, last = await run_pipeline(host, d.plan, ctx.route_req, ctx.wire_fields(),
+                                       ctx.prompt_ids, ctx.emit, ctx.journal, ctx.policy)
+    ctx.extra["pipeline"] = [f"{h.name}[{h.layer_start},{h.layer_end})" for h in last.hops]
+    ctx.extra["replans"] = len(outcome.retries)
+    return outcome
+
+
+async def _attempt(
+    host: EntryHost, target: Target, resume: list[int], chan: Any, fields: dict[str, Any],
+    prompt_ids: list[int],
+) -> None:
+    """One attempt on one target: the local runner, or a peer over its request stream. Reports
+    ("tokens", {"ids", "text"}) and ("done", {"stats"}) on ``chan``; raises on failure."""
+    model = fields["model"]
+    if target.is_local:
+        host.stats["requests_local"] += 1
+        ids = prompt_ids or host.runner.encode(model, fields.get("prompt", ""), chat=fields.get("chat", False))
+        gen = gen_config_from(fields, already=len(resume))
+
+        async def sink(batch: list[Any]) -> None:
+            await chan.send(("tokens", {"ids": [t.id for t in batch], "text": "".join(t.text for t in batch)}))
+
+        if gen is not None:
+            source = host.runner.generate(model, ids + resume, gen, max_wait_ms=target.max_wait_ms)
+            await pump_coalesced(source, 0.01, sink)
+        await chan.send(("done", {"stats": {}}))
+        return
+    host.stats["requests_forwarded"] += 1
+    assert host.links is not None
+    ch = await host.links.channel(target.peer_id)
+    host.table.note_sent(target.peer_id)
+    req = {
+        **fields,
+        "prompt_ids": prompt_ids,
+        "resume_ids": resume,
+        "deadline_ms": int(host.config.routing.request_timeout_s * 1000),
+        "hops": 1,
+        "origin": host.peer_id,
+    }
+    if target.max_wait_ms is not None:
+        req["max_wait_ms"] = int(target.max_wait_ms)
+    async with aclosing(ch.request(req)) as frames:
+        async for frame in frames:
+            t = frame["t"]
+            if t == MessageType.TOKENS:
+                await chan.send(("tokens", {"ids": frame["ids"], "text": frame.get("text", "")}))
+            elif t == MessageType.DONE:
+                await chan.send(("done", {"stats": frame.get("stats") or {}}))
+                return
+            elif t == MessageType.ERROR:
+                code = frame["code"]
+                if code == "busy":
+                    raise BusyError(f"{target.name} is busy: {frame['message']}",
+                                    wait_ms=frame.get("wait_ms"))
+                raise RemoteError(f"{target.name}: {frame['message']}", code)
+    raise PeerGoneError(f"{target.name} ended the request without an answer")

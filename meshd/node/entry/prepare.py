@@ -1,0 +1,95 @@
+"""Entry step "prepare": which model, the prompt's token ids, and how many tokens to generate.
+
+- The model: the one the request names, else the node's own default, else the model most nodes
+  of the mesh serve. A model nobody serves is refused here (``no_model``).
+- Token ids: when this node holds the model's tokenizer (it serves the model), the prompt is
+  tokenized here (chat messages through the model's chat template) and only the ids travel.
+  Otherwise the text goes, and the serving node tokenizes it.
+- The budget (``meshd.core.budget.token_budget``): max_tokens clamped to meshd's limit, and a
+  prompt that cannot fit the model's context refused before anything is forwarded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshd.core.budget import token_budget
+from meshd.errors import ErrorCode, RemoteError, UnknownModelError
+from meshd.node.entry.context import EntryContext, EntryHost
+
+
+async def prepare(ctx: EntryContext, host: EntryHost) -> None:
+    req = ctx.req
+    ctx.model = pick_model(host, req.model)
+    served = host.runner.get(ctx.model)
+    context = context_length(host, ctx.model)
+    if served is not None:
+        if req.messages is not None:
+            ctx.prompt_ids = host.runner.encode_messages(ctx.model, list(req.messages))
+        else:
+            ctx.prompt_ids = host.runner.encode(ctx.model, req.prompt or "", chat=req.chat)
+        ctx.prompt_tokens = len(ctx.prompt_ids)
+        ctx.max_tokens, note = token_budget(ctx.prompt_tokens, req.max_tokens, context)
+    else:
+        if req.messages is not None:
+            raise RemoteError(
+                f"this node does not hold the tokenizer of model {ctx.model!r}, so it cannot "
+                f"render chat messages for it; send the request to a node that serves it",
+                ErrorCode.UNSUPPORTED)
+        ctx.prompt_tokens = max(1, len(req.prompt or "") // 4)  # an estimate, for the router
+        # the serving node checks the context with the exact count
+        ctx.max_tokens, note = token_budget(0, req.max_tokens, None)
+    if note is not None:
+        ctx.notes.append(note)
+        ctx.journal("clamped", {"note": note})
+    ctx.journal("received", {"model": ctx.model, "prompt_tokens": ctx.prompt_tokens,
+                             "client": req.client, "max_tokens": ctx.max_tokens,
+                             "origin": req.origin})
+
+
+def pick_model(host: EntryHost, requested: str | None) -> str:
+    """The model to serve: the one asked for (if anybody serves it), else this node's default,
+    else the one most nodes serve."""
+    if requested:
+        if host.runner.get(requested) is not None or _heard_of(host, requested):
+            return requested
+        heard = models_heard(host)
+        raise UnknownModelError(f"no node of the mesh serves model {requested!r}"
+                                f" (served: {', '.join(sorted(heard)) or 'none yet'})")
+    local = host.runner.default_model()
+    if local is not None:
+        return local
+    heard = models_heard(host)
+    if not heard:
+        raise RemoteError("no model is served anywhere in the mesh yet", ErrorCode.NO_ROUTE)
+    return sorted(heard.items(), key=lambda kv: (-kv[1]["nodes"], kv[0]))[0][0]
+
+
+def _heard_of(host: EntryHost, model: str) -> bool:
+    return any(m.name == model for e in host.table.live() for m in e.advert.models)
+
+
+def models_heard(host: EntryHost) -> dict[str, dict[str, Any]]:
+    """Every model the mesh serves, from this node and the adverts it holds:
+    ``{name: {"nodes": how many serve some of its layers, "context_length": int | None}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in host.runner.models:
+        out[name] = {"nodes": 1, "context_length": host.runner.context_length(name)}
+    for e in host.table.live():
+        for m in e.advert.models:
+            row = out.setdefault(m.name, {"nodes": 0, "context_length": None})
+            row["nodes"] += 1
+            if row["context_length"] is None and m.context_length:
+                row["context_length"] = m.context_length
+    return out
+
+
+def context_length(host: EntryHost, model: str) -> int | None:
+    """The model's context in tokens: the local model's, else the one its servers advertise."""
+    if host.runner.get(model) is not None:
+        return host.runner.context_length(model)
+    for e in host.table.live():
+        for m in e.advert.models:
+            if m.name == model and m.context_length:
+                return m.context_length
+    return None

@@ -1,0 +1,95 @@
+"""Entry step "route": the pure decision (``meshd.core.decide.decide``) on a fresh snapshot.
+
+The snapshot carries the requests this node has in flight per client (the quota reads them);
+the decision is journaled for ``meshd explain``: every candidate with its prediction and
+score, or the pipeline plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from meshd.core.decide import Decision, decide
+from meshd.core.request import EntryRequest
+from meshd.core.routing import RouteDecision
+from meshd.core.snapshot import MeshSnapshot, Policy, RouteRequest
+from meshd.errors import RemoteError, RoutingError
+from meshd.node.entry.context import EntryContext, EntryHost
+
+
+def policy_for(host: EntryHost, req: EntryRequest) -> Policy:
+    """The node's policy, with the request's strategy when it names one."""
+    if req.strategy and req.strategy != host.policy.strategy:
+        return replace(host.policy, strategy=req.strategy)
+    return host.policy
+
+
+async def route(ctx: EntryContext, host: EntryHost, in_flight: dict[str, int], rr_index: int) -> None:
+    req = ctx.req
+    ctx.policy = policy = policy_for(host, req)
+    ctx.route_req = rreq = RouteRequest(
+        request_id=req.request_id, model=ctx.model, prompt_tokens=ctx.prompt_tokens,
+        max_tokens=ctx.max_tokens, residency=req.residency, client=req.client,
+    )
+    snap = host.snapshot()
+    if policy.client_quota:  # the quota reads the requests in flight per client
+        snap = _with_clients(snap, in_flight)
+    try:
+        ctx.decision = decide(rreq, snap, policy, host.rng, rr_index,
+                              pipeline_mode=req.pipeline, hedge=host.config.routing.hedge)
+    except RoutingError as e:  # QuotaError too, with its own code
+        raise RemoteError(str(e), e.code) from None
+    if host.store is not None and ctx.decision.route is not None:
+        record_decision(host.store, ctx.decision.route, rreq)
+
+
+def _with_clients(snap: MeshSnapshot, in_flight: dict[str, int]) -> MeshSnapshot:
+    """``snap`` with the requests in flight per client (its memo of indexes kept)."""
+    out = replace(snap, client_in_flight=dict(in_flight))
+    out.cache.update(snap.cache)
+    return out
+
+
+def record_decision(store: Any, decision: RouteDecision, req: RouteRequest) -> None:
+    rec = decision_record(decision, req)
+    names = {c["peer_id"]: c["name"] for c in rec["candidates"]}
+    store.record_decision(
+        req.request_id,
+        strategy=rec["strategy"],
+        candidates=rec["candidates"],
+        constraints={"applied": rec["constraints"], "model": req.model,
+                     "residency": req.residency, "client": req.client,
+                     "prompt_tokens": req.prompt_tokens},
+        chosen=names.get(decision.chosen, decision.chosen),
+        order=[names.get(p, p) for p in rec["order"]],
+    )
+
+
+def decision_record(decision: RouteDecision, req: RouteRequest) -> dict[str, Any]:
+    return {
+        "strategy": decision.strategy,
+        "model": req.model,
+        "prompt_tokens": req.prompt_tokens,
+        "residency": req.residency,
+        "constraints": list(decision.constraints),
+        "candidates": [
+            {
+                "name": c.name,
+                "peer_id": c.peer_id,
+                "predicted_ttft_ms": c.predicted_ttft_ms,
+                "rtt_ms": c.rtt_ms,
+                "rtt_source": c.rtt_source,
+                "queue_wait_ms": c.queue_wait_ms,
+                "prefill_ms": c.prefill_ms,
+                "score": c.score,
+                "excluded_by": c.excluded_by,
+            }
+            for c in decision.candidates
+        ],
+        "order": list(decision.order),
+        "chosen": decision.chosen,
+    }
+
+
+__all__ = ["Decision", "decision_record", "policy_for", "route"]
