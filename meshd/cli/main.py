@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "peers",
     "explain",
     "audit",
+    "cache",
     "keys",
     "model",
     "embed",

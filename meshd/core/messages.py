@@ -44,6 +44,7 @@ class MessageType(enum.IntEnum):
     PUSH_REVOCATION = 15
     OK = 16
     AUDIT_REQ = 17
+    CACHE_REQ = 18
     # Peer request protocol (entry node <-> serving node), multiplexed by request id
     REQ = 20
     PING = 22
@@ -168,6 +169,7 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("chat", F.BOOL, nullable=False),
         _opt("pipeline", F.STR),
         *_GEN,
+        _opt("cache", F.BOOL),  # false keeps the request out of the semantic cache
     ),
     _m(
         MessageType.TOKENS,
@@ -294,6 +296,11 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("n", F.INT),
         _opt("kind", F.STR),
     ),
+    _m(
+        MessageType.CACHE_REQ,
+        "the semantic cache: op 'stats' or 'clear'; answered by OK {data: statistics}",
+        Field("op", F.STR),
+    ),
 )
 
 REGISTRY: dict[int, MessageSpec] = {s.type_id: s for s in SPECS}
@@ -309,6 +316,7 @@ CONTROL_TYPES = frozenset(
         MessageType.CANCEL,
         MessageType.PUSH_REVOCATION,
         MessageType.AUDIT_REQ,
+        MessageType.CACHE_REQ,
     )
 )
 CONTROL_REPLY_TYPES = frozenset(

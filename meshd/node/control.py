@@ -46,8 +46,19 @@ class ControlService:
                 MessageType.OK,
                 {"data": {"version": rl.version if rl else 0, "disconnected": gone}},
             )
+        elif t == MessageType.CACHE_REQ:
+            await out.send(MessageType.OK, {"data": await self.cache(msg["op"])})
         else:
             raise RemoteError(f"message {t} is not a request", ErrorCode.UNSUPPORTED)
+
+    async def cache(self, op: str) -> dict[str, Any]:
+        """``meshd cache stats|clear``."""
+        cache = self.node.edge_cache
+        if op == "clear":
+            return {"cleared": await cache.clear(), **cache.statistics()}
+        if op == "stats":
+            return cache.statistics()
+        raise RemoteError(f"cache op must be stats or clear, not {op!r}", ErrorCode.MALFORMED)
 
     async def submit(self, msg: Message, out: FramedStream) -> None:
         chain = self.node.entry

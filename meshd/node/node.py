@@ -48,6 +48,7 @@ from meshd.net.gossip import Gossip, open_gossip
 from meshd.net.identity import NodeIdentity
 from meshd.node.autoplace import AutoPlacer
 from meshd.node.control import ControlService
+from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry import EntryChain
 from meshd.node.links import Links
 from meshd.node.runner import Runner
@@ -119,7 +120,9 @@ class Node:
         self.placer = AutoPlacer(self)  # layers = "auto"
         # what this node does with a request a client gave it; a round-robin counter that starts
         # where this node's identity says, so independent entry nodes do not walk in step
-        self.entry = EntryChain(self, rr_offset=round_robin_offset(self.peer_id, config.routing.strategy))
+        self.edge_cache = EdgeCache(config)  # the semantic cache (docs/cache.md)
+        self.entry = EntryChain(self, rr_offset=round_robin_offset(self.peer_id, config.routing.strategy),
+                                cache=self.edge_cache)
         self.control = ControlService(self)
         self.host: Any = None
         self.gossip: Gossip | None = None
@@ -184,6 +187,7 @@ class Node:
                     await nursery.start(self.stage_server.run)
                     await nursery.start(self.stage_links.run)
                     await nursery.start(self.placer.run)
+                    await nursery.start(self.edge_cache.run)
                     self.host.set_stream_handler(STAGE_PROTOCOL, self._guarded(self.stage_links.on_stream))
                     nursery.start_soon(self._receive_adverts, adverts)
                     nursery.start_soon(self._receive_revocations, revocations)

@@ -40,6 +40,8 @@ def node_status(self: Node) -> dict[str, Any]:
             "request_server": dict(self.server.stats),
             "stage_server": self.stage_server.statistics(),
             "placement": self.placer.statistics(),
+            "entry": self.entry.statistics(),
+            "cache": self.edge_cache.statistics(),
             "upstreams": {s.name: s.model.statistics() for s in self.runner.models.values()
                           if hasattr(s.model, "base_url")},  # [[models]] upstream
         },

@@ -35,6 +35,9 @@ EVENT_KINDS = frozenset(
         "done",
         "failed",
         "cancelled",
+        "clamped",
+        "cache_hit",
+        "cache_skip",
     }
 )
 
