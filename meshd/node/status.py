@@ -40,6 +40,7 @@ def node_status(self: Node) -> dict[str, Any]:
             "request_server": dict(self.server.stats),
             "stage_server": self.stage_server.statistics(),
             "placement": self.placer.statistics(),
+            "tokenizers": self.tokenizers.statistics(),
         },
     }
 
