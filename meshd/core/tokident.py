@@ -8,7 +8,9 @@ sha256 over exactly those:
            eos_token_ids, bos_token, eos_token, chat_template]))
 
 as 64 lowercase hex digits. Adverts carry it per model (``tok``); a request tokenized at the
-entry names it (``tok``), so an entry node and a serving node can never disagree on the ids.
+entry names it (``tok``: its first 16 hex digits, 64 bits, enough to tell tokenizers apart and
+48 bytes fewer on every request), so an entry node and a serving node can never disagree on the
+ids.
 
 A **bundle** is what travels (TOK_PART frames, in chunks under the request frame cap) and what
 an entry node caches on disk: a msgpack map ``{"v": 1, "json": <tokenizer.json bytes>, "meta":
@@ -33,6 +35,8 @@ BUNDLE_VERSION = 1
 MAX_BUNDLE_BYTES = 64 << 20  # the largest tokenizers in use are ~35 MB of JSON
 CHUNK_BYTES = 512 << 10  # one TOK_PART's data: well under the 1 MiB request-frame cap
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX = re.compile(r"[0-9a-f]{16,64}")
+SHORT_ID_CHARS = 16  # what a request names of the identity
 
 
 class BundleMismatch(ProtocolError):
@@ -58,6 +62,19 @@ class TokenizerMeta:
 def is_identity(value: object) -> bool:
     """Whether ``value`` is a tokenizer identity this version understands."""
     return isinstance(value, str) and _HEX64.fullmatch(value) is not None
+
+
+def short_id(identity: str) -> str:
+    """The part of an identity a request carries (``tok`` of REQ and STAGE_OPEN)."""
+    return identity[:SHORT_ID_CHARS]
+
+
+def names(tok: object, identity: str) -> bool:
+    """Whether a request's ``tok`` names ``identity``. ``ProtocolError`` when ``tok`` is not 16
+    to 64 lowercase hex digits."""
+    if not isinstance(tok, str) or _HEX.fullmatch(tok) is None:
+        raise ProtocolError("tok must be 16 to 64 lowercase hex digits of a tokenizer identity")
+    return identity.startswith(tok)
 
 
 def tokenizer_identity(tokenizer_json: bytes, meta: TokenizerMeta) -> str:

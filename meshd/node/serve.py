@@ -19,7 +19,7 @@ import trio
 
 from meshd.core.messages import MessageType
 from meshd.core.packing import unpack_ids
-from meshd.core.tokident import chunks
+from meshd.core.tokident import chunks, names
 from meshd.core.wire import Message
 from meshd.errors import ErrorCode, MeshdError, PeerGoneError, ProtocolError, RemoteError
 from meshd.net.framed import FramedStream
@@ -172,7 +172,7 @@ class RequestServer:
         model = msg["model"]
         tok = msg.get("tok")
         mine = self.runner.tokenizer_identity(model)
-        if tok and mine and tok != mine:
+        if tok is not None and mine and not names(tok, mine):
             raise RemoteError(f"the prompt was tokenized with tokenizer {tok[:12]}; {model} on "
                               f"{self.node_name} uses {mine[:12]}", ErrorCode.NO_MODEL)
         if msg.get("prompt_packed") is not None:

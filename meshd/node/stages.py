@@ -28,6 +28,7 @@ import trio
 
 from meshd.core.messages import MessageType
 from meshd.core.packing import unpack_ids
+from meshd.core.tokident import names
 from meshd.core.wire import Message
 from meshd.errors import ErrorCode, MeshdError, PeerGoneError, RemoteError
 from meshd.node.activations import WIRE_DTYPES, decode_tensor, encode_hidden
@@ -298,7 +299,7 @@ class StageServer:
             from meshd.node.generation import gen_config_from
 
             tok, mine = msg.get("tok"), self.runner.tokenizer_identity(sess.model)
-            if tok and mine and tok != mine:
+            if tok is not None and mine and not names(tok, mine):
                 raise RemoteError(f"the prompt was tokenized with tokenizer {tok[:12]}; "
                                   f"{sess.model} here uses {mine[:12]}", ErrorCode.NO_MODEL)
             if msg.get("prompt_packed") is not None:

@@ -19,6 +19,8 @@ from meshd.core.tokident import (
     decode_bundle,
     encode_bundle,
     is_identity,
+    names,
+    short_id,
     tokenizer_identity,
 )
 from meshd.core.wire import pack
@@ -119,3 +121,12 @@ def test_adverts_carry_the_identity_and_older_adverts_decode() -> None:
     body["models"][0]["tok"] = 7
     with pytest.raises(ProtocolError, match="tok"):
         decode_advert(pack(body))
+
+
+def test_a_request_names_a_tokenizer_by_a_prefix_of_its_identity() -> None:
+    ident = tokenizer_identity(JSON, META)
+    assert short_id(ident) == ident[:16] and names(short_id(ident), ident) and names(ident, ident)
+    assert not names("0" * 16 if not ident.startswith("0" * 16) else "1" * 16, ident)
+    for bad in ("", "abc", ident[:15], ident.upper()[:16], ident + "0", 7):
+        with pytest.raises(ProtocolError, match="16 to 64"):
+            names(bad, ident)

@@ -211,15 +211,20 @@ def test_the_server_reads_packed_ids_lists_and_text() -> None:
     dtype, data = pack_ids([3, 999, 0], 1000)
     assert srv.prompt_ids(_req(prompt_packed=data, prompt_dtype=dtype, tok="aa" * 32)) == [3, 999, 0]
     assert srv.prompt_ids(_req(prompt_packed=data, prompt_dtype=dtype)) == [3, 999, 0]
+    assert srv.prompt_ids(_req(prompt_packed=data, prompt_dtype=dtype, tok="aa" * 8)) == [3, 999, 0]
     assert srv.prompt_ids(_req(prompt_ids=[5, 6])) == [5, 6]  # an older entry node
     assert srv.prompt_ids(_req(prompt="hi")) == [ord("h"), ord("i")]
     assert {k: srv.stats[k] for k in ("prompts_packed", "prompts_ids", "prompts_text")} == {
-        "prompts_packed": 2, "prompts_ids": 1, "prompts_text": 1}
+        "prompts_packed": 3, "prompts_ids": 1, "prompts_text": 1}
 
 
 @pytest.mark.parametrize(("prompt", "code", "says"), [
     ({"prompt_packed": b"\x01\x00", "prompt_dtype": "u16", "tok": "bb" * 32}, "no_model",
      "tokenized with tokenizer bbbb"),
+    ({"prompt_packed": b"\x01\x00", "prompt_dtype": "u16", "tok": "bb" * 8}, "no_model",
+     "tokenized with tokenizer bbbb"),
+    ({"prompt_packed": b"\x01\x00", "prompt_dtype": "u16", "tok": "aaaa"}, "malformed",
+     "16 to 64 lowercase hex"),
     ({"prompt_packed": pack_ids([1000], 4096)[1], "prompt_dtype": "u16"}, "malformed",
      "outside the vocabulary"),
     ({"prompt_packed": b"\x01\x00\x02", "prompt_dtype": "u16"}, "malformed", "whole number"),

@@ -20,6 +20,7 @@ from meshd.core.packing import pack_ids, vocab_bound
 from meshd.core.peertable import PeerTable
 from meshd.core.request import EntryRequest
 from meshd.core.snapshot import MeshSnapshot, Policy, RouteRequest
+from meshd.core.tokident import short_id
 from meshd.errors import MeshdError
 from meshd.node.forward import Outcome
 from meshd.node.runner import Runner
@@ -90,7 +91,7 @@ class EntryContext:
             out["prompt"] = self.req.prompt or ""
             out["chat"] = self.req.chat
         elif self.tokenizer:
-            out["tok"] = self.tokenizer
+            out["tok"] = short_id(self.tokenizer)
         return out
 
     def packed_prompt(self) -> dict[str, Any]:

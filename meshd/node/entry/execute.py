@@ -111,6 +111,25 @@ async def _pipeline(ctx: EntryContext, host: EntryHost) -> Outcome:
     return outcome
 
 
+def req_fields(fields: dict[str, Any], prompt_ids: list[int], packed: dict[str, Any],
+               resume: list[int], *, deadline_ms: int, origin: str,
+               max_wait_ms: float | None = None) -> dict[str, Any]:
+    """The REQ an entry node sends a peer: the request's ``fields`` (``EntryContext.wire_fields``)
+    and its prompt ids, packed when ``packed`` (``EntryContext.packed_prompt``) is given."""
+    req = {
+        **fields,
+        "prompt_ids": prompt_ids,
+        **packed,
+        "resume_ids": resume,
+        "deadline_ms": deadline_ms,
+        "hops": 1,
+        "origin": origin,
+    }
+    if max_wait_ms is not None:
+        req["max_wait_ms"] = int(max_wait_ms)
+    return req
+
+
 async def _attempt(
     host: EntryHost, target: Target, resume: list[int], chan: Any, fields: dict[str, Any],
     prompt_ids: list[int], packed: dict[str, Any],
@@ -138,17 +157,9 @@ async def _attempt(
     ch = await host.links.channel(target.peer_id)
     host.table.note_sent(target.peer_id)
     peer = host.table.get(target.peer_id)
-    req = {
-        **fields,
-        "prompt_ids": prompt_ids,
-        **(packed if packed and takes_packed(peer.advert if peer else None, model) else {}),
-        "resume_ids": resume,
-        "deadline_ms": int(host.config.routing.request_timeout_s * 1000),
-        "hops": 1,
-        "origin": host.peer_id,
-    }
-    if target.max_wait_ms is not None:
-        req["max_wait_ms"] = int(target.max_wait_ms)
+    req = req_fields(fields, prompt_ids, packed if takes_packed(peer.advert if peer else None, model)
+                     else {}, resume, deadline_ms=int(host.config.routing.request_timeout_s * 1000),
+                     origin=host.peer_id, max_wait_ms=target.max_wait_ms)
     async with aclosing(ch.request(req)) as frames:
         async for frame in frames:
             t = frame["t"]
