@@ -93,6 +93,12 @@ class RoutingConfig:
     first_token_timeout_s: float = 20.0
     model_allow: tuple[str, ...] = ()
     quotas: dict[str, int] = field(default_factory=dict)
+    # edge tokenization (docs/edge-tokenization.md): a request for a model this node does not
+    # serve is tokenized here with the model's tokenizer, fetched from a peer that advertises it
+    # and cached under data_dir/tokenizers; a request waits at most tokenizer_wait_s for a fetch
+    # (else its text is forwarded, as with edge_tokenize = false)
+    edge_tokenize: bool = True
+    tokenizer_wait_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -265,6 +271,8 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[routing] wait_bound_min_ms", "must be >= 0")
     if cfg.routing.max_hops < 1:
         raise bad("[routing] max_hops", "must be >= 1")
+    if cfg.routing.tokenizer_wait_s < 0:
+        raise bad("[routing] tokenizer_wait_s", "must be >= 0")
     if cfg.engine.providers not in ("auto", "cpu", "cuda", "tensorrt"):
         raise bad("[engine] providers", "must be auto, cpu, cuda or tensorrt")
     c = cfg.cache

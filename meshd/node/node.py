@@ -56,6 +56,7 @@ from meshd.node.serve import RequestServer
 from meshd.node.stagelinks import StageLinks
 from meshd.node.stages import StageServer
 from meshd.node.status import node_status, peers_listing
+from meshd.node.tokenizers import TokenizerService
 from meshd.node.view import build_snapshot, coord_of
 from meshd.paths import control_socket_path
 
@@ -118,6 +119,7 @@ class Node:
         self.stage_links = StageLinks(self, self.stage_server)
         self.stage_server.links = self.stage_links
         self.placer = AutoPlacer(self)  # layers = "auto"
+        self.tokenizers = TokenizerService(self)  # edge tokenization: docs/edge-tokenization.md
         # what this node does with a request a client gave it; a round-robin counter that starts
         # where this node's identity says, so independent entry nodes do not walk in step
         self.edge_cache = EdgeCache(config)  # the semantic cache (docs/cache.md)
@@ -188,6 +190,7 @@ class Node:
                     await nursery.start(self.stage_links.run)
                     await nursery.start(self.placer.run)
                     await nursery.start(self.edge_cache.run)
+                    await nursery.start(self.tokenizers.run)
                     self.host.set_stream_handler(STAGE_PROTOCOL, self._guarded(self.stage_links.on_stream))
                     nursery.start_soon(self._receive_adverts, adverts)
                     nursery.start_soon(self._receive_revocations, revocations)
@@ -251,6 +254,7 @@ class Node:
                     prefill_ms_per_layer_token=round(self.stage_server.speed(s.name).prefill_ms_per_layer_token, 4),
                     decode_ms_per_layer=round(self.stage_server.speed(s.name).decode_ms_per_layer, 4),
                     context_length=self.runner.context_length(s.name) or 0,
+                    tokenizer=self.runner.tokenizer_identity(s.name),
                 )
             )
         served = list(self.runner.models.values())

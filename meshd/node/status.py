@@ -44,6 +44,7 @@ def node_status(self: Node) -> dict[str, Any]:
             "cache": self.edge_cache.statistics(),
             "upstreams": {s.name: s.model.statistics() for s in self.runner.models.values()
                           if hasattr(s.model, "base_url")},  # [[models]] upstream
+            "tokenizers": self.tokenizers.statistics(),
         },
     }
 

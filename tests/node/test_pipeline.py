@@ -384,6 +384,24 @@ def test_unservable_model_fails_cleanly(mesh: dict[str, Any]) -> None:
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "nothing" in proc.stderr
 
 
+@pytest.mark.slow
+def test_an_entry_without_the_model_sends_the_last_stage_packed_ids(mesh: dict[str, Any],
+                                                                     reference: Any) -> None:
+    """Edge tokenization (docs/edge-tokenization.md): the entry node serves nothing, fetches
+    the model's tokenizer from a stage, and the last stage gets the prompt as packed ids."""
+    def held() -> Any:
+        reply = trio.run(call, sock(mesh, "entry"), MessageType.STATUS_REQ, {})
+        return reply["data"]["services"]["tokenizers"]["held"]
+
+    wait_for(held, 30, "the entry node to hold the tokenizer its peers advertise")
+    before = stage_stats(mesh, "s3")
+    out = submit(mesh, "entry", "tiny3", PROMPTS[2])
+    after = stage_stats(mesh, "s3")
+    assert out["token_ids"] == reference(PROMPTS[2], TOKENS)
+    assert after["prompts_packed"] - before["prompts_packed"] == 1
+    assert after["prompts_text"] == before["prompts_text"]
+
+
 async def _stream(socket: str, fields: dict[str, Any],
                   on_token: Callable[[int, dict[str, Any]], Any] | None = None) -> dict[str, Any]:
     route: dict[str, Any] = {}
