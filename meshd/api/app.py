@@ -270,6 +270,8 @@ def _route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]
     names = route.get("route")
     if names:
         out.append((b"x-meshd-route", ",".join(str(n) for n in names).encode()))
+    if route.get("cached"):
+        out.append((b"x-meshd-cache", b"hit"))  # answered from the entry node's semantic cache
     return out
 
 

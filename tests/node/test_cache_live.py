@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -69,6 +70,17 @@ def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any
     s2 = sock(mesh, "c2")
     wait_for(lambda: cache_stats(s2)["state"] == "ready", 180, "c2's semantic cache to load")
     assert not ask(s2, PARAPHRASE, client="alice")["cached"]
+    # the HTTP API marks a hit with x-meshd-cache (the testnet's key is client "testnet")
+    n1 = next(n for n in mesh["index"]["nodes"] if n["name"] == "c1")
+    key = (Path(mesh["dir"]) / "api-key").read_text().strip()
+    body = {"model": "tiny-en", "prompt": ASKED, "max_tokens": 12, "temperature": 0}
+    for expect_hit in (False, True):
+        if expect_hit:
+            wait_for(lambda: cache_stats(s1)["inserts"] >= 2, 30, "the API answer to be stored")
+        r = httpx.post(f"{n1['api_url']}/completions", json=body, timeout=60,
+                       headers={"authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        assert (r.headers.get("x-meshd-cache") == "hit") is expect_hit
     # explain shows the hit: the journal of the request has the cache_hit event
     rid = again["request_id"]
     explained = json.loads(meshd("explain", rid, "--json", "--socket", s1).stdout)

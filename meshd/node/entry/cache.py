@@ -68,7 +68,7 @@ async def edge_answer(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> N
     ttft_ms = (time.perf_counter() - ctx.started) * 1000.0
     ctx.journal("cache_hit", {"similarity": _round(got.similarity), "entry": got.entry_id,
                               "threshold": _round(got.threshold)})
-    await ctx.emit("route", {"served_by": host.node_name, "route": [host.node_name]})
+    await ctx.emit("route", {"served_by": host.node_name, "route": [host.node_name], "cached": True})
     ids: list[int] = []
     if host.runner.get(ctx.model) is not None:
         ids = host.runner.encode(ctx.model, answer)
