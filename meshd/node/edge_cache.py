@@ -97,6 +97,21 @@ class EdgeCache:
             self.stats["errors"] += 1
             log.exception("semantic cache insert failed")
 
+    async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
+        """(model name, vectors, tokens read) with the cache's embedding model."""
+        from meshd.errors import ErrorCode, RemoteError
+
+        if self.cache is None:
+            raise RemoteError(f"this node has no embedding model: {self.reason}", ErrorCode.UNSUPPORTED)
+        embedder = self.cache.embedder
+
+        def work() -> tuple[list[list[float]], int]:
+            tokens = sum(len(ids) for ids in embedder.token_ids(texts))
+            return embedder.embed(texts).tolist(), tokens
+
+        vectors, tokens = await trio.to_thread.run_sync(work, limiter=self._limiter)
+        return str(getattr(embedder, "name", "embedding")), vectors, tokens
+
     async def clear(self) -> int:
         """Drop every entry; returns how many there were."""
         if self.cache is None:

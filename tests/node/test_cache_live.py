@@ -81,6 +81,21 @@ def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any
                        headers={"authorization": f"Bearer {key}"})
         assert r.status_code == 200, r.text
         assert (r.headers.get("x-meshd-cache") == "hit") is expect_hit
+    # POST /v1/embeddings answers with the node's sentence-embedding model, in OpenAI's shape
+    r = httpx.post(f"{n1['api_url']}/embeddings", timeout=60,
+                   json={"input": [ASKED, PARAPHRASE, "Who wrote the Iliad?"]},
+                   headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["object"] == "list" and got["model"] == "all-minilm-l6-v2"
+    vecs = [d["embedding"] for d in got["data"]]
+    assert [d["index"] for d in got["data"]] == [0, 1, 2] and len(vecs[0]) == 384
+    dot = [sum(a * b for a, b in zip(vecs[0], v, strict=True)) for v in vecs]
+    assert abs(dot[0] - 1) < 1e-4 and dot[1] > 0.9 > dot[2]  # paraphrase near, other far
+    assert got["usage"]["prompt_tokens"] > 0
+    bad = httpx.post(f"{n1['api_url']}/embeddings", json={"input": []}, timeout=30,
+                     headers={"authorization": f"Bearer {key}"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
     # explain shows the hit: the journal of the request has the cache_hit event
     rid = again["request_id"]
     explained = json.loads(meshd("explain", rid, "--json", "--socket", s1).stdout)

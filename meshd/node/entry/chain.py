@@ -107,6 +107,13 @@ class EntryChain:
         """Every model the mesh serves, from the gossiped view and this node."""
         return [{"id": name, **row} for name, row in sorted(models_heard(self.host).items())]
 
+    async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
+        """Sentence embeddings with this node's model (the semantic cache's), for the API."""
+        if self.cache is None:
+            raise RemoteError("this node runs no semantic cache, so no embedding model",
+                              ErrorCode.UNSUPPORTED)
+        return await self.cache.embed(texts)
+
     def statistics(self) -> dict[str, Any]:
         return {**self.stats, "in_flight": len(self.in_flight),
                 "client_in_flight": dict(self.client_in_flight)}
