@@ -24,8 +24,8 @@ each.
 ``--daemon`` also times what a daemon does per submitted request around the router, with N
 peers in its table: build the snapshot from the peer table (``table.live()`` and
 ``meshd.node.view.build_snapshot``, which keeps what it derives from each advert in the table's
-entries), ask the pipeline planner (``choose_pipeline``), then route on that fresh (cold)
-snapshot. Two cases: ``steady`` (the table did not change since the last request: only the
+entries), then ``meshd.core.decide.decide`` on that fresh (cold) snapshot (the pipeline
+planner's check, the router, wait bounds and hedge deadline, as the entry chain's route step). Two cases: ``steady`` (the table did not change since the last request: only the
 time moved) and ``churn`` (between two requests ``--churn`` peers sent a new advert, as many
 RTT samples came in, and our own coordinate moved, so every Vivaldi estimate is taken again).
 A third case, ``stages``, is ``steady`` with two of the peers serving half the model each, so
@@ -132,7 +132,7 @@ def daemon_path(n: int, rounds: int, churn: int = 0, stages: bool = False) -> di
     requests (outside the timed steps: what the next snapshot pays for them is timed); with
     ``stages``, peers 1 and 2 serve layers [0, 16) and [16, 32) instead of the whole model."""
     from meshd.core.advert import Advert, ModelAdvert
-    from meshd.core.decide import choose_pipeline
+    from meshd.core.decide import decide
     from meshd.core.peertable import PeerTable
     from meshd.node.view import build_snapshot, coord_of
 
@@ -159,7 +159,7 @@ def daemon_path(n: int, rounds: int, churn: int = 0, stages: bool = False) -> di
     assert coord is not None
     policy = Policy()
     req = RouteRequest("r", "llama-3-8b", 300, 100)
-    steps: dict[str, list[float]] = {"build_snapshot": [], "plan": [], "route_cold": [], "total": []}
+    steps: dict[str, list[float]] = {"build_snapshot": [], "decide": [], "total": []}
     seq = 1
     for k in range(rounds):
         now = 6.0 + k * 0.001
@@ -173,12 +173,9 @@ def daemon_path(n: int, rounds: int, churn: int = 0, stages: bool = False) -> di
         t0 = time.perf_counter()
         snap = build_snapshot(local, table.live(), coord, now)
         t1 = time.perf_counter()
-        choose_pipeline(req, snap, policy, None)
-        t2 = time.perf_counter()
-        route(req, snap, policy, rng, k)
+        decide(req, snap, policy, rng, k)  # what the entry chain's route step calls
         t3 = time.perf_counter()
-        for name, dt in (("build_snapshot", t1 - t0), ("plan", t2 - t1), ("route_cold", t3 - t2),
-                         ("total", t3 - t0)):  # fmt: skip
+        for name, dt in (("build_snapshot", t1 - t0), ("decide", t3 - t1), ("total", t3 - t0)):
             steps[name].append(dt * 1000.0)
     return {name: statistics.median(v) for name, v in steps.items()}
 
@@ -220,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     daemon: list[dict[str, float]] = []
     if args.daemon:
-        print(f"\n{'peers':>6} {'case':<7} {'build snapshot':>15} {'plan':>8} {'route (cold)':>13} "
+        print(f"\n{'peers':>6} {'case':<7} {'build snapshot':>15} {'decide':>8} "
               f"{'total':>8}  (ms per request, median)")
         for n in sizes:
             for case, churn in (("steady", 0), ("churn", args.churn), ("stages", 0)):
@@ -231,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                     rounds = max(3, min(50, 2_000 // n))
                 d = daemon_path(n, rounds, churn=churn, stages=case == "stages")
                 daemon.append({"nodes": n, "case": case, "churn": churn, **d})
-                print(f"{n:>6} {case:<7} {d['build_snapshot']:>15.2f} {d['plan']:>8.2f} "
-                      f"{d['route_cold']:>13.2f} {d['total']:>8.2f}", flush=True)
+                print(f"{n:>6} {case:<7} {d['build_snapshot']:>15.2f} {d['decide']:>8.2f} "
+                      f"{d['total']:>8.2f}", flush=True)
     if args.out:
         meta = {
             "python": platform.python_version(),

@@ -66,6 +66,15 @@ class ModelConfig:
     # with layers = "auto": how many layers this node has room for (0: every layer that fits in
     # half of the free memory at start); the range itself follows the mesh's weakest coverage
     max_layers: int = 0
+    # serve the model by forwarding to an OpenAI-compatible server (vLLM, llama-server, TGI,
+    # Ollama, another meshd) instead of a local ONNX model: its base URL ("http://HOST:PORT/v1"),
+    # the model name it knows, a file holding its API key (if it wants one), and the context
+    # length to advertise (0: unknown, the upstream checks). `name` is required with upstream.
+    upstream: str = ""
+    upstream_model: str = ""
+    upstream_key_file: str = ""
+    upstream_timeout_s: float = 30.0  # connect and first-token deadline of one upstream call
+    context_length: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,12 @@ class RoutingConfig:
     first_token_timeout_s: float = 20.0
     model_allow: tuple[str, ...] = ()
     quotas: dict[str, int] = field(default_factory=dict)
+    # edge tokenization (docs/edge-tokenization.md): a request for a model this node does not
+    # serve is tokenized here with the model's tokenizer, fetched from a peer that advertises it
+    # and cached under data_dir/tokenizers; a request waits at most tokenizer_wait_s for a fetch
+    # (else its text is forwarded, as with edge_tokenize = false)
+    edge_tokenize: bool = True
+    tokenizer_wait_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -102,7 +117,31 @@ class ApiConfig:
     keys_file: str = "api-keys"  # hashes of the API keys, written by `meshd keys api-key create`
     max_body_bytes: int = 2_097_152  # a larger request body is answered 413
     keep_alive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
-    graceful_timeout_s: float = 3.0  # on shutdown, requests in progress get this long to finish
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    # the node's SQLite record (data_dir/meshd.db: request journal, decisions, outcomes, audit) is
+    # pruned every prune_interval_s: rows older than max_age_days go, then the oldest rows until
+    # the data fills at most three quarters of max_size_mb (the rest is room for what arrives
+    # before the next prune)
+    max_age_days: float = 30.0
+    max_size_mb: float = 256.0  # MiB
+    prune_interval_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The entry node's semantic cache (docs/cache.md): answers found by the prompt's meaning.
+    Needs the ``meshd[edge]`` extra (the embedding model); without it the cache is off."""
+
+    enabled: bool = True
+    path: str = ""  # default: data_dir/semantic-cache.db
+    max_entries: int = 100_000
+    max_size_mb: float = 512.0  # MiB of prompts, answers and vectors
+    ttl_s: float = 7 * 86_400.0  # an answer is served for at most this long after it was made
+    threshold: float = 0.91  # cosine similarity for a hit (with the guards of docs/cache.md)
+    tenant: str = "default"  # clients of one tenant may opt in to sharing answers
 
 
 @dataclass(frozen=True)
@@ -114,6 +153,8 @@ class Config:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     base_dir: str = ""  # where relative paths resolve (the config file's folder)
 
     def path(self, p: str) -> Path:
@@ -128,6 +169,8 @@ _SECTIONS: dict[str, type] = {
     "routing": RoutingConfig,
     "engine": EngineConfig,
     "api": ApiConfig,
+    "store": StoreConfig,
+    "cache": CacheConfig,
 }
 
 
@@ -216,6 +259,10 @@ def _validate(cfg: Config, src: str) -> None:
             raise bad(f"[[models]][{i}].max_layers", "must be >= 0 (0 = as many as fit)")
         if m.max_decode_tokens_per_s < 0:
             raise bad(f"[[models]][{i}].max_decode_tokens_per_s", "must be >= 0 (0 = no cap)")
+        if m.context_length < 0:
+            raise bad(f"[[models]][{i}].context_length", "must be >= 0 (0 = unknown)")
+        if m.upstream or m.upstream_model:
+            _validate_upstream(m, f"[[models]][{i}]", bad)
     if cfg.routing.sample_d < 1:
         raise bad("[routing] sample_d", "must be >= 1")
     if cfg.routing.wait_bound_attempts < 0:
@@ -224,9 +271,33 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[routing] wait_bound_min_ms", "must be >= 0")
     if cfg.routing.max_hops < 1:
         raise bad("[routing] max_hops", "must be >= 1")
+    if cfg.routing.tokenizer_wait_s < 0:
+        raise bad("[routing] tokenizer_wait_s", "must be >= 0")
     if cfg.engine.providers not in ("auto", "cpu", "cuda", "tensorrt"):
         raise bad("[engine] providers", "must be auto, cpu, cuda or tensorrt")
+    c = cfg.cache
+    if c.max_entries < 1 or c.max_size_mb <= 0 or c.ttl_s <= 0:
+        raise bad("[cache]", "max_entries must be >= 1, max_size_mb and ttl_s > 0")
+    if not 0 < c.threshold <= 1:
+        raise bad("[cache] threshold", "must be in (0, 1]")
+    for key in ("max_age_days", "max_size_mb", "prune_interval_s"):
+        if getattr(cfg.store, key) <= 0:
+            raise bad(f"[store] {key}", "must be > 0")
     _validate_api(cfg.api, bad)
+
+
+def _validate_upstream(m: ModelConfig, where: str, bad: Any) -> None:
+    if not m.upstream.startswith(("http://", "https://")):
+        raise bad(f"{where}.upstream", 'must be the base URL of an OpenAI-compatible API, '
+                  'e.g. "http://127.0.0.1:8000/v1"')
+    if not m.upstream_model:
+        raise bad(f"{where}.upstream_model", "must name the model as the upstream server knows it")
+    if not m.name:
+        raise bad(f"{where}.name", "is required with upstream (the name the mesh serves it as)")
+    if m.path != "default" or m.layers != "all":
+        raise bad(where, "upstream serves the whole model: leave path and layers out")
+    if m.upstream_timeout_s <= 0:
+        raise bad(f"{where}.upstream_timeout_s", "must be > 0")
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -268,8 +339,8 @@ def _validate_api(api: ApiConfig, bad: Any) -> None:
                   "(keys from `meshd keys api-key create`) or listen on 127.0.0.1")
     if api.max_body_bytes < 1024:
         raise bad("[api] max_body_bytes", "must be >= 1024")
-    if api.keep_alive_timeout_s <= 0 or api.graceful_timeout_s < 0:
-        raise bad("[api]", "keep_alive_timeout_s must be > 0 and graceful_timeout_s >= 0")
+    if api.keep_alive_timeout_s <= 0:
+        raise bad("[api] keep_alive_timeout_s", "must be > 0")
 
 
 def parse_config(data: dict[str, Any], src: str = "<config>", base_dir: str = "") -> Config:

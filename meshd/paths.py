@@ -26,6 +26,16 @@ def state_home() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "meshd"
 
 
+def cache_home() -> Path:
+    """Where meshd keeps what it can rebuild (imported embedding models): ``$MESHD_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/meshd``, else ``~/.cache/meshd``."""
+    base = os.environ.get("MESHD_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "meshd"
+
+
 def last_testnet_file() -> Path:
     return state_home() / "last-testnet"
 

@@ -84,6 +84,10 @@ def load_chapters() -> list[str]:
 # tokenizer
 
 
+CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ message['content'] }}"
+                 "{% if not loop.last %}\n{% endif %}{% endfor %}")
+
+
 def train_tokenizer(texts: list[str], vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -380,6 +384,8 @@ def main() -> int:
                 "add_eos_token": False,
                 "model_max_length": args.ctx,
                 "clean_up_tokenization_spaces": False,
+                # not instruction-tuned: a chat is the messages' text, continued (docs/default-model.md)
+                "chat_template": CHAT_TEMPLATE,
             },
             indent=2,
         )

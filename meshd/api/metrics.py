@@ -140,6 +140,7 @@ class NodeCollector(Collector):
         yield from self._peers(peers)
         yield from self._gossip(status)
         yield from self._attestation(status)
+        yield from self._upstreams(status)
 
     def _node(self, st: Mapping[str, Any]) -> Iterator[Metric]:
         svc = st.get("services") or {}
@@ -241,6 +242,24 @@ class NodeCollector(Collector):
         peers = GaugeMetricFamily("meshd_attested_peers", "Peers attested on a live connection")
         peers.add_metric([], _num(att, "attested_peers") or 0.0)
         yield peers
+
+
+    def _upstreams(self, st: Mapping[str, Any]) -> Iterator[Metric]:
+        ups = (st.get("services") or {}).get("upstreams") or {}
+        calls = CounterMetricFamily("meshd_upstream_requests", "Calls to the OpenAI-compatible "
+                                    "server behind each upstream model", labels=["model"])
+        errors = CounterMetricFamily("meshd_upstream_errors", "Failed upstream calls, by model "
+                                     "and meshd error code (peer_gone: unreachable, reset, 5xx "
+                                     "or stalled; busy: 429; others: the request was refused)",
+                                     labels=["model", "code"])
+        running = GaugeMetricFamily("meshd_upstream_in_flight", "Upstream calls in progress",
+                                    labels=["model"])
+        for name, u in sorted(ups.items()):
+            calls.add_metric([name], _num(u, "requests") or 0.0)
+            running.add_metric([name], _num(u, "in_flight") or 0.0)
+            for code, n in sorted((u.get("errors_by_kind") or {}).items()):
+                errors.add_metric([name, str(code)], n)
+        yield from (calls, errors, running)
 
 
 class Metrics:

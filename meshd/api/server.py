@@ -1,27 +1,22 @@
-"""Serve the HTTP API with hypercorn's trio worker: ``await nursery.start(serve_api, node, cfg)``.
+"""Serve the HTTP API: ``await nursery.start(serve_api, node, cfg)``.
 
-Why hypercorn: a maintained ASGI server (the Starlette/Quart world runs on it) with a native trio
-worker, so the API shares the daemon's trio loop and nursery tree; it parses HTTP/1.1 with h11
-(and HTTP/2 with h2), handles keep-alive, pipelining, timeouts and graceful shutdown, and tells
-the app when a client disconnects, which is what cancels a request across the mesh. An idle
-keep-alive connection costs it about 10 KB (docs/benchmarks.md).
-
-The listening socket is bound here, before hypercorn starts, so a port in use is one clear error
-(``LocalError``) and port 0 works (the URL tells the port chosen).
+The app (``app.py``) is served by ``h11server.H11Server``: h11 for HTTP/1.1, trio for the I/O, in
+the daemon's own trio loop and nursery tree (the module says why not hypercorn). The listening
+socket is bound here first, so a port in use is one clear error (``LocalError``) and port 0 works
+(the URL tells the port chosen).
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from typing import Any, cast
+from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 
 from meshd.api.app import ApiApp
 from meshd.api.auth import KeyFile
+from meshd.api.h11server import H11Server
 from meshd.api.metrics import Metrics
 from meshd.config import Config, parse_listen
 from meshd.errors import LocalError
@@ -69,22 +64,16 @@ async def serve_api(node: Any, cfg: Config, *, task_status: Any = trio.TASK_STAT
     app = build_app(node, cfg)
     sock = bind_socket(cfg.api.listen)
     url = base_url(sock)
-    hc = HypercornConfig()
-    hc.bind = [f"fd://{sock.detach()}"]  # hypercorn takes the bound socket over
-    hc.keep_alive_timeout = cfg.api.keep_alive_timeout_s
-    hc.graceful_timeout = cfg.api.graceful_timeout_s
-    hc.include_server_header = False
-    hc.accesslog = None
-    hc.errorlog = logging.getLogger("meshd.api.hypercorn")
     node.api_url = url
     if cfg.api.auth == "none":
         log.warning("api listening without keys (auth = none) url=%s", url)
     log.info("api listening url=%s auth=%s", url, cfg.api.auth)
-    await serve(cast(Any, app), hc, task_status=_Started(task_status, url))
+    server = H11Server(app, keep_alive_timeout_s=cfg.api.keep_alive_timeout_s)
+    await server.serve(sock, task_status=_Started(task_status, url))
 
 
 class _Started:
-    """Passes ``started(url)`` on where hypercorn calls ``started(binds)``."""
+    """Passes ``started(url)`` on where the server calls ``started(listeners)``."""
 
     def __init__(self, inner: Any, url: str) -> None:
         self.inner = inner

@@ -15,6 +15,7 @@ DESCRIPTION = """\
 Work with meshd model directories (manifest.json, weights.bin, tokenizer.json, stage graphs).
 
   meshd model import ./TinyLlama-1.1B-Chat --out ./tinyllama --stages 2 --dtype fp16
+  meshd model import ./all-MiniLM-L6-v2 --out ./minilm      # a BERT sentence encoder
   meshd model inspect ./tinyllama
   meshd model generate default "Once upon a time" --max-tokens 40 --temperature 0
 
@@ -31,7 +32,9 @@ def register(sub: Any) -> None:
 
     imp = msub.add_parser("import", help="build a model directory from a Hugging Face one",
                           description="Import a Llama / Qwen2 checkpoint directory (config.json, "
-                          "safetensors, tokenizer.json) into a meshd model directory.")
+                          "safetensors, tokenizer.json) into a meshd model directory, or a BERT "
+                          "sentence encoder (BertModel, e.g. all-MiniLM-L6-v2) into a meshd "
+                          "embedding model directory (see docs/embeddings.md).")
     imp.add_argument("hf_dir", metavar="HF_DIR", type=Path)
     imp.add_argument("--out", required=True, type=Path, metavar="DIR")
     imp.add_argument("--stages", type=int, default=1, metavar="N",
@@ -86,6 +89,8 @@ def _model_dir(text: str) -> Path:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    if _is_bert(args.hf_dir):
+        return _import_bert(args)
     from meshd.engine import import_hf
 
     t0 = time.perf_counter()
@@ -96,6 +101,35 @@ def cmd_import(args: argparse.Namespace) -> int:
     print(f"imported {m.name}: {a.arch}, {a.num_layers} layers, hidden {a.hidden_size}, "
           f"{m.dtype}, {m.weights_bytes / 2**20:.1f} MiB weights, stages {stages} -> {args.out} "
           f"({time.perf_counter() - t0:.1f} s)")
+    return Exit.OK
+
+
+def _is_bert(hf_dir: Path) -> bool:
+    """Dispatch by the checkpoint's ``architectures``: the BERT family goes to meshd.embed,
+    everything else to the generative importer (which names what it supports)."""
+    from meshd.embed.arch import is_bert_config
+
+    try:
+        cfg = json.loads((hf_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False  # import_hf reports the missing or bad file
+    return isinstance(cfg, dict) and is_bert_config(cfg)
+
+
+def _import_bert(args: argparse.Namespace) -> int:
+    from meshd.embed import import_bert
+    from meshd.errors import LocalError
+
+    if args.stages != 1:
+        raise LocalError("--stages: an embedding model is one graph (BERT encoders are not "
+                         "split into stages)")
+    t0 = time.perf_counter()
+    m = import_bert(args.hf_dir, args.out, dtype=args.dtype, name=args.name,
+                    version=args.model_version, force=args.force)
+    a = m.arch
+    print(f"imported {m.name}: bert encoder, {a.num_layers} layers, dim {a.dim}, {a.pooling} "
+          f"pooling, max {a.max_seq_length} tokens, {m.dtype}, {m.weights_bytes / 2**20:.1f} MiB "
+          f"weights -> {args.out} ({time.perf_counter() - t0:.1f} s)")
     return Exit.OK
 
 
@@ -152,10 +186,13 @@ def _mib(n: float) -> str:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from meshd.embed import is_embedding_dir
     from meshd.engine import read_manifest
     from meshd.engine.planning import stage_memory
 
     directory = _model_dir(args.model)
+    if is_embedding_dir(directory):
+        return _inspect_embedding(directory, args.json)
     m = read_manifest(directory)
     files = {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
     ctx = m.arch.max_position_embeddings
@@ -190,4 +227,26 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         prebuilt = " (prebuilt)" if any((x.start, x.end) == (s, e) for x in m.stages) else ""
         print(f"    layers [{s}, {e}){prebuilt}: weights {_mib(est.weights_bytes)}, "
               f"KV {est.kv_bytes_per_token:,d} B/token, total {_mib(est.total(ctx))}")
+    return Exit.OK
+
+
+def _inspect_embedding(directory: Path, as_json: bool) -> int:
+    from meshd.embed import read_embed_manifest
+
+    m = read_embed_manifest(directory)
+    files = {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
+    if as_json:
+        print(json.dumps({"path": str(directory), "manifest": m.to_json(), "files": files,
+                          "total_bytes": sum(files.values())}))
+        return Exit.OK
+    a = m.arch
+    print(f"{m.name} (version {m.version}, embedding model) at {directory}")
+    print(f"  content sha256  {m.weights_sha256}")
+    print(f"  architecture    bert encoder: {a.num_layers} layers, hidden {a.hidden_size}, "
+          f"mlp {a.intermediate_size}, heads {a.num_heads}, vocab {a.vocab_size}")
+    print(f"  embedding       dim {a.dim}, {a.pooling} pooling, L2-normalised, at most "
+          f"{a.max_seq_length} tokens")
+    print(f"  files           {_mib(sum(files.values()))} in all")
+    for name, size in files.items():
+        print(f"    {name:<24} {size:>12,d} bytes")
     return Exit.OK

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     from meshd.node.daemon import build_node, run_daemon
 
-    node = build_node(cfg)
+    node = build_node(cfg, args.config)
     trio.run(run_daemon, node)
     return Exit.OK
 

@@ -63,7 +63,10 @@ def new_value(i: int) -> str:
     return f"new_value.{i}"
 
 
-class _Builder:
+class GraphBuilder:
+    """Nodes and initializers of one graph; weights as external data into the weights file
+    (shared with ``meshd.embed.graph``)."""
+
     def __init__(self, tensors: Mapping[str, TensorEntry], weights_file: str) -> None:
         self.tensors = tensors
         self.weights_file = weights_file
@@ -125,7 +128,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     ``weights_file`` (resolved by onnxruntime relative to the model directory)."""
     check_range(arch.num_layers, start, end)
     first, last = start == 0, end == arch.num_layers
-    b = _Builder(tensors, weights_file)
+    b = GraphBuilder(tensors, weights_file)
     h_dim, d, kvh = arch.hidden_size, arch.head_dim, arch.num_kv_heads
     i64 = np.int64
 
@@ -206,27 +209,27 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     return model
 
 
-def _rms_norm(b: _Builder, x: str, w: str, eps: float) -> str:
+def _rms_norm(b: GraphBuilder, x: str, w: str, eps: float) -> str:
     sq = b.op("Pow", [x, b.const("two_f", np.array(2.0, np.float32))])
     ms = b.op("ReduceMean", [sq], axes=[-1], keepdims=1)
     r = b.op("Sqrt", [b.op("Add", [ms, b.const(f"eps_{eps!r}", np.array(eps, np.float32))])])
     return b.op("Mul", [b.op("Div", [x, r]), w])
 
 
-def _linear(b: _Builder, x: str, prefix: str, bias: bool) -> str:
+def _linear(b: GraphBuilder, x: str, prefix: str, bias: bool) -> str:
     ins = [x, b.weight(prefix + ".weight")]
     if bias:
         ins.append(b.weight(prefix + ".bias"))
     return b.op("Gemm", ins, transB=1)
 
 
-def _rope(b: _Builder, x: str, cos: str, sin: str, half: str) -> str:
+def _rope(b: GraphBuilder, x: str, cos: str, sin: str, half: str) -> str:
     x1, x2 = b.ops("Split", [x, half], 2, axis=-1)
     return b.op("Add", [b.op("Mul", [x, cos]),
                         b.op("Mul", [b.op("Concat", [x2, x1], axis=-1), sin])])
 
 
-def _layer(b: _Builder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_q: str, sin_q: str,
+def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_q: str, sin_q: str,
            mask: str, split_sizes: str) -> str:
     p = f"model.layers.{i}."
     c = b.const

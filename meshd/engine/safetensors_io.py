@@ -19,13 +19,14 @@ import numpy as np
 from meshd.errors import ModelError
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024
-_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
+           "I64": np.int64}  # integer buffers (BERT's ``position_ids``) are listed, never imported
 
 
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
     name: str
-    dtype: str  # safetensors spelling: F32, F16, BF16, F64
+    dtype: str  # safetensors spelling: F32, F16, BF16, F64, I64
     shape: tuple[int, ...]
     start: int  # absolute byte offset in the file
     end: int
@@ -40,7 +41,7 @@ class SafetensorsFile:
         self._map: np.memmap | None = None
 
     def read(self, name: str) -> np.ndarray:
-        """The tensor as float32 or float16 (bfloat16 and float64 become float32)."""
+        """The tensor as float32 or float16 (bfloat16 and float64 become float32; int64 as is)."""
         info = self.tensors[name]
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")

@@ -27,7 +27,7 @@ import logging
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -54,6 +54,8 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from multiaddr import Multiaddr
 
+from meshd.core import audit as audit_kinds
+from meshd.core.audit import AuditSink
 from meshd.core.cert import (
     DEFAULT_CLOCK_SKEW_S,
     MALFORMED,
@@ -63,11 +65,10 @@ from meshd.core.cert import (
     REVOKED,
     AttestationRejected,
     Certificate,
-    RevocationList,
     check_certificate,
-    verify_revocation_list,
     verify_signature,
 )
+from meshd.core.crl import RevocationList, verify_revocation_list
 from meshd.net.identity import NodeIdentity
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,10 @@ class Attestor:
     ``revoke``/``apply_revocation_list`` return the peers that are now revoked and must be
     disconnected; they are forgotten at once, so ``certificate_of`` answers None for them (a
     gossip validator that admits only attested authors then rejects them immediately).
+
+    ``audit`` (settable later, as the daemon does) is told of every refused handshake, every
+    revocation list put in force and every peer cut off by one (``meshd.core.audit`` kinds); it
+    must not block, and an exception it raises is logged, never passed on.
     """
 
     def __init__(
@@ -118,9 +123,11 @@ class Attestor:
         *,
         revocation_list: RevocationList | None = None,
         clock_skew_s: int = DEFAULT_CLOCK_SKEW_S,
+        audit: AuditSink | None = None,
     ) -> None:
         self.ca_public_key = ca_public_key
         self.clock_skew_s = clock_skew_s
+        self.audit = audit
         self._revocation_list: RevocationList | None = None
         self._revoked: set[int] = set()
         self._peers: dict[str, Certificate] = {}
@@ -151,8 +158,19 @@ class Attestor:
         self._peers[_peer_key(peer_id)] = cert
         self._attested += 1
 
-    def record_rejection(self, reason: str) -> None:
+    def record_rejection(
+        self, reason: str, *, peer_id: str = "", detail: Mapping[str, Any] | None = None
+    ) -> None:
         self._rejected[reason] += 1
+        self._audit(audit_kinds.ATTESTATION_FAILED, peer_id, reason, detail or {})
+
+    def _audit(self, kind: str, peer_id: str, reason: str, detail: Mapping[str, Any]) -> None:
+        if self.audit is None:
+            return
+        try:
+            self.audit(kind, peer_id, reason, detail)
+        except Exception:  # the audit trail must never cost us an attestation decision
+            logger.exception("audit record failed kind=%s", kind)
 
     def forget(self, peer_id: ID | str) -> None:
         """The peer has no connection left."""
@@ -183,7 +201,9 @@ class Attestor:
         self._revoked.update(serials)
         doomed = sorted(pid for pid, cert in self._peers.items() if cert.serial in self._revoked)
         for pid in doomed:
-            del self._peers[pid]
+            cert = self._peers.pop(pid)
+            self._audit(audit_kinds.REVOKED, pid, "serial revoked",
+                        {"serial": cert.serial, "name": cert.name})
         self._disconnected_revoked += len(doomed)
         return [ID.from_base58(pid) for pid in doomed]
 
@@ -208,6 +228,9 @@ class Attestor:
             return []
         self._revocation_list = revocation_list
         self._revoked = set(revocation_list.serials)
+        self._audit(audit_kinds.REVOCATION_LIST, "", f"version {revocation_list.version} in force",
+                    {"version": revocation_list.version, "issued_at": revocation_list.issued_at,
+                     "serials": sorted(revocation_list.serials)})
         return self.revoke(())
 
     def offer_revocation_list(self, data: bytes) -> list[ID]:
@@ -373,7 +396,6 @@ class AttestedNoiseTransport(ISecureTransport):
         expected: ID | None,
         direction: str,
     ) -> None:
-        self.attestor.record_rejection(failure.reason)
         peer = secure.get_remote_peer() if secure is not None else expected
         address = None
         for source in (secure, conn):
@@ -382,12 +404,18 @@ class AttestedNoiseTransport(ISecureTransport):
                     address = source.get_remote_address()
                 except Exception:
                     address = None
+        where = f"{address[0]}:{address[1]}" if address else "-"
+        peer_id = peer.to_base58() if peer is not None else ""
+        self.attestor.record_rejection(
+            failure.reason, peer_id=peer_id,
+            detail={"direction": direction, "address": where, "detail": failure.detail},
+        )
         logger.warning(
             "peer rejected reason=%s direction=%s peer_id=%s address=%s detail=%r",
             failure.reason,
             direction,
-            peer.to_base58() if peer is not None else "-",
-            f"{address[0]}:{address[1]}" if address else "-",
+            peer_id or "-",
+            where,
             failure.detail,
         )
         with trio.move_on_after(1.0) as scope:

@@ -15,20 +15,23 @@ from meshd.core.request import parse_submit
 from meshd.core.wire import Message
 from meshd.errors import ErrorCode, RemoteError
 from meshd.net.framed import FramedStream
+from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry import EntryChain
 from meshd.node.revocations import Revocations
 
 
 class ControlService:
     """Answers one control-socket request (``meshd.control.server.ControlServer`` calls it):
-    SUBMIT through the entry chain, revocations to the revocations service, status and peers
-    from the node's readers, explanations from the store."""
+    SUBMIT through the entry chain, revocations to the revocations service, the semantic cache's
+    stats and clearing to the cache, status and peers from the node's readers, explanations from
+    the store."""
 
-    def __init__(self, entry: EntryChain, revocations: Revocations, *, node_name: str, peer_id: str,
-                 status: Callable[[], dict[str, Any]], peers: Callable[[], list[dict[str, Any]]],
-                 store: Any = None) -> None:
+    def __init__(self, entry: EntryChain, revocations: Revocations, edge_cache: EdgeCache, *,
+                 node_name: str, peer_id: str, status: Callable[[], dict[str, Any]],
+                 peers: Callable[[], list[dict[str, Any]]], store: Any = None) -> None:
         self.entry = entry
         self.revocations = revocations
+        self.edge_cache = edge_cache
         self.node_name = node_name
         self.peer_id = peer_id
         self.status = status
@@ -53,8 +56,19 @@ class ControlService:
                 MessageType.OK,
                 {"data": {"version": rl.version if rl else 0, "disconnected": gone}},
             )
+        elif t == MessageType.CACHE_REQ:
+            await out.send(MessageType.OK, {"data": await self.cache(msg["op"])})
         else:
             raise RemoteError(f"message {t} is not a request", ErrorCode.UNSUPPORTED)
+
+    async def cache(self, op: str) -> dict[str, Any]:
+        """``meshd cache stats|clear``."""
+        cache = self.edge_cache
+        if op == "clear":
+            return {"cleared": await cache.clear(), **cache.statistics()}
+        if op == "stats":
+            return cache.statistics()
+        raise RemoteError(f"cache op must be stats or clear, not {op!r}", ErrorCode.MALFORMED)
 
     async def submit(self, msg: Message, out: FramedStream) -> None:
         chain = self.entry

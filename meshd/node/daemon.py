@@ -23,6 +23,7 @@ from meshd.net.listen import (
     parse_listen,
     probe_listen,
 )
+from meshd.node.audit import record_start, store_sink
 from meshd.node.autoplace import initial_range
 from meshd.node.engine_model import EngineModel, default_model_dir, load_engine_model
 from meshd.node.node import Node
@@ -37,9 +38,14 @@ __all__ = ["EngineModel", "build_node", "default_model_dir", "load_runner", "run
 
 def load_runner(cfg: Config) -> Runner:
     runner = Runner()
-    if not cfg.models:
+    for m in cfg.models:
+        if m.upstream:  # served by an OpenAI-compatible server (meshd/upstream)
+            runner.add(upstream_served(cfg, m))
+    if all(m.upstream for m in cfg.models):
         return runner  # a relay/router-only node: do not even import onnxruntime (~20 MB)
     for i, m in enumerate(cfg.models):
+        if m.upstream:
+            continue
         path = default_model_dir() if m.path == "default" else cfg.path(m.path)
         if not Path(path).is_dir():
             raise ConfigError(f"[[models]][{i}].path: model directory {path} does not exist")
@@ -66,6 +72,18 @@ def load_runner(cfg: Config) -> Runner:
     return runner
 
 
+def upstream_served(cfg: Config, m: Any) -> Served:
+    from meshd.upstream.model import UpstreamModel
+
+    key = cfg.path(m.upstream_key_file) if m.upstream_key_file else None
+    model = UpstreamModel.from_config(m, key)
+    log.info("upstream model name=%s url=%s upstream_model=%s", m.name, m.upstream, m.upstream_model)
+    return Served(name=m.name, model=model, layer_start=0, layer_end=1, num_layers=1,
+                  max_concurrency=m.max_concurrency, max_queue=m.max_queue,
+                  max_decode_tps=m.max_decode_tokens_per_s)
+
+
+
 def preflight(cfg: Config) -> None:
     """What can be checked before anything starts, so that it fails at once, in one line, with
     exit 78: the listen and bootstrap addresses parse, each fixed listen port is free (not
@@ -76,7 +94,7 @@ def preflight(cfg: Config) -> None:
     prepare_socket_path(control_socket_path(cfg))
 
 
-def build_node(cfg: Config) -> Node:
+def build_node(cfg: Config, config_file: str | Path | None = None) -> Node:
     route_libp2p_logs()  # libp2p's bare lines get meshd's format and a rate limit
     speedups.install()  # py-libp2p CPU fixes (yamux credit, service task lookup): see the module
     install_exclusive_listen()  # no SO_REUSEPORT: a second daemon cannot share our port
@@ -105,7 +123,10 @@ def build_node(cfg: Config) -> Node:
 
     hardware = read_hardware()
     store = open_store(data_dir / "meshd.db")
-    return Node(cfg, identity, runner, store=store, hardware=hardware, revocation=revocation)
+    node = Node(cfg, identity, runner, store=store, hardware=hardware, revocation=revocation)
+    node.attestor.audit = store_sink(store)  # refusals, revocations: the audit table
+    record_start(node.attestor.audit, cfg, identity, config_file, node.attestor.revocation_list)
+    return node
 
 
 def open_store(path: Path) -> Any:
@@ -120,6 +141,10 @@ async def run_daemon(node: Any) -> None:
     async with trio.open_nursery() as nursery:
         if getattr(node.store, "run", None) is not None:
             await nursery.start(node.store.run)
+        if getattr(node.store, "prune_to", None) is not None:
+            from meshd.store.retention import Retention, run_pruner
+
+            await nursery.start(run_pruner, node.store, Retention.from_config(node.config.store))
         await nursery.start(node.run)
         ensure_listening(node.host, parse_listen(node.config.node.listen))
         await nursery.start(serve_api, node, node.config)  # the HTTP API and /metrics (meshd/api)

@@ -173,6 +173,7 @@ class Membership:
                     prefill_ms_per_layer_token=round(speed.prefill_ms_per_layer_token, 4),
                     decode_ms_per_layer=round(speed.decode_ms_per_layer, 4),
                     context_length=runner.context_length(s.name) or 0,
+                    tokenizer=runner.tokenizer_identity(s.name),
                 )
             )
         prefill = max((s.prefill_tps for s in served), default=0.0)

@@ -8,6 +8,8 @@
     server        REQs from peers to the local runner                      (meshd.node.serve)
     stage_server, stage_links    pipeline stages          (meshd.node.stages, .stagelinks)
     placer        layers = "auto"                                      (meshd.node.autoplace)
+    tokenizers    tokenizers of models served elsewhere (edge tokenization) (meshd.node.tokenizers)
+    edge_cache    the semantic cache                                   (meshd.node.edge_cache)
     control       the control socket's answers                           (meshd.node.control)
 """
 
@@ -24,6 +26,7 @@ import multiaddr
 import trio
 
 from meshd.config import Config
+from meshd.control.audit import audit_requests
 from meshd.control.server import ControlServer
 from meshd.core.messages import REQUEST_PROTOCOL, REQUEST_TYPES, STAGE_PROTOCOL
 from meshd.core.routing import round_robin_offset
@@ -35,6 +38,7 @@ from meshd.net.gossip import Gossip, open_gossip
 from meshd.net.identity import NodeIdentity
 from meshd.node.autoplace import AutoPlacer
 from meshd.node.control import ControlService
+from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry import EntryChain
 from meshd.node.links import Links
 from meshd.node.membership import Membership
@@ -44,6 +48,7 @@ from meshd.node.serve import RequestServer
 from meshd.node.stagelinks import StageLinks
 from meshd.node.stages import StageServer
 from meshd.node.status import node_status, peers_listing
+from meshd.node.tokenizers import TokenizerService
 from meshd.paths import control_socket_path
 
 log = logging.getLogger(__name__)
@@ -82,12 +87,15 @@ class Node:
         self.stage_links = StageLinks(self, self.stage_server, self.membership.table)
         self.stage_server.links = self.stage_links
         self.placer = AutoPlacer(config, runner, self.membership, self.stage_server)
+        self.tokenizers = TokenizerService(self)  # edge tokenization: docs/edge-tokenization.md
         # what this node does with a request a client gave it; a round-robin counter that starts
         # where this node's identity says, so independent entry nodes do not walk in step
-        self.entry = EntryChain(self, rr_offset=round_robin_offset(self.peer_id, config.routing.strategy))
-        self.control = ControlService(self.entry, self.revocations, node_name=self.node_name,
-                                      peer_id=self.peer_id, status=self.status,
-                                      peers=self.peers_listing, store=store)
+        self.edge_cache = EdgeCache(config)  # the semantic cache (docs/cache.md)
+        self.entry = EntryChain(self, rr_offset=round_robin_offset(self.peer_id, config.routing.strategy),
+                                cache=self.edge_cache)
+        self.control = ControlService(self.entry, self.revocations, self.edge_cache,
+                                      node_name=self.node_name, peer_id=self.peer_id,
+                                      status=self.status, peers=self.peers_listing, store=store)
         self.host: Any = None
         self.gossip: Gossip | None = None
         self.links: Links | None = None
@@ -130,10 +138,13 @@ class Node:
                     self.host.set_stream_handler(REQUEST_PROTOCOL, self._guarded(self._on_request_stream))
                     self.host.get_network().register_notifee(links.notifee())
                     gossip.on_heard = links.heard
-                    await nursery.start(ControlServer(self.socket_path(), self.control).run)
+                    await nursery.start(ControlServer(self.socket_path(), self.control,
+                                                      extra=audit_requests(self.store)).run)
                     await nursery.start(self.stage_server.run)
                     await nursery.start(self.stage_links.run)
                     await nursery.start(self.placer.run)
+                    await nursery.start(self.edge_cache.run)
+                    await nursery.start(self.tokenizers.run)
                     self.host.set_stream_handler(STAGE_PROTOCOL, self._guarded(self.stage_links.on_stream))
                     links.join()
                     self.ready.set()

@@ -29,13 +29,14 @@ import trio
 
 from meshd.config import Config
 from meshd.core.messages import MessageType
+from meshd.core.packing import pack_ids, takes_packed, vocab_bound
 from meshd.core.planner import Plan, plan
 from meshd.core.request import DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS
 from meshd.core.snapshot import Policy, RouteRequest
 from meshd.errors import ErrorCode, PeerGoneError, RemoteError, RoutingError
 from meshd.node.activations import encode_ids
 from meshd.node.forward import Outcome
-from meshd.node.generation import gen_fields
+from meshd.node.gen_config import gen_fields
 from meshd.node.stagelinks import StageLinks
 from meshd.node.view import MeshView
 
@@ -97,6 +98,7 @@ class _Run:
     max_tokens: int
     sink: Any
     journal: Any
+    vocab_size: int = 0  # of the tokenizer or model that made prompt_ids (packing)
     out: Outcome = field(default_factory=Outcome)
     attempt: int = 0
 
@@ -107,12 +109,13 @@ class _Run:
 
 async def run_pipeline(
     node: PipelineHost, first: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
-    sink: Any, journal: Any, policy: Policy,
+    sink: Any, journal: Any, policy: Policy, *, vocab_size: int = 0,
 ) -> tuple[Outcome, Plan]:
     """Serve one request along ``first``, replanning around failed stages; never raises for a
     stage's failure (the outcome carries the error). Returns the outcome and the last plan."""
     max_tokens = min(int(gen_fields(msg).get("max_tokens", DEFAULT_MAX_TOKENS)), MAX_MAX_TOKENS)
-    run = _Run(node, req.request_id, req.model, msg, list(prompt_ids), max_tokens, sink, journal)
+    run = _Run(node, req.request_id, req.model, msg, list(prompt_ids), max_tokens, sink, journal,
+               vocab_size)
     failed_at: dict[str, float] = {}  # peer -> when it last failed this request
     current = first
     while True:
@@ -272,7 +275,12 @@ async def _open_all(run: _Run, hops: Any, sids: list[str], opened: list[int]) ->
             fields["max_tokens"] = total
         if i == len(hops) - 1:
             fields["gen"] = {**gen_fields(run.msg), "max_tokens": run.remaining}
-            if history:
+            if history and _takes_packed(run, h.peer_id):
+                dtype, data = pack_ids(history, vocab_bound(history, run.vocab_size))
+                fields.update(prompt_packed=data, prompt_dtype=dtype)
+                if run.msg.get("tok"):
+                    fields["tok"] = run.msg["tok"]
+            elif history:
                 fields["prompt_ids"] = history
             else:
                 fields["prompt"] = run.msg["prompt"]
@@ -290,6 +298,14 @@ async def _open_all(run: _Run, hops: Any, sids: list[str], opened: list[int]) ->
             nursery.start_soon(open_one, i)
     if failures:
         raise failures[0]
+
+
+def _takes_packed(run: _Run, peer_id: str) -> bool:
+    """Whether the stage on ``peer_id`` reads packed prompts (this node does)."""
+    if peer_id == run.node.peer_id:
+        return True
+    e = run.node.membership.table.get(peer_id)
+    return takes_packed(e.advert if e is not None else None, run.model)
 
 
 async def _wait_ready(run: _Run, watch: Any, sids: list[str], peer_of: dict[str, str]) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import trio
 
 from meshd.core.advert import Advert
-from meshd.core.cert import verify_revocation_list
+from meshd.core.crl import verify_revocation_list
 from meshd.core.messages import REVOCATION_TOPIC, MessageType
 from meshd.core.wire import decode_message, encode_message
 from meshd.errors import MeshdError

@@ -27,10 +27,12 @@ import numpy as np
 import trio
 
 from meshd.core.messages import MessageType
+from meshd.core.packing import unpack_ids
+from meshd.core.tokident import names
 from meshd.core.wire import Message
 from meshd.errors import ErrorCode, MeshdError, PeerGoneError, RemoteError
 from meshd.node.activations import WIRE_DTYPES, decode_tensor, encode_hidden
-from meshd.node.generation import gen_config_from
+from meshd.node.gen_config import gen_config_from
 from meshd.node.runner import Runner, Served
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,7 @@ class StageServer:
             "sessions_opened": 0, "busy_refusals": 0, "bad_tensors": 0, "steps": 0,
             "errors": 0, "activation_bytes_in": 0, "activation_bytes_out": 0,
             "activation_frames_out": 0, "freed": {},
+            "prompts_packed": 0, "prompts_text": 0,  # how last stages got their prompt
         }
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -258,7 +261,7 @@ class StageServer:
             return
         self._spawn(self._serve, sess)
         ready: dict[str, Any] = {"rid": sid, "free_kv_tokens": self.free_kv_tokens(sess.model)}
-        if sess.is_last and not msg.get("prompt_ids"):
+        if sess.is_last and not msg.get("prompt_ids") and msg.get("prompt_packed") is None:
             ready["prompt_ids"] = list(sess.gen.prompt_ids)
         try:
             await port.send(MessageType.STAGE_READY, ready)
@@ -312,10 +315,19 @@ class StageServer:
         if sess.is_last:
             from meshd.engine.generation import Generation  # only here: it loads the engine
 
-            ids = list(msg.get("prompt_ids") or [])
+            tok, mine = msg.get("tok"), self.runner.tokenizer_identity(sess.model)
+            if tok is not None and mine and not names(tok, mine):
+                raise RemoteError(f"the prompt was tokenized with tokenizer {tok[:12]}; "
+                                  f"{sess.model} here uses {mine[:12]}", ErrorCode.NO_MODEL)
+            if msg.get("prompt_packed") is not None:
+                self.stats["prompts_packed"] += 1
+                ids = unpack_ids(msg["prompt_packed"], msg.get("prompt_dtype"), sess.vocab)
+            else:
+                ids = list(msg.get("prompt_ids") or [])
             if not ids:
                 if not msg.get("prompt"):
                     raise RemoteError("the last stage needs prompt_ids or prompt", ErrorCode.MALFORMED)
+                self.stats["prompts_text"] += 1
                 ids = engine_model.encode_prompt(msg["prompt"], chat=bool(msg.get("chat")))
             if not ids or len(ids) >= ctx:
                 raise RemoteError(f"the prompt has {len(ids)} tokens; the context is {ctx}",

@@ -11,11 +11,14 @@ from meshd.core.vivaldi import Coord, estimate_rtt_ms
 from meshd.net.attest import Attestor
 from meshd.net.gossip import Gossip
 from meshd.node.autoplace import AutoPlacer
+from meshd.node.edge_cache import EdgeCache
+from meshd.node.entry import EntryChain
 from meshd.node.links import Links
 from meshd.node.membership import Membership
 from meshd.node.runner import Runner
 from meshd.node.serve import RequestServer
 from meshd.node.stages import StageServer
+from meshd.node.tokenizers import TokenizerService
 from meshd.node.view import coord_of, peer_rtt
 
 
@@ -55,6 +58,15 @@ class StatusSource(Protocol):
     @property
     def placer(self) -> AutoPlacer: ...
 
+    @property
+    def entry(self) -> EntryChain: ...
+
+    @property
+    def edge_cache(self) -> EdgeCache: ...
+
+    @property
+    def tokenizers(self) -> TokenizerService: ...
+
 
 def node_status(node: StatusSource) -> dict[str, Any]:
     m = node.membership
@@ -86,6 +98,11 @@ def node_status(node: StatusSource) -> dict[str, Any]:
             "request_server": dict(node.server.stats),
             "stage_server": node.stage_server.statistics(),
             "placement": node.placer.statistics(),
+            "entry": node.entry.statistics(),
+            "cache": node.edge_cache.statistics(),
+            "upstreams": {s.name: s.model.statistics() for s in node.runner.models.values()
+                          if hasattr(s.model, "base_url")},  # [[models]] upstream
+            "tokenizers": node.tokenizers.statistics(),
         },
     }
 

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import trio
 
 from meshd.store.protocol import Recorder
+from meshd.store.retention import PruneResult, Retention, prune
 from meshd.store.rows import Row
 from meshd.store.store import Store
 
@@ -159,11 +160,15 @@ class AsyncStore(Recorder):
     async def audit_counts(self, since_ts: float | None = None) -> dict[str, int]:
         return await self._read(self.store.audit_counts, since_ts)
 
-    async def recent_audit(self, n: int = 20) -> list[dict[str, Any]]:
-        return await self._read(self.store.recent_audit, n)
+    async def recent_audit(self, n: int = 20, kind: str | None = None) -> list[dict[str, Any]]:
+        return await self._read(self.store.recent_audit, n, kind)
 
     async def prune(self, before_ts: float) -> int:
         return await self._read(self.store.prune, before_ts)
+
+    async def prune_to(self, retention: Retention, now: float) -> PruneResult:
+        """Bound the store by age and size (``meshd.store.retention``)."""
+        return await self._read(prune, self.store, retention, now)
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(

@@ -17,10 +17,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from meshd.core import audit as audit_kinds
 from meshd.errors import LocalError
 
 # The lifecycle of one request, in the order they usually happen. ``cancelled``: the client
-# went away. See ``meshd.store.explain`` for the payload keys that the explanation reads.
+# went away; ``clamped`` and ``tokenizer_unavailable`` come before ``received``. See ``meshd.store.explain`` for the payload keys that the explanation reads.
 EVENT_KINDS = frozenset(
     {
         "received",
@@ -34,13 +35,18 @@ EVENT_KINDS = frozenset(
         "done",
         "failed",
         "cancelled",
+        "clamped",  # max_tokens cut to meshd's limit (entry node, prepare)
+        "tokenizer_unavailable",  # the entry node forwarded text: no tokenizer in time, and why
+        "cache_hit",
+        "cache_skip",
     }
 )
 
-# Common audit kinds (the column is free text so that new kinds need no migration).
-AUDIT_ATTESTATION_FAILED = "attestation_failed"
-AUDIT_REVOKED = "revoked"
-AUDIT_ADVERT_REJECTED = "advert_rejected"
+# Common audit kinds (the column is free text so that new kinds need no migration); every kind
+# is in meshd.core.audit.
+AUDIT_ATTESTATION_FAILED = audit_kinds.ATTESTATION_FAILED
+AUDIT_REVOKED = audit_kinds.REVOKED
+AUDIT_ADVERT_REJECTED = audit_kinds.ADVERT_REJECTED
 
 
 class StoreError(LocalError):

@@ -178,11 +178,13 @@ class Store(Recorder):
         )
         return {r["kind"]: r["n"] for r in found}
 
-    def recent_audit(self, n: int = 20) -> list[dict[str, Any]]:
-        """The ``n`` latest audit events, newest first."""
+    def recent_audit(self, n: int = 20, kind: str | None = None) -> list[dict[str, Any]]:
+        """The ``n`` latest audit events (of ``kind`` only, if given), newest first."""
+        where, params = ("WHERE kind = ?", [kind]) if kind else ("", [])
         found = self._query(
-            "SELECT id, ts, kind, peer_id, reason, detail FROM audit ORDER BY id DESC LIMIT ?",
-            [max(0, int(n))],
+            f"SELECT id, ts, kind, peer_id, reason, detail FROM audit {where} "
+            "ORDER BY id DESC LIMIT ?",
+            [*params, max(0, int(n))],
         )
         for r in found:
             r["detail"] = from_json(r["detail"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -16,6 +16,7 @@ import trio
 from meshd.control.client import call, submit_events
 from meshd.core.messages import MessageType
 from meshd.errors import MeshdError
+from meshd.testing.wait import wait_for
 
 
 def cli(*args: str, check: bool = True, timeout: float = 60,
@@ -28,19 +29,6 @@ def cli(*args: str, check: bool = True, timeout: float = 60,
         raise AssertionError(f"meshd {' '.join(args)} failed ({proc.returncode}):\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, *, poll_s: float = 0.1) -> Any:
-    """Poll ``cond`` until it returns something true (returned) or ``timeout`` seconds pass
-    (AssertionError naming ``what``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(poll_s)
 
 
 def peers_of(sock: str) -> list[dict[str, Any]]:
@@ -71,3 +59,6 @@ async def stream(sock: str, fields: dict[str, Any], on_first: Any = None) -> dic
                 return {"ids": ids, "served": routes, "stats": msg["stats"],
                         "done_at": time.monotonic()}
     raise AssertionError("the request ended without a DONE frame")
+
+
+__all__ = ["cli", "peers_of", "stream", "wait_for"]

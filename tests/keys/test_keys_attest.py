@@ -27,8 +27,10 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from multiaddr import Multiaddr
 
 from meshd.core import cert as C
+from meshd.core import crl as R
 from meshd.net import attest as A
 from meshd.net.identity import NodeIdentity, generate_node_key_pair
+from meshd.testing.wait import wait_until
 
 LOCAL = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
 ECHO = TProtocol("/meshd-test/echo/1")
@@ -94,13 +96,6 @@ async def running(*nodes: Node) -> AsyncIterator[None]:
         for node in nodes:
             await A.disconnect_all(node.host)
         await wait_until(lambda: all(not n.host.get_network().get_connections() for n in nodes))
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 3.0) -> None:
-    """Wait for a condition (polling the in-process state) under a deadline."""
-    with trio.fail_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.005)
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
@@ -306,8 +301,8 @@ def test_revoked_while_connected_is_cut_off(direction: str, ca: CA) -> None:
     b_identity = ca.issue("b")
     b = attested(b_identity)
     c = attested(ca.issue("c"))
-    crl = C.sign_revocation_list(
-        C.RevocationList(
+    crl = R.sign_revocation_list(
+        R.RevocationList(
             version=1,
             issued_at=int(time.time()),
             ca_key_id=C.ca_key_id(ca.public_key),

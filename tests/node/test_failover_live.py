@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ import trio
 from meshd.control.client import call
 from meshd.core.messages import MessageType
 from meshd.errors import RemoteError
+from meshd.testing.wait import wait_for
 from meshd.testnet.drive import stream
 from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, up
 
@@ -99,10 +99,7 @@ def test_residency_request_fails_clearly_when_no_allowed_node_is_left(mesh: dict
         reply = trio.run(call, entry, MessageType.PEERS_REQ, {})
         return not any(p["region"] == "eu" for p in reply["peers"])
 
-    end = time.monotonic() + 20
-    while not eu_gone():
-        assert time.monotonic() < end, "the killed eu nodes never left the entry's peer table"
-        time.sleep(0.1)
+    wait_for(eu_gone, 20, "the killed eu nodes to leave the entry's peer table")
     before = requests_served(mesh["us1"]["socket"])
     with pytest.raises(RemoteError) as err:
         trio.run(stream, entry, greedy(residency="eu"))

@@ -71,6 +71,7 @@ from meshd.core.wire import (
 from meshd.errors import MeshdError, ProtocolError
 from meshd.net.attest import Attestor, disconnect_all, make_host
 from meshd.net.identity import NodeIdentity, load_identity
+from meshd.testing.wait import wait_for
 from meshd.testnet.launcher import NodeSpec, _alive, down, up
 
 pytestmark = pytest.mark.slow
@@ -355,18 +356,17 @@ def assert_healthy(t: Target) -> None:
     except (MeshdError, trio.TooSlowError) as e:
         raise AssertionError(f"a normal submit failed after the batch: {e}\n{_tail(t.log)}") from None
     assert out["text"].strip() and out["tokens"] == 8, out  # greedy: the same text every time
-    deadline = time.monotonic() + HEALTH_DEADLINE_S
-    while True:
-        names = {p["name"] for p in _control(t.sock, MessageType.PEERS_REQ, {})["peers"]}
-        back = {p["name"] for p in _control(t.witness_sock, MessageType.PEERS_REQ, {})["peers"]}
-        if names == {t.witness_name} and t.name in back:
-            break
+    seen: dict[str, set[str]] = {}
+
+    def intact() -> bool:
+        seen["names"] = {p["name"] for p in _control(t.sock, MessageType.PEERS_REQ, {})["peers"]}
+        seen["back"] = {p["name"] for p in _control(t.witness_sock, MessageType.PEERS_REQ, {})["peers"]}
         # the attacker never advertised anything valid: it must never be in the table
-        assert "fuzzer" not in names, names
-        if time.monotonic() > deadline:
-            raise AssertionError(f"peer tables not intact: {t.name} sees {names}, "
-                                 f"{t.witness_name} sees {back}")
-        time.sleep(0.1)
+        assert "fuzzer" not in seen["names"], seen["names"]
+        return seen["names"] == {t.witness_name} and t.name in seen["back"]
+
+    wait_for(intact, HEALTH_DEADLINE_S, lambda: f"intact peer tables: {t.name} sees "
+             f"{seen.get('names')}, {t.witness_name} sees {seen.get('back')}")
     assert _alive(t.pid), f"the daemon died; its log ends:\n{_tail(t.log)}"
 
 
@@ -585,12 +585,9 @@ def test_abandoned_requests_release_model_capacity(target: Target, attacker: Att
             f"(in_flight, queued) = {_in_flight(target)}")
         abandoned += got == "abandoned"
     assert abandoned >= 3, "could not abandon a running generation; the test proves nothing"
-    deadline = time.monotonic() + STREAM_DEADLINE_S
-    while _in_flight(target) != (0, 0):
-        assert time.monotonic() < deadline, (
-            f"model slots leaked: (in_flight, queued) = {_in_flight(target)} after {abandoned} "
-            "abandoned requests")
-        time.sleep(0.05)
+    wait_for(lambda: _in_flight(target) == (0, 0), STREAM_DEADLINE_S,
+             lambda: f"free model slots (leaked? (in_flight, queued) = {_in_flight(target)} "
+                     f"after {abandoned} abandoned requests)", poll_s=0.05)
     assert_healthy(target)
 
 
@@ -859,10 +856,9 @@ def test_signed_garbage_reaches_the_validators_and_is_rejected(
                                          os.urandom(8)))
     attacker.attack(target, attacker.probe, PROTOCOL_ID_V11, lp(_rpc_bytes(rpc)), "half_close",
                   GOSSIP_SETTLE_S)
-    deadline = time.monotonic() + STREAM_DEADLINE_S
-    while _status(target.sock)["services"]["node"]["adverts_rejected"] < before + len(payloads):
-        assert time.monotonic() < deadline, "the signed garbage never reached the validators"
-        time.sleep(0.05)
+    wait_for(lambda: _status(target.sock)["services"]["node"]["adverts_rejected"]
+             >= before + len(payloads), STREAM_DEADLINE_S,
+             "the signed garbage to reach the validators", poll_s=0.05)
     assert_healthy(target)
 
 

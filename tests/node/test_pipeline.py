@@ -29,6 +29,7 @@ from meshd.control.client import call, connect, raise_if_error
 from meshd.core.messages import MessageType
 from meshd.engine import GenerationConfig, default_model_path, load_model
 from meshd.node.activations import TensorError, decode_tensor, encode_hidden, encode_ids
+from meshd.testing.wait import wait_for
 from meshd.testnet.drive import cli as meshd
 
 MODEL = str(default_model_path())
@@ -383,6 +384,24 @@ def test_unservable_model_fails_cleanly(mesh: dict[str, Any]) -> None:
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "nothing" in proc.stderr
 
 
+@pytest.mark.slow
+def test_an_entry_without_the_model_sends_the_last_stage_packed_ids(mesh: dict[str, Any],
+                                                                     reference: Any) -> None:
+    """Edge tokenization (docs/edge-tokenization.md): the entry node serves nothing, fetches
+    the model's tokenizer from a stage, and the last stage gets the prompt as packed ids."""
+    def held() -> Any:
+        reply = trio.run(call, sock(mesh, "entry"), MessageType.STATUS_REQ, {})
+        return reply["data"]["services"]["tokenizers"]["held"]
+
+    wait_for(held, 30, "the entry node to hold the tokenizer its peers advertise")
+    before = stage_stats(mesh, "s3")
+    out = submit(mesh, "entry", "tiny3", PROMPTS[2])
+    after = stage_stats(mesh, "s3")
+    assert out["token_ids"] == reference(PROMPTS[2], TOKENS)
+    assert after["prompts_packed"] - before["prompts_packed"] == 1
+    assert after["prompts_text"] == before["prompts_text"]
+
+
 async def _stream(socket: str, fields: dict[str, Any],
                   on_token: Callable[[int, dict[str, Any]], Any] | None = None) -> dict[str, Any]:
     route: dict[str, Any] = {}
@@ -442,10 +461,7 @@ def test_eight_concurrent_requests_complete_and_stages_return_to_baseline(
         return all(s["sessions_open"] == 0 and s["kv_bytes"] == 0
                    for s in (stage_stats(mesh, n) for n in STAGE_NODES))
 
-    deadline = time.monotonic() + 10
-    while not baseline():
-        assert time.monotonic() < deadline, {n: stage_stats(mesh, n) for n in STAGE_NODES}
-        time.sleep(0.1)
+    wait_for(baseline, 10, lambda: f"stage sessions to close: {[stage_stats(mesh, n) for n in STAGE_NODES]}")
 
 
 @pytest.mark.slow
@@ -469,10 +485,7 @@ def test_killed_middle_stage_fails_over_with_identical_output(mesh: dict[str, An
     out = trio.run(_stream, sock(mesh, "entry"), _fields(prompt, n), on_token)
     assert killed, f"never reached token {kill_at} (seed {seed})"
     victim = killed[0][0]
-    deadline = time.monotonic() + 10
-    while _alive(pids[victim]):
-        assert time.monotonic() < deadline, f"{victim} survived SIGKILL"
-        time.sleep(0.05)
+    wait_for(lambda: not _alive(pids[victim]), 10, f"{victim} to die of SIGKILL", poll_s=0.05)
     _reap(pids[victim])
     assert out["token_ids"] == reference(prompt, n), f"seed {seed}, killed {victim} at {kill_at}"
     assert out["replans"] >= 1, out
@@ -534,10 +547,12 @@ def test_auto_layers_spread_over_the_model_settle_and_serve(auto_mesh: dict[str,
 
     first = placement()
     assert all(p["auto_models"]["tinyauto"]["capacity_layers"] == 2 for p in first.values())
-    deadline = time.monotonic() + 60
-    while ranges(p := placement()) != [(0, 2), (2, 4), (4, 6)]:
-        assert time.monotonic() < deadline, f"auto placement did not cover the model: {p}"
-        time.sleep(0.3)
+    def covered() -> dict[str, Any] | None:
+        q = placement()
+        return q if ranges(q) == [(0, 2), (2, 4), (4, 6)] else None
+
+    p = wait_for(covered, 60, lambda: f"auto placement to cover the model: {placement()}",
+                 poll_s=0.3)
     moves = {n: p[n]["moves"] for n in names}
     assert 1 <= sum(moves.values()) <= 6, moves
     # adverts carry the new ranges: a pipeline over the three runs and matches one node
@@ -546,17 +561,16 @@ def test_auto_layers_spread_over_the_model_settle_and_serve(auto_mesh: dict[str,
                      sock(auto_mesh, "auto1"), PROMPTS[0], check=False)
         return json.loads(proc.stdout) if proc.returncode == 0 else None
 
-    deadline = time.monotonic() + 20
-    while (out := served()) is None:
-        assert time.monotonic() < deadline, "no pipeline over the auto-placed ranges"
-        time.sleep(0.5)
+    out = wait_for(served, 20, "a pipeline over the auto-placed ranges", poll_s=0.5)
     assert out["token_ids"] == reference(PROMPTS[0], 16)
     assert len(out["pipeline"]) == 3, out
     # settled: each node decides twice more on the same picture and none moves (no flapping)
     seen = {n: p[n]["decisions"] for n in names}
-    deadline = time.monotonic() + 20
-    while not all((later := placement())[n]["decisions"] >= seen[n] + 2 for n in names):
-        assert time.monotonic() < deadline, later
-        time.sleep(0.3)
+    def decided_twice_more() -> dict[str, Any] | None:
+        q = placement()
+        return q if all(q[n]["decisions"] >= seen[n] + 2 for n in names) else None
+
+    later = wait_for(decided_twice_more, 20,
+                     lambda: f"two more placement decisions each: {placement()}", poll_s=0.3)
     assert {n: later[n]["moves"] for n in names} == moves
     assert ranges(later) == [(0, 2), (2, 4), (4, 6)]

@@ -1,0 +1,196 @@
+"""The onnxruntime adapter of a sentence encoder: texts in, L2-normalised float32 vectors out.
+
+``load_embedder`` checks the directory's files against its manifest and builds one session;
+``Embedder.embed`` tokenizes (truncating to the model's ``max_seq_length``), sorts the texts by
+length so that each batch of up to ``batch_size`` pads little, runs the encoder and returns the
+rows in the caller's order. An ``Embedder`` may be shared by any number of threads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from meshd.embed.graph import ATTENTION_MASK, EMBEDDING, INPUT_IDS
+from meshd.embed.manifest import EmbedManifest, read_embed_manifest
+from meshd.engine.runtime import choose_providers
+from meshd.engine.weights import file_sha256
+from meshd.errors import LocalError, ModelError
+
+log = logging.getLogger(__name__)
+DEFAULT_BATCH_SIZE = 64
+
+
+class Embedder:
+    """One loaded sentence encoder. ``embed(texts) -> float32 [n, dim]``, rows of norm 1."""
+
+    def __init__(self, path: Path, manifest: EmbedManifest, tokenizer: Any,
+                 session: ort.InferenceSession, *, batch_size: int, threads: int) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.batch_size = batch_size
+        self.threads = threads
+        self._tok = tokenizer
+        self._session: Any = session
+        self._lock = threading.Lock()
+        self._texts = 0
+        self._batches = 0
+        self._busy_s = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    @property
+    def identity(self) -> str:
+        """``name@sha256-prefix`` of the weights: two embedders with equal identities give
+        equal vectors, so caches key on it."""
+        return self.manifest.identity
+
+    @property
+    def dim(self) -> int:
+        return self.manifest.arch.dim
+
+    @property
+    def max_tokens(self) -> int:
+        """Longer texts are truncated to this many tokens (special tokens included)."""
+        return self.manifest.arch.max_seq_length
+
+    @property
+    def provider(self) -> str:
+        return str(self._session.get_providers()[0])
+
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """The token ids the encoder sees for each text (after truncation)."""
+        _check_texts(texts)
+        if len(texts) == 1:
+            return [list(self._tok.encode(texts[0]).ids)]
+        return [list(e.ids) for e in self._tok.encode_batch(list(texts))]
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings of ``texts``: float32 [len(texts), dim], each row L2-normalised."""
+        t0 = time.perf_counter()
+        ids = self.token_ids(texts)
+        out = np.empty((len(ids), self.dim), np.float32)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        batches = 0
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            out[rows] = self._run([ids[i] for i in rows])
+            batches += 1
+        with self._lock:
+            self._texts += len(ids)
+            self._batches += batches
+            self._busy_s += time.perf_counter() - t0
+        return out
+
+    def embed_ids(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
+        """Embeddings of token id sequences (special tokens included), one padded batch."""
+        if not batch:
+            return np.empty((0, self.dim), np.float32)
+        return self._run(batch)
+
+    def _run(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
+        t = max(len(ids) for ids in batch)
+        input_ids = np.zeros((len(batch), t), np.int64)
+        mask = np.zeros((len(batch), t), np.int64)
+        for r, ids in enumerate(batch):
+            input_ids[r, :len(ids)] = ids
+            mask[r, :len(ids)] = 1
+        try:
+            (emb,) = self._session.run([EMBEDDING], {INPUT_IDS: input_ids, ATTENTION_MASK: mask})
+        except Exception as err:  # onnxruntime's own exception types
+            raise ModelError(f"{self.name}: onnxruntime failed: {_first_line(err)}") from None
+        return np.asarray(emb, np.float32)
+
+    def statistics(self) -> dict[str, Any]:
+        with self._lock:
+            return {"model": self.name, "identity": self.identity, "dim": self.dim,
+                    "provider": self.provider, "threads": self.threads, "texts": self._texts,
+                    "batches": self._batches, "busy_s": round(self._busy_s, 3)}
+
+    def close(self) -> None:
+        self._session = None
+
+
+def _check_texts(texts: Sequence[str]) -> None:
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise LocalError("embed() takes a list of strings")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
+                  providers: list[str] | tuple[str, ...] | None = None, verify: bool = True,
+                  batch_size: int = DEFAULT_BATCH_SIZE, spin: bool = False) -> Embedder:
+    """Load an embedding model directory (default: all-MiniLM-L6-v2 from the ``meshd[edge]``
+    extra, imported into the user's cache on first use). ``verify`` checks the weights' sha256
+    (the file size and the graph's and tokenizer's hashes are always checked). ``threads``:
+    onnxruntime intra-op threads (default: onnxruntime's, one per core). ``spin``: let idle
+    intra-op threads spin-wait (onnxruntime's default); off here, because on a small shared box
+    a spinning thread takes CPU from everything else (32 tokens on 2 threads at load 7: 44.9 ms
+    p50 without spinning, 58.1 ms with)."""
+    from tokenizers import Tokenizer
+
+    t0 = time.perf_counter()
+    if path is None:
+        from meshd.embed.package import default_embedding_model
+        path = default_embedding_model()
+    path = Path(path)
+    if batch_size < 1:
+        raise LocalError("batch_size must be >= 1")
+    m = read_embed_manifest(path)
+    weights = path / m.weights_file
+    try:
+        size = weights.stat().st_size
+    except FileNotFoundError:
+        raise ModelError(f"{weights}: weights file is missing") from None
+    if size != m.weights_bytes:
+        raise ModelError(f"{m.weights_file}: size {size} bytes, manifest says {m.weights_bytes} "
+                         "(truncated or replaced?)")
+    if verify and file_sha256(weights) != m.weights_sha256:
+        raise ModelError(f"{m.weights_file}: hash mismatch (the file is corrupt or does not "
+                         "belong to this manifest)")
+    for name, want in ((m.graph_file, m.graph_sha256), (m.tokenizer_file, m.tokenizer_sha256)):
+        try:
+            data = (path / name).read_bytes()
+        except OSError:
+            raise ModelError(f"{path}: {name} is missing") from None
+        if hashlib.sha256(data).hexdigest() != want:
+            raise ModelError(f"{name}: hash mismatch (not this model's file)")
+    try:
+        tok = Tokenizer.from_file(str(path / m.tokenizer_file))
+    except Exception as err:  # the library raises a bare Exception on any parse error
+        raise ModelError(f"{m.tokenizer_file}: cannot load ({_first_line(err)})") from None
+    tok.no_padding()
+    tok.enable_truncation(max_length=m.arch.max_seq_length)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if threads is not None:
+        if threads < 1:
+            raise LocalError("threads must be >= 1")
+        so.intra_op_num_threads = threads
+    try:
+        session = ort.InferenceSession(str(path / m.graph_file), so,
+                                       providers=choose_providers(providers))
+    except Exception as err:
+        raise ModelError(f"{m.name}: onnxruntime cannot build the session: "
+                         f"{_first_line(err)}") from None
+    emb = Embedder(path, m, tok, session, batch_size=batch_size,
+                   threads=threads or so.intra_op_num_threads)
+    log.info("embedding model loaded name=%s dim=%d provider=%s load_ms=%.1f", m.name, emb.dim,
+             emb.provider, (time.perf_counter() - t0) * 1e3)
+    return emb

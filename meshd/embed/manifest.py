@@ -1,0 +1,138 @@
+"""``manifest.json`` of a meshd embedding model directory (format ``meshd-embedding``, 1).
+
+The directory holds ``weights.bin`` (the same 64-byte-aligned tensor file as a generative
+model, see docs/model-format.md), ``tokenizer.json`` and ``encoder.onnx`` (the whole encoder,
+its initializers external references into ``weights.bin``). The format is in
+docs/embeddings.md; bump ``FORMAT_VERSION`` for any change an older reader would misread.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshd.embed.arch import BertArch
+from meshd.engine.manifest import DTYPES, MANIFEST, TensorEntry
+from meshd.errors import ModelError
+
+FORMAT = "meshd-embedding"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedManifest:
+    name: str
+    version: str
+    arch: BertArch
+    dtype: str
+    weights_file: str
+    weights_bytes: int
+    weights_sha256: str
+    tensors: tuple[TensorEntry, ...]
+    tokenizer_file: str
+    tokenizer_sha256: str
+    graph_file: str
+    graph_sha256: str
+    source: dict[str, Any] = field(default_factory=dict)
+    created_by: str = ""
+
+    @property
+    def content_hash(self) -> str:
+        """The identity of the model: the sha256 of its weights file."""
+        return self.weights_sha256
+
+    @property
+    def identity(self) -> str:
+        """``name@sha256-prefix``: what caches key embeddings by."""
+        return f"{self.name}@{self.weights_sha256[:16]}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "version": self.version,
+            "created_by": self.created_by,
+            "source": self.source,
+            "architecture": self.arch.to_json(),
+            "dtype": self.dtype,
+            "weights": {"file": self.weights_file, "bytes": self.weights_bytes,
+                        "sha256": self.weights_sha256,
+                        "tensors": [t.to_json() for t in self.tensors]},
+            "tokenizer": {"file": self.tokenizer_file, "sha256": self.tokenizer_sha256},
+            "graph": {"file": self.graph_file, "sha256": self.graph_sha256},
+        }
+
+    def write(self, directory: Path) -> None:
+        data = self.to_json()
+        rows = data["weights"]["tensors"]
+        data["weights"]["tensors"] = "@@tensors@@"
+        # One line per tensor, as in a generative model's manifest, so diffs stay readable.
+        lines = ",\n".join(f"   {json.dumps(r)}" for r in rows)
+        text = json.dumps(data, indent=1).replace('"@@tensors@@"', f"[\n{lines}\n  ]")
+        (directory / MANIFEST).write_text(text + "\n")
+
+
+def is_embedding_dir(directory: Path) -> bool:
+    """Whether ``directory`` holds an embedding model (and not a generative one)."""
+    try:
+        data = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def read_embed_manifest(directory: Path) -> EmbedManifest:
+    path = directory / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"{directory}: not a meshd model directory (no {MANIFEST})") from None
+    except OSError as err:
+        raise ModelError(f"{path}: cannot read ({err.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelError(f"{path}: not valid JSON ({err})") from None
+    return parse_embed_manifest(data, str(path))
+
+
+def parse_embed_manifest(data: Any, source: str = MANIFEST) -> EmbedManifest:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ModelError(f"{source}: not a meshd embedding model manifest (field 'format')")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise ModelError(f"{source}: format_version={data.get('format_version')!r} is not "
+                         f"supported (this meshd reads {FORMAT_VERSION})")
+    try:
+        w, tok, graph = data["weights"], data["tokenizer"], data["graph"]
+        m = EmbedManifest(
+            name=str(data["name"]),
+            version=str(data["version"]),
+            arch=BertArch.from_json(data["architecture"], source),
+            dtype=str(data["dtype"]),
+            weights_file=str(w["file"]),
+            weights_bytes=int(w["bytes"]),
+            weights_sha256=str(w["sha256"]),
+            tensors=tuple(TensorEntry(t["name"], t["dtype"], tuple(int(s) for s in t["shape"]),
+                                      int(t["offset"]), int(t["nbytes"]), str(t["sha256"]))
+                          for t in w["tensors"]),
+            tokenizer_file=str(tok["file"]),
+            tokenizer_sha256=str(tok["sha256"]),
+            graph_file=str(graph["file"]),
+            graph_sha256=str(graph["sha256"]),
+            source=dict(data.get("source", {})),
+            created_by=str(data.get("created_by", "")),
+        )
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise ModelError(f"{source}: malformed manifest ({type(err).__name__}: {err})") from None
+    if m.dtype not in DTYPES:
+        raise ModelError(f"{source}: dtype={m.dtype!r} is not supported (fp32, fp16)")
+    for t in m.tensors:
+        if t.dtype not in DTYPES:
+            raise ModelError(f"{source}: tensor {t.name!r} has unsupported dtype {t.dtype!r}")
+        if t.offset < 0 or t.offset + t.nbytes > m.weights_bytes:
+            raise ModelError(f"{source}: tensor {t.name!r} lies outside {m.weights_file}")
+    for name in (m.weights_file, m.tokenizer_file, m.graph_file):
+        if "/" in name or "\\" in name or name.startswith("."):
+            raise ModelError(f"{source}: file name {name!r} must be a plain name in the directory")
+    return m

@@ -1,0 +1,1 @@
+"""Models served by forwarding to OpenAI-compatible servers (docs/upstream.md)."""
