@@ -223,7 +223,7 @@ class ApiApp:
                 err.headers.append(("x-request-id", rid))
                 return await send_error(send, err)
             await _body(send, sse.event(err.body()) + sse.DONE, more=False)
-            return err.status
+            return 200  # the status that went out; the error is in the stream
         assert stats is not None
         if not started:
             route.update({k: stats[k] for k in ("served_by", "route") if stats.get(k)})
