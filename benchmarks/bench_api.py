@@ -16,7 +16,7 @@ control client is meshd's framed socket protocol. Both ask for greedy decoding w
 cache off. The model is a tiny random Llama (hidden 32, 4 layers) so that the doors, not the
 engine, dominate; pass ``--model DIR`` to use another.
 
-    .venv/bin/python benchmarks/bench_api.py [--requests 200] [--clients 32] [--seconds 20]
+    .venv/bin/python benchmarks/bench_api.py [--requests 200] [--clients 32] [--seconds 40] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -254,6 +254,16 @@ async def throughput(door: str, sock: str, host: str, port: int, key: str, model
             "first_errors": errors[:3]}
 
 
+def _total(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    tokens = sum(r["tokens"] for r in rs)
+    seconds = sum(r["seconds"] for r in rs)
+    return {"clients": rs[0]["clients"], "seconds": round(seconds, 2), "tokens": tokens,
+            "requests": sum(r["requests"] for r in rs), "tokens_per_s": round(tokens / seconds, 1),
+            "errors": sum(r["errors"] for r in rs),
+            "daemon_cpu_ms_per_token": round(sum(r["daemon_cpu_ms_per_token"] * r["tokens"]
+                                                 for r in rs) / max(tokens, 1), 4)}
+
+
 async def idle_connections(pid: int, host: str, port: int, key: str, n: int) -> dict[str, Any]:
     warm = [await HttpConn.open(host, port, key) for _ in range(4)]
     for c in warm:
@@ -280,7 +290,8 @@ def main() -> None:
     ap.add_argument("--model", help="model directory (default: a tiny random Llama)")
     ap.add_argument("--requests", type=int, default=200, help="first-token samples per door")
     ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--seconds", type=float, default=20.0, help="per door, for throughput")
+    ap.add_argument("--seconds", type=float, default=40.0, help="per door, for throughput")
+    ap.add_argument("--rounds", type=int, default=4, help="alternating throughput rounds")
     ap.add_argument("--tokens", type=int, default=64, help="max_tokens of throughput requests")
     ap.add_argument("--idle", type=int, default=200, help="idle keep-alive connections")
     ap.add_argument("--out", help="write the figures as JSON here")
@@ -304,14 +315,17 @@ def main() -> None:
             res["ttft"] = await ttft(node["socket"], host, port, key, model_name, args.requests)
             print(json.dumps(res["ttft"]), flush=True)
             pid = int(node["pid"])
-            tp_ctl = await throughput("control", node["socket"], host, port, key, model_name,
-                                      args.clients, args.seconds, args.tokens, pid)
-            print(json.dumps(tp_ctl), flush=True)
-            tp_api = await throughput("api", node["socket"], host, port, key, model_name,
-                                      args.clients, args.seconds, args.tokens, pid)
-            print(json.dumps(tp_api), flush=True)
-            res["throughput"] = {"control": tp_ctl, "api": tp_api,
-                                 "api_over_control": round(tp_api["tokens_per_s"] / tp_ctl["tokens_per_s"], 3)}
+            rounds: dict[str, list[dict[str, Any]]] = {"control": [], "api": []}
+            for r in range(args.rounds):  # alternating, so load that drifts hits both doors
+                for door in (("control", "api") if r % 2 == 0 else ("api", "control")):
+                    tp = await throughput(door, node["socket"], host, port, key, model_name,
+                                          args.clients, args.seconds / args.rounds, args.tokens, pid)
+                    print(json.dumps(tp), flush=True)
+                    rounds[door].append(tp)
+            res["throughput"] = {door: _total(rs) for door, rs in rounds.items()}
+            res["throughput"]["rounds"] = rounds
+            res["throughput"]["api_over_control"] = round(
+                res["throughput"]["api"]["tokens_per_s"] / res["throughput"]["control"]["tokens_per_s"], 3)
             res["idle"] = await idle_connections(int(node["pid"]), host, port, key, args.idle)
             print(json.dumps(res["idle"]), flush=True)
             return res
