@@ -185,25 +185,36 @@ def pct(xs: list[float], q: float) -> float:
     return ys[min(len(ys) - 1, int(q * len(ys)))]
 
 
-async def ttft(sock: str, host: str, port: int, key: str, model: str, n: int) -> dict[str, Any]:
+async def ttft(sock: str, host: str, port: int, key: str, model: str, n: int,
+               pid: int) -> dict[str, Any]:
+    """First-token times through both doors, alternating request by request; and the daemon's
+    CPU per request of each door (clock ticks summed over the requests: a figure the machine's
+    other load changes little)."""
     conn = await HttpConn.open(host, port, key)
-    api: list[float] = []
-    ctl: list[float] = []
+    times: dict[str, list[float]] = {"api": [], "control": []}
+    cpu: dict[str, float] = {"api": 0.0, "control": 0.0}
+
+    async def one(door: str) -> None:
+        c0 = cpu_s(pid)
+        if door == "api":
+            times[door].append((await http_request(conn, model, 2))[0])
+        else:
+            times[door].append((await control_request(sock, 2))[0])
+        cpu[door] += cpu_s(pid) - c0
+
     for _ in range(5):  # warm both paths
         await control_request(sock, 2)
         await http_request(conn, model, 2)
     for i in range(n):
-        if i % 2:
-            api.append((await http_request(conn, model, 2))[0])
-            ctl.append((await control_request(sock, 2))[0])
-        else:
-            ctl.append((await control_request(sock, 2))[0])
-            api.append((await http_request(conn, model, 2))[0])
+        for door in (("api", "control") if i % 2 else ("control", "api")):
+            await one(door)
     await conn.aclose()
+    api, ctl = times["api"], times["control"]
     return {"requests_each": n, "api_p50_ms": round(statistics.median(api), 3),
             "api_p90_ms": round(pct(api, 0.9), 3), "control_p50_ms": round(statistics.median(ctl), 3),
             "control_p90_ms": round(pct(ctl, 0.9), 3),
-            "added_p50_ms": round(statistics.median(api) - statistics.median(ctl), 3)}
+            "added_p50_ms": round(statistics.median(api) - statistics.median(ctl), 3),
+            "daemon_cpu_ms_per_request": {d: round(cpu[d] * 1000 / n, 3) for d in cpu}}
 
 
 def cpu_s(pid: int) -> float:
@@ -312,9 +323,9 @@ def main() -> None:
             status, raw = await conn.request("GET", "/v1/models")
             await conn.aclose()
             model_name = json.loads(raw)["data"][0]["id"]
-            res["ttft"] = await ttft(node["socket"], host, port, key, model_name, args.requests)
-            print(json.dumps(res["ttft"]), flush=True)
             pid = int(node["pid"])
+            res["ttft"] = await ttft(node["socket"], host, port, key, model_name, args.requests, pid)
+            print(json.dumps(res["ttft"]), flush=True)
             rounds: dict[str, list[dict[str, Any]]] = {"control": [], "api": []}
             for r in range(args.rounds):  # alternating, so load that drifts hits both doors
                 for door in (("control", "api") if r % 2 == 0 else ("api", "control")):
