@@ -99,6 +99,7 @@ class HttpConn:
         self.host = host
         self.key = key
         self.on_bytes: Any = None  # called with raw bytes as they arrive, before parsing
+        self.on_send: Any = None  # called as the request's bytes, already built, are sent
 
     @classmethod
     async def open(cls, host: str, port: int, key: str) -> HttpConn:
@@ -119,9 +120,11 @@ class HttpConn:
                       on_data: Any = None) -> tuple[int, bytes]:
         headers = [("host", self.host), ("authorization", f"Bearer {self.key}"),
                    ("content-type", "application/json"), ("content-length", str(len(body)))]
-        await self.stream.send_all(self.conn.send(h11.Request(method=method, target=path,
-                                                              headers=headers))
-                                   + self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage()))
+        data = (self.conn.send(h11.Request(method=method, target=path, headers=headers))
+                + self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage()))
+        if self.on_send is not None:
+            self.on_send()
+        await self.stream.send_all(data)
         status = 0
         parts = []
         while True:
@@ -151,17 +154,21 @@ async def http_request(conn: HttpConn, model: str, max_tokens: int) -> tuple[flo
     first: list[float] = []
     t0 = time.perf_counter()
 
+    def on_send() -> None:  # timed from the request's bytes going out, as the control client's
+        nonlocal t0
+        t0 = time.perf_counter()
+
     def on_bytes(data: bytes) -> None:
         # the first token's bytes arriving (the role chunk's content is ""): timed as the bytes
         # land, like the control client's frame, so the client's HTTP parsing is not counted
         if not first and FIRST_TEXT.search(data):
             first.append((time.perf_counter() - t0) * 1000)
 
-    conn.on_bytes = on_bytes
+    conn.on_bytes, conn.on_send = on_bytes, on_send
     try:
         status, raw = await conn.request("POST", "/v1/chat/completions", body)
     finally:
-        conn.on_bytes = None
+        conn.on_bytes = conn.on_send = None
     if status != 200 or not raw.endswith(b"data: [DONE]\n\n"):
         raise RuntimeError(f"HTTP {status}: {raw[:300]!r}")
     usage = json.loads(raw.split(b"\n\n")[-3][len(b"data: "):])["usage"]
