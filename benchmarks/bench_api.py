@@ -344,6 +344,24 @@ def main() -> None:
             res["throughput"]["rounds"] = rounds
             res["throughput"]["api_over_control"] = round(
                 res["throughput"]["api"]["tokens_per_s"] / res["throughput"]["control"]["tokens_per_s"], 3)
+            # both doors at once, clients of each: the same machine state for both, whatever the
+            # rest of the box does (the ratio of what each door's clients receive)
+            mixed: dict[str, dict[str, Any]] = {}
+
+            async def door_run(door: str) -> None:
+                mixed[door] = await throughput(door, node["socket"], host, port, key, model_name,
+                                               args.clients, args.seconds / 2, args.tokens, pid)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(door_run, "control")
+                nursery.start_soon(door_run, "api")
+            for tp in mixed.values():
+                tp.pop("daemon_cpu_ms_per_token")  # shared by both doors: not theirs alone
+                tp.pop("client_cpu_ms_per_token")
+            mixed["api_over_control"] = {"ratio": round(
+                mixed["api"]["tokens_per_s"] / mixed["control"]["tokens_per_s"], 3)}
+            res["throughput_mixed"] = mixed
+            print(json.dumps(mixed), flush=True)
             res["idle"] = await idle_connections(int(node["pid"]), host, port, key, args.idle)
             print(json.dumps(res["idle"]), flush=True)
             return res
