@@ -208,7 +208,7 @@ class ApiApp:
                 return
             if kind == "tokens" and payload.get("text"):
                 sent_text.append(payload["text"])
-                data = sse.event(chunks.text(payload["text"]))
+                data = chunks.text_event(payload["text"])
                 if started:
                     await _body(send, data)
                 else:
@@ -230,7 +230,7 @@ class ApiApp:
             await start(b"")
         text = str(stats.get("text") or "")
         said = "".join(sent_text)
-        tail = sse.event(chunks.text(text[len(said):])) if len(text) > len(said) and text.startswith(said) else b""
+        tail = chunks.text_event(text[len(said):]) if len(text) > len(said) and text.startswith(said) else b""
         usage = chunks.usage(stats)
         await _body(send, tail + sse.event(chunks.last(stats))
                     + (sse.event(usage) if usage is not None else b"") + sse.DONE, more=False)
