@@ -224,6 +224,26 @@ async def ttft(sock: str, host: str, port: int, key: str, model: str, n: int,
             "daemon_cpu_ms_per_request": {d: round(cpu[d] * 1000 / n, 3) for d in cpu}}
 
 
+async def chain_ttft(host: str, port: int, key: str) -> dict[str, float]:
+    """Mean time from the entry chain taking a request in to its first token, by origin (the
+    node's own meshd_time_to_first_token_seconds): the part of the first-token time that is
+    the mesh's, the same for both doors when the doors cost the same."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn = await HttpConn.open(host, port, key)
+    _, raw = await conn.request("GET", "/metrics")
+    await conn.aclose()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(raw.decode()):
+        for sample in family.samples:
+            if sample.name == "meshd_time_to_first_token_seconds_sum":
+                sums[sample.labels["origin"]] = sample.value
+            elif sample.name == "meshd_time_to_first_token_seconds_count":
+                counts[sample.labels["origin"]] = sample.value
+    return {o: round(sums[o] / counts[o] * 1000, 3) for o in sums if counts.get(o)}
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -332,6 +352,7 @@ def main() -> None:
             model_name = json.loads(raw)["data"][0]["id"]
             pid = int(node["pid"])
             res["ttft"] = await ttft(node["socket"], host, port, key, model_name, args.requests, pid)
+            res["ttft"]["entry_chain_mean_ms"] = await chain_ttft(host, port, key)
             print(json.dumps(res["ttft"]), flush=True)
             rounds: dict[str, list[dict[str, Any]]] = {"control": [], "api": []}
             for r in range(args.rounds):  # alternating, so load that drifts hits both doors
