@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_embed.py [--repeats 300] [--threads 1,2] [--out FILE.json]
 
 For each onnxruntime intra-op thread count (``intra_op_num_threads``; inter-op 1, sequential
-execution, graph optimisation ORT_ENABLE_ALL, default spinning), measured in the same process
+execution, graph optimisation ORT_ENABLE_ALL, no spin-waiting: the Embedder's defaults),
+measured in the same process
 and interleaved so that a noisy machine slows every setting alike:
 
 - one sentence of exactly 32 tokens (special tokens included) through ``Embedder.embed``

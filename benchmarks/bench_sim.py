@@ -9,6 +9,7 @@ and docs/gossip-at-scale.md quote them.
     python benchmarks/bench_sim.py scale               # mesh-10k and mesh-100k, 60 s
     python benchmarks/bench_sim.py speed               # one strategy of mesh-512, timed
     python benchmarks/bench_sim.py cells               # cell size 16/32/64/128 on mesh-512, 60 s
+    python benchmarks/bench_sim.py sweep               # homog-128, mixed-128: load sweeps (issue 18)
     python benchmarks/bench_sim.py all --jobs 2
 
 ``--duration S`` shortens every run (for a quick look; the recorded figures use the defaults).
@@ -27,10 +28,19 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SCEN = ROOT / "testnet" / "scenarios"
-ALL = ("meshd", "round_robin", "random", "least_queue", "latency_only", "lwsq")
+ALL = ("meshd", "round_robin", "random", "least_queue", "latency_only", "lwsq")  # fair round-robin
 
 # Issue 6's acceptance targets (meshd / round_robin) on mesh-512.
 TARGETS = {"ttft_p95_ms": 0.40, "ttft_p99_ms": 0.22, "cost_per_1k_tokens": 0.55}
+
+# Issue 18's load sweeps: loads, advert intervals, and the goals (at 2 s adverts) against the
+# best other strategy at each load.
+SWEEP_SCENARIOS = ("homog-128", "mixed-128")
+SWEEP_LOADS = "0.1,0.3,0.5,0.7,0.8,0.9,0.95"
+SWEEP_INTERVALS = (0.1, 2.0, 10.0)
+SWEEP_GOALS = {"ttft_p95_ms": 0.8, "ttft_p99_ms": 0.6}  # at every load from 0.5 to 0.95
+SWEEP_NEVER_WORSE = 1.05  # at any load, p95 and p99
+SWEEP_COST = ("mixed-128", 0.7, 0.7)  # scenario, load, meshd cost / round_robin cost at most
 
 
 def sim(scenario: Path, strategy: str, out: Path, tag: str, *extra: str) -> dict[str, Any]:
@@ -158,6 +168,76 @@ def speed(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return {"meshd": sim(SCEN / "mesh-512.toml", "meshd", out, "speed", *_dur(args))}
 
 
+def sweep(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Every strategy at every load, on the two sweep scenarios and three advert intervals."""
+    from meshd.sim import sweep as sw
+
+    names = tuple(args.scenarios.split(",")) if args.scenarios else SWEEP_SCENARIOS
+    intervals = (
+        tuple(float(x) for x in args.intervals.split(",")) if args.intervals else SWEEP_INTERVALS
+    )
+    res: dict[str, Any] = {}
+    checks: dict[str, bool] = {}
+    for name in names:
+        for interval in intervals:
+            tag = f"{name}-advert-{interval:g}"
+            print(f"sweep: {name}, adverts every {interval:g} s", flush=True)
+            cmd = [sys.executable, "-m", "meshd", "sim", str(SCEN / f"{name}.toml"),
+                   "--sweep-load", args.loads or SWEEP_LOADS, "--advert-interval", str(interval),
+                   "--jobs", str(args.jobs), "--json", "--no-progress", *_dur(args)]  # fmt: skip
+            if args.strategies:
+                cmd += ["--strategies", args.strategies]
+            t0 = time.perf_counter()
+            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr}")
+            data = json.loads(done.stdout)
+            data["wall_s"] = time.perf_counter() - t0
+            data["command"] = "meshd sim " + " ".join(str(c) for c in cmd[4:])
+            (out / f"{tag}.json").write_text(json.dumps(data, indent=2))
+            got: sw.Sweep = {
+                float(x): at for x, at in data["results"].items()
+            }  # figures as JSON (None for NaN)
+            for at in got.values():
+                for r in at.values():
+                    for k, v in r.items():
+                        if v is None:
+                            r[k] = float("nan")
+            sw.write_csv(got, str(out / f"{tag}.csv"))
+            sw.plot(got, str(out / f"{tag}.png"), f"{name}, adverts every {interval:g} s")
+            print(data["header"])
+            print(sw.table(got))
+            for line in sw.yardstick(got):
+                print(line)
+            print(f"  ({data['wall_s']:.0f} s wall)", flush=True)
+            res[tag] = data
+            if interval == 2.0 and "meshd" in got[next(iter(got))]:
+                checks.update(_sweep_checks(name, got))
+    for label, ok in checks.items():
+        print(f"  {'PASS' if ok else 'FAIL'} {label}")
+    return {"runs": {k: v["rows"] for k, v in res.items()}, "checks": checks}
+
+
+def _sweep_checks(name: str, got: dict[float, dict[str, dict[str, Any]]]) -> dict[str, bool]:
+    from meshd.sim import sweep as sw
+
+    checks: dict[str, bool] = {}
+    for load, at in got.items():
+        for key, goal in SWEEP_GOALS.items():
+            other, v = sw.best_other(at, "meshd", key)
+            r = sw.ratio(at["meshd"][key], v)
+            label = f"{name} 2 s load {load:g}: meshd {key} / best other ({other})"
+            if 0.5 <= load <= 0.95:
+                checks[f"{label} <= {goal}x"] = r <= goal
+            checks[f"{label} <= {SWEEP_NEVER_WORSE}x"] = r <= SWEEP_NEVER_WORSE
+    scen, load, goal = SWEEP_COST
+    if name == scen and load in got and "round_robin" in got[load]:
+        r = sw.ratio(got[load]["meshd"]["cost_per_1k_tokens"],
+                     got[load]["round_robin"]["cost_per_1k_tokens"])  # fmt: skip
+        checks[f"{name} 2 s load {load:g}: meshd cost / round_robin <= {goal}x"] = r <= goal
+    return checks
+
+
 def _core_hashes() -> dict[str, str]:
     """Which router and planner produced the figures (they are still changing)."""
     import hashlib
@@ -174,11 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("what", choices=("acceptance", "sensitivity", "scale", "speed", "cells", "all"))
+    ap.add_argument(
+        "what", choices=("acceptance", "sensitivity", "scale", "speed", "cells", "sweep", "all")
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sim"))
     ap.add_argument("--jobs", type=int, default=1, help="simulations at once")
     ap.add_argument("--duration", type=float, help="override every scenario's duration")
-    ap.add_argument("--strategies", help="strategies for sensitivity/scale")
+    ap.add_argument("--strategies", help="strategies for sensitivity/scale/sweep")
+    ap.add_argument("--scenarios", help="sweep: scenario names (default homog-128,mixed-128)")
+    ap.add_argument("--intervals", help="sweep: advert intervals (default 0.1,2,10)")
+    ap.add_argument("--loads", help=f"sweep: loads (default {SWEEP_LOADS})")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -93,6 +93,12 @@ class RoutingConfig:
     first_token_timeout_s: float = 20.0
     model_allow: tuple[str, ...] = ()
     quotas: dict[str, int] = field(default_factory=dict)
+    # edge tokenization (docs/edge-tokenization.md): a request for a model this node does not
+    # serve is tokenized here with the model's tokenizer, fetched from a peer that advertises it
+    # and cached under data_dir/tokenizers; a request waits at most tokenizer_wait_s for a fetch
+    # (else its text is forwarded, as with edge_tokenize = false)
+    edge_tokenize: bool = True
+    tokenizer_wait_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,20 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class CacheConfig:
+    """The entry node's semantic cache (docs/cache.md): answers found by the prompt's meaning.
+    Needs the ``meshd[edge]`` extra (the embedding model); without it the cache is off."""
+
+    enabled: bool = True
+    path: str = ""  # default: data_dir/semantic-cache.db
+    max_entries: int = 100_000
+    max_size_mb: float = 512.0  # MiB of prompts, answers and vectors
+    ttl_s: float = 7 * 86_400.0  # an answer is served for at most this long after it was made
+    threshold: float = 0.91  # cosine similarity for a hit (with the guards of docs/cache.md)
+    tenant: str = "default"  # clients of one tenant may opt in to sharing answers
+
+
+@dataclass(frozen=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     keys: KeysConfig = field(default_factory=KeysConfig)
@@ -134,6 +154,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     base_dir: str = ""  # where relative paths resolve (the config file's folder)
 
     def path(self, p: str) -> Path:
@@ -149,6 +170,7 @@ _SECTIONS: dict[str, type] = {
     "engine": EngineConfig,
     "api": ApiConfig,
     "store": StoreConfig,
+    "cache": CacheConfig,
 }
 
 
@@ -249,8 +271,15 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[routing] wait_bound_min_ms", "must be >= 0")
     if cfg.routing.max_hops < 1:
         raise bad("[routing] max_hops", "must be >= 1")
+    if cfg.routing.tokenizer_wait_s < 0:
+        raise bad("[routing] tokenizer_wait_s", "must be >= 0")
     if cfg.engine.providers not in ("auto", "cpu", "cuda", "tensorrt"):
         raise bad("[engine] providers", "must be auto, cpu, cuda or tensorrt")
+    c = cfg.cache
+    if c.max_entries < 1 or c.max_size_mb <= 0 or c.ttl_s <= 0:
+        raise bad("[cache]", "max_entries must be >= 1, max_size_mb and ttl_s > 0")
+    if not 0 < c.threshold <= 1:
+        raise bad("[cache] threshold", "must be in (0, 1]")
     for key in ("max_age_days", "max_size_mb", "prune_interval_s"):
         if getattr(cfg.store, key) <= 0:
             raise bad(f"[store] {key}", "must be > 0")

@@ -33,6 +33,12 @@ GOLDEN = {
     "stage_free": (MessageType.STAGE_FREE, {"rid": "r1.1@2"}),
     "sync_req": (MessageType.SYNC_REQ, {"n": 7}),
     "audit_req": (MessageType.AUDIT_REQ, {"n": 20, "kind": "attestation_failed"}),
+    "req_packed": (MessageType.REQ, {"rid": "r2", "model": "tiny-en", "prompt_ids": [],
+                                     "prompt_packed": bytes([5, 0, 6, 0]), "prompt_dtype": "u16",
+                                     "tok": "ab" * 32, "deadline_ms": 30000, "hops": 1}),
+    "tok_req": (MessageType.TOK_REQ, {"rid": "tok-1", "tok": "ab" * 32}),
+    "tok_part": (MessageType.TOK_PART, {"rid": "tok-1", "offset": 0, "total": 4,
+                                        "data": b"\x81\xa1v\x01"}),
 }
 
 

@@ -77,3 +77,14 @@ def test_a_bug_inside_nurseries_is_one_line_and_exit_70(
 def test_interrupt_inside_nurseries_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
     _run_with(monkeypatch, _nursery_failure(KeyboardInterrupt()))
     assert cli_main.main(["status"]) == Exit.INTERRUPTED
+
+
+def test_a_refusal_names_its_wire_code(monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from meshd.errors import ContextLengthError
+
+    exc = ContextLengthError("the prompt is 300 tokens and the model's context is 256: no room "
+                             "to generate", prompt_tokens=300, max_tokens=4, context=256)
+    _run_with(monkeypatch, _nursery_failure(exc))
+    assert cli_main.main(["status"]) == Exit.UNAVAILABLE
+    assert capsys.readouterr().err == f"meshd status: {exc} (context_length_exceeded)\n"

@@ -53,6 +53,7 @@ class ApiApp:
             ("GET", "/v1/models"): self.list_models,
             ("POST", "/v1/chat/completions"): self.chat,
             ("POST", "/v1/completions"): self.completions,
+            ("POST", "/v1/embeddings"): self.embeddings,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -104,6 +105,41 @@ class ApiApp:
     async def list_models(self, scope: Scope, receive: Receive, send: Send) -> int:
         self.client_of(scope)
         return await send_json(send, 200, replies.model_list(self.node.entry.models(), self.started))
+
+    async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """OpenAI's embeddings endpoint, answered by this node's sentence-embedding model."""
+        self.client_of(scope)
+        body = await read_body(scope, receive, self.max_body_bytes)
+        try:
+            obj = json.loads(body)
+        except ValueError as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        texts = obj.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if (not isinstance(texts, list) or not texts or len(texts) > 2048
+                or not all(isinstance(t, str) and t for t in texts)):
+            raise ApiError(400, "input must be a non-empty string or a list of 1 to 2,048 of them",
+                           param="input")
+        if obj.get("encoding_format") not in (None, "float"):
+            raise ApiError(400, "encoding_format: only \"float\" is supported", param="encoding_format")
+        if obj.get("dimensions") is not None:
+            raise ApiError(400, "dimensions is not supported: vectors have the model's own size",
+                           param="dimensions")
+        try:
+            model, vectors, tokens = await self.node.entry.embed(texts)
+        except MeshdError as e:
+            raise from_meshd(e) from None
+        if obj.get("model") not in (None, "", model):
+            raise ApiError(404, f"this node embeds with {model!r}, not {obj.get('model')!r}",
+                           param="model", code="model_not_found")
+        return await send_json(send, 200, {
+            "object": "list", "model": model,
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        })
 
     # ------------------------------------------------------------------ generation
 
@@ -270,6 +306,8 @@ def _route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]
     names = route.get("route")
     if names:
         out.append((b"x-meshd-route", ",".join(str(n) for n in names).encode()))
+    if route.get("cached"):
+        out.append((b"x-meshd-cache", b"hit"))  # answered from the entry node's semantic cache
     return out
 
 

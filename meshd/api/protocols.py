@@ -37,6 +37,11 @@ class EntryChain(Protocol):
 
     def new_request_id(self) -> str: ...
 
+    async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
+        """Sentence embeddings of ``texts`` with this node's model: (model name, L2-normalised
+        vectors, tokens read). Raises ``MeshdError`` (``unsupported``) when it has none."""
+        ...
+
 
 class ApiNode(Protocol):
     """The node as the API sees it."""

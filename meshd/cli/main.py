@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "peers",
     "explain",
     "audit",
+    "cache",
     "keys",
     "model",
     "embed",
@@ -112,7 +113,9 @@ def report(command: str, exc: BaseException) -> int:
         raise exc
     ours = [e for e in leaves if isinstance(e, MeshdError)]
     if ours:
-        print(f"meshd {command}: {ours[0]}", file=sys.stderr)
+        code = getattr(ours[0], "code", None) if isinstance(ours[0], RemoteError) else None
+        said = f" ({code})" if code and str(code) not in str(ours[0]) else ""  # proto/errors.md
+        print(f"meshd {command}: {ours[0]}{said}", file=sys.stderr)
         return exit_code_for(ours[0])
     first = leaves[0] if leaves else exc
     logging.getLogger(__name__).debug("internal error", exc_info=exc)

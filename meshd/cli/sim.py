@@ -129,6 +129,12 @@ def _sweep(args: argparse.Namespace, sc: Any, strategies: tuple[str, ...]) -> in
         f"({', '.join(f'{x * cap.capacity_rps:.0f}' for x in loads)} req/s), "
         f"advert interval {sc.gossip.advert_interval_s:g} s"
     )
+    floor = sweep.floor_ms(sc)
+    if floor:
+        header += (
+            "\nfloor (every request started at once on the fastest hardware, no network): "
+            + ", ".join(f"{k[5:8]} {v:.0f} ms" for k, v in floor.items())
+        )
     bar = None if args.no_progress else ProgressBar(len(strategies) * len(loads))
     if bar:
         print(header, file=sys.stderr)
@@ -141,10 +147,10 @@ def _sweep(args: argparse.Namespace, sc: Any, strategies: tuple[str, ...]) -> in
         sweep.plot(res, args.plot, f"{sc.name}: {sc.node_count} nodes, "
                    f"adverts every {sc.gossip.advert_interval_s:g} s")  # fmt: skip
     if args.json:
-        print(json.dumps({"header": header, **sweep.to_json(res)}, indent=2))
+        print(json.dumps({"header": header, "floor": floor, **sweep.to_json(res)}, indent=2))
         return Exit.OK
     print(header)
     print(sweep.table(res))
-    for line in sweep.yardstick(res):
+    for line in sweep.yardstick(res, floor=floor):
         print(line)
     return Exit.OK

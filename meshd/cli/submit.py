@@ -39,6 +39,10 @@ def register(sub: Any) -> None:
     p.add_argument("--top-p", type=float)
     p.add_argument("--repetition-penalty", type=float)
     p.add_argument("--seed", type=int)
+    p.add_argument("--no-cache", dest="cache", action="store_false", default=None,
+                   help="never answer from (or store in) the node's semantic cache")
+    p.add_argument("--cache", dest="cache", action="store_true",
+                   help="take part in the semantic cache even when sampling (temperature > 0)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--residency", help="only nodes whose certificate labels carry this tag may serve")
     p.add_argument("--strategy", help="routing strategy for this request (default: the node's)")
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         return Exit.USAGE
     fields: dict[str, Any] = {"rid": uuid.uuid4().hex[:16], "prompt": prompt, "chat": args.chat,
                               "temperature": args.temperature}
-    for k in ("max_tokens", "model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy",
+    for k in ("cache", "max_tokens", "model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy",
               "pipeline", "client"):
         v = getattr(args, k)
         if v is not None:
@@ -77,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         ttft = result.get("ttft_ms")
         tps = result.get("tokens_per_s")
         print(
-            f"-- request {result['request_id']} served by {result['served_by']} "
+            f"-- request {result['request_id']} served by {result['served_by']}"
+            + (" from its semantic cache" if result.get("cached") else "") + " "
             f"(route: {' -> '.join(result['route'])}); "
             f"time to first token {ttft:.1f} ms; "
             + (f"{tps:.1f} tokens/s" if tps else f"{result['tokens']} tokens"),

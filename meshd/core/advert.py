@@ -37,6 +37,9 @@ class ModelAdvert:
     prefill_ms_per_layer_token: float = 0.0
     decode_ms_per_layer: float = 0.0
     context_length: int = 0  # tokens of context (prompt + output); 0: not advertised
+    # the identity of its tokenizer (meshd.core.tokident; "": not advertised): any node can ask
+    # this node for it (TOK_REQ) and tokenize requests for the model at the edge
+    tokenizer: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,7 @@ class Advert:
                         "decode_ms_layer": m.decode_ms_per_layer}
                        if m.prefill_ms_per_layer_token or m.decode_ms_per_layer else {}),
                     **({"ctx": m.context_length} if m.context_length else {}),
+                    **({"tok": m.tokenizer} if m.tokenizer else {}),
                 }
                 for m in self.models
             ],
@@ -173,6 +177,7 @@ def _model(d: Any) -> ModelAdvert:
         prefill_ms_per_layer_token=_num(d, "prefill_ms_layer"),
         decode_ms_per_layer=_num(d, "decode_ms_layer"),
         context_length=_count(d, "ctx") if "ctx" in d else 0,
+        tokenizer=_str(d, "tok", "", cap=128),
     )
 
 

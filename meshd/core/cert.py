@@ -1,78 +1,112 @@
-"""Mesh certificates and revocation lists: encoding, signing and verification (pure, no I/O).
+"""Mesh certificates: encoding, signing and verification (pure, no I/O).
 
 A *certificate* binds a node's libp2p identity (its peer ID and Ed25519 public key) to a node
-name, roles, labels and a validity window, signed by the mesh CA. A *revocation list* is a
-CA-signed, versioned set of revoked serials; a higher version replaces a lower one.
+name, roles, labels and a validity window, signed by the mesh CA. Its wire form is the CA-signed
+envelope of ``meshd.core.signed`` with kind ``meshd.cert`` (see ``keys/README.md``).
 
-Wire form of both (see ``keys/README.md``)::
+The body is the canonical msgpack encoding of the fields (a fixed-order array, roles sorted,
+labels as a sorted list of pairs, no floats, minimal integer widths as msgpack writes them). A
+decoder re-encodes what it read and rejects the input unless the bytes are identical, so each
+certificate has one encoding.
 
-    msgpack array [kind: str, format: int, body: bin, signature: bin]
-
-``body`` is the canonical msgpack encoding of the fields (a fixed-order array, roles sorted,
-labels as a sorted list of pairs, no floats, minimal integer widths as msgpack writes them), and
-``signature`` is Ed25519 by the CA over ``domain tag || body``. A decoder re-encodes what it read
-and rejects the input unless the bytes are identical, so each certificate has one encoding.
-
-Every decoder caps the input size before unpacking and raises only ``AttestationError``
-(certificates) or ``ProtocolError`` (revocation lists) on any input. Times are passed in as unix
-seconds; nothing here reads the clock.
+Every decoder caps the input size before unpacking and raises only ``AttestationError`` on any
+input. Times are passed in as unix seconds; nothing here reads the clock. Revocation lists are
+in ``meshd.core.crl``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Final
 
-import msgpack
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from meshd.errors import AttestationError, ProtocolError
+from meshd.core.signed import (
+    CERT_KIND,
+    EXPIRED,
+    KEY_ID_RE,
+    MALFORMED,
+    MAX_SERIAL,
+    MAX_TIME,
+    NO_CERTIFICATE,
+    NOT_YET_VALID,
+    PEER_ID_MISMATCH,
+    REASONS,
+    REVOKED,
+    WRONG_CA,
+    AttestationRejected,
+    Envelope,
+    ca_key_id,
+    check_ca_signature,
+    is_int,
+    open_envelope,
+    pack,
+    public_key_bytes,
+    seal,
+    unpack_limited,
+)
+from meshd.errors import AttestationError
 
-CERT_KIND: Final = "meshd.cert"
-CRL_KIND: Final = "meshd.crl"
+# Callers import the attestation vocabulary from here, where the certificate is.
+__all__ = [
+    "CERT_DOMAIN",
+    "CERT_FORMAT",
+    "CERT_KIND",
+    "CERT_VERSION",
+    "DEFAULT_CLOCK_SKEW_S",
+    "EXPIRED",
+    "MALFORMED",
+    "MAX_CERTIFICATE_BYTES",
+    "MAX_LABELS",
+    "MAX_LABEL_VALUE_CHARS",
+    "MAX_ROLES",
+    "MAX_SERIAL",
+    "MAX_TIME",
+    "NOT_YET_VALID",
+    "NO_CERTIFICATE",
+    "PEER_ID_MISMATCH",
+    "REASONS",
+    "REVOKED",
+    "WRONG_CA",
+    "AttestationRejected",
+    "Certificate",
+    "ca_key_id",
+    "certificate_body",
+    "check_certificate",
+    "decode_certificate",
+    "issue_certificate",
+    "peer_id_of",
+    "public_key_bytes",
+    "sign_certificate",
+    "verify_certificate",
+    "verify_signature",
+]
+
 CERT_FORMAT: Final = 1
-CRL_FORMAT: Final = 1
 CERT_VERSION: Final = 1
 CERT_DOMAIN: Final = b"meshd certificate v1\x00"
-CRL_DOMAIN: Final = b"meshd revocation list v1\x00"
 
 MAX_CERTIFICATE_BYTES: Final = 4096
-MAX_REVOCATION_LIST_BYTES: Final = 256 * 1024
-MAX_REVOKED_SERIALS: Final = 16384
 MAX_ROLES: Final = 16
 MAX_LABELS: Final = 32
 MAX_LABEL_VALUE_CHARS: Final = 256
-MAX_SERIAL: Final = (1 << 63) - 1
-MAX_TIME: Final = (1 << 63) - 1
 DEFAULT_CLOCK_SKEW_S: Final = 60
 
-# Reason codes of a failed attestation, as logged and counted. Append only.
-NO_CERTIFICATE: Final = "no_certificate"
-WRONG_CA: Final = "wrong_ca"
-PEER_ID_MISMATCH: Final = "peer_id_mismatch"
-EXPIRED: Final = "expired"
-NOT_YET_VALID: Final = "not_yet_valid"
-REVOKED: Final = "revoked"
-MALFORMED: Final = "malformed"
-REASONS: Final = (
-    NO_CERTIFICATE,
-    WRONG_CA,
-    PEER_ID_MISMATCH,
-    EXPIRED,
-    NOT_YET_VALID,
-    REVOKED,
-    MALFORMED,
+CERT_ENVELOPE: Final = Envelope(
+    kind=CERT_KIND,
+    format=CERT_FORMAT,
+    domain=CERT_DOMAIN,
+    max_bytes=MAX_CERTIFICATE_BYTES,
+    other_ca="issued by CA {claimed}, this mesh's CA is {ours}",
+    bad_signature="signature does not verify under CA {ours}",
 )
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ROLE_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
 _LABEL_KEY_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
-_KEY_ID_RE: Final = re.compile(r"[0-9a-f]{16}")
 _B58_ALPHABET: Final = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _PEER_ID_RE: Final = re.compile(f"[{_B58_ALPHABET}]{{1,128}}")
 # Protobuf PublicKey{Type: Ed25519, Data: 32 bytes} inside an identity multihash: how libp2p
@@ -80,30 +114,11 @@ _PEER_ID_RE: Final = re.compile(f"[{_B58_ALPHABET}]{{1,128}}")
 _ED25519_PEER_ID_PREFIX: Final = b"\x00\x24\x08\x01\x12\x20"
 
 
-class AttestationRejected(AttestationError):
-    """A certificate was refused; ``reason`` is one of ``REASONS``."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
 def _malformed(detail: str) -> AttestationRejected:
     return AttestationRejected(MALFORMED, detail)
 
 
-# --------------------------------------------------------------------------- key helpers
-
-
-def ca_key_id(ca_public_key: bytes) -> str:
-    """The 16-hex-digit id of a CA public key (raw 32 bytes): first 8 bytes of its SHA-256."""
-    return hashlib.sha256(ca_public_key).digest()[:8].hex()
-
-
-def public_key_bytes(private_key: Ed25519PrivateKey) -> bytes:
-    """Raw 32-byte public key of a ``cryptography`` Ed25519 private key."""
-    return private_key.public_key().public_bytes_raw()
+# --------------------------------------------------------------------------- peer ID
 
 
 def _b58encode(data: bytes) -> str:
@@ -161,14 +176,10 @@ class Certificate:
         return self.not_before - clock_skew_s <= now < self.not_after
 
 
-def _is_int(value: object) -> bool:
-    return type(value) is int
-
-
 def _check_fields(cert: Certificate) -> None:
-    if cert.version != CERT_VERSION or not _is_int(cert.version):
+    if cert.version != CERT_VERSION or not is_int(cert.version):
         raise ValueError(f"unsupported certificate version {cert.version!r}")
-    if not _is_int(cert.serial) or not 1 <= cert.serial <= MAX_SERIAL:
+    if not is_int(cert.serial) or not 1 <= cert.serial <= MAX_SERIAL:
         raise ValueError(f"serial must be an integer in 1..{MAX_SERIAL}")
     if not isinstance(cert.name, str) or not _NAME_RE.fullmatch(cert.name):
         raise ValueError(
@@ -180,11 +191,11 @@ def _check_fields(cert: Certificate) -> None:
         raise ValueError("public_key must be 32 raw Ed25519 bytes")
     for name in ("not_before", "not_after"):
         value = getattr(cert, name)
-        if not _is_int(value) or not 0 <= value <= MAX_TIME:
+        if not is_int(value) or not 0 <= value <= MAX_TIME:
             raise ValueError(f"{name} must be unix seconds (a non-negative integer)")
     if cert.not_before >= cert.not_after:
         raise ValueError("not_before must be earlier than not_after")
-    if not isinstance(cert.ca_key_id, str) or not _KEY_ID_RE.fullmatch(cert.ca_key_id):
+    if not isinstance(cert.ca_key_id, str) or not KEY_ID_RE.fullmatch(cert.ca_key_id):
         raise ValueError("ca_key_id must be 16 lowercase hex digits")
     if len(cert.roles) > MAX_ROLES:
         raise ValueError(f"at most {MAX_ROLES} roles")
@@ -211,15 +222,9 @@ def _check_fields(cert: Certificate) -> None:
             )
 
 
-def _pack(obj: Any) -> bytes:
-    packed = msgpack.packb(obj, use_bin_type=True)
-    assert isinstance(packed, bytes)
-    return packed
-
-
 def certificate_body(cert: Certificate) -> bytes:
     """The canonical encoding of a certificate's fields: the bytes the CA signs (after a tag)."""
-    return _pack(
+    return pack(
         [
             cert.version,
             cert.serial,
@@ -241,9 +246,7 @@ def sign_certificate(cert: Certificate, ca_private_key: Ed25519PrivateKey) -> by
         raise ValueError("certificate ca_key_id does not name this CA key")
     if peer_id_of(cert.public_key) != cert.peer_id:
         raise ValueError("certificate peer_id is not the peer ID of its public key")
-    body = certificate_body(cert)
-    signature = ca_private_key.sign(CERT_DOMAIN + body)
-    return _pack([CERT_KIND, CERT_FORMAT, body, signature])
+    return seal(CERT_ENVELOPE, certificate_body(cert), ca_private_key)
 
 
 def issue_certificate(
@@ -272,41 +275,8 @@ def issue_certificate(
     return sign_certificate(cert, ca_private_key)
 
 
-def _unpack_limited(data: bytes, max_bytes: int, max_items: int) -> Any:
-    if len(data) > max_bytes:
-        raise ValueError(f"{len(data)} bytes is over the limit of {max_bytes}")
-    return msgpack.unpackb(
-        data,
-        raw=False,
-        use_list=True,
-        strict_map_key=True,
-        max_str_len=max_bytes,
-        max_bin_len=max_bytes,
-        max_array_len=max_items,
-        max_map_len=16,
-        max_ext_len=0,
-    )
-
-
-def _split_envelope(data: object, kind: str, fmt: int, max_bytes: int) -> tuple[bytes, bytes]:
-    """Outer layer: ``[kind, format, body, signature]``. Raises ValueError on anything else."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise ValueError("expected bytes")
-    outer = _unpack_limited(bytes(data), max_bytes, 4)
-    if not isinstance(outer, list) or len(outer) != 4:
-        raise ValueError("envelope is not a 4-element array")
-    got_kind, got_format, body, signature = outer
-    if got_kind != kind:
-        raise ValueError(f"not a {kind} (kind {str(got_kind)[:32]!r})")
-    if not _is_int(got_format) or got_format != fmt:
-        raise ValueError(f"unsupported {kind} format {str(got_format)[:16]!r}")
-    if not isinstance(body, bytes) or not isinstance(signature, bytes) or len(signature) != 64:
-        raise ValueError("body or signature has the wrong type or length")
-    return body, signature
-
-
 def _decode_certificate_body(body: bytes) -> Certificate:
-    fields = _unpack_limited(body, MAX_CERTIFICATE_BYTES, max(MAX_LABELS, MAX_ROLES, 10))
+    fields = unpack_limited(body, MAX_CERTIFICATE_BYTES, max(MAX_LABELS, MAX_ROLES, 10))
     if not isinstance(fields, list) or len(fields) != 10:
         raise ValueError("certificate body is not a 10-element array")
     version, serial, name, peer_id, public_key, roles, labels, nb, na, key_id = fields
@@ -338,7 +308,7 @@ def _decode_certificate_body(body: bytes) -> Certificate:
 
 def _decode_signed_certificate(data: object) -> tuple[Certificate, bytes, bytes]:
     try:
-        body, signature = _split_envelope(data, CERT_KIND, CERT_FORMAT, MAX_CERTIFICATE_BYTES)
+        body, signature = open_envelope(CERT_ENVELOPE, data)
         return _decode_certificate_body(body), body, signature
     except AttestationError:
         raise
@@ -358,17 +328,9 @@ def verify_signature(cert_bytes: bytes | None, *, ca_public_key: bytes) -> Certi
     if not cert_bytes:
         raise AttestationRejected(NO_CERTIFICATE, "the peer presented no certificate")
     cert, body, signature = _decode_signed_certificate(cert_bytes)
-    expected_key_id = ca_key_id(ca_public_key)
-    if cert.ca_key_id != expected_key_id:
-        raise AttestationRejected(
-            WRONG_CA, f"issued by CA {cert.ca_key_id}, this mesh's CA is {expected_key_id}"
-        )
-    try:
-        Ed25519PublicKey.from_public_bytes(ca_public_key).verify(signature, CERT_DOMAIN + body)
-    except InvalidSignature:
-        raise AttestationRejected(
-            WRONG_CA, f"signature does not verify under CA {expected_key_id}"
-        ) from None
+    check_ca_signature(
+        CERT_ENVELOPE, body, signature, claimed_key_id=cert.ca_key_id, ca_public_key=ca_public_key
+    )
     if peer_id_of(cert.public_key) != cert.peer_id:
         raise _malformed("certificate peer_id is not the peer ID of its public key")
     return cert
@@ -417,107 +379,3 @@ def verify_certificate(
     return check_certificate(
         cert, remote_peer_id=remote_peer_id, now=now, revoked=revoked, clock_skew_s=clock_skew_s
     )
-
-
-# --------------------------------------------------------------------------- revocation list
-
-
-@dataclass(frozen=True, slots=True)
-class RevocationList:
-    """A CA-signed set of revoked serials. A higher ``version`` replaces a lower one."""
-
-    version: int
-    issued_at: int
-    ca_key_id: str
-    serials: frozenset[int] = frozenset()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "serials", frozenset(self.serials))
-        if not _is_int(self.version) or not 1 <= self.version <= MAX_SERIAL:
-            raise ValueError("revocation list version must be a positive integer")
-        if not _is_int(self.issued_at) or not 0 <= self.issued_at <= MAX_TIME:
-            raise ValueError("issued_at must be unix seconds")
-        if not isinstance(self.ca_key_id, str) or not _KEY_ID_RE.fullmatch(self.ca_key_id):
-            raise ValueError("ca_key_id must be 16 lowercase hex digits")
-        if len(self.serials) > MAX_REVOKED_SERIALS:
-            raise ValueError(f"at most {MAX_REVOKED_SERIALS} revoked serials")
-        for serial in self.serials:
-            if not _is_int(serial) or not 1 <= serial <= MAX_SERIAL:
-                raise ValueError(f"revoked serial {serial!r} is not in 1..{MAX_SERIAL}")
-
-    def supersedes(self, other: RevocationList | None) -> bool:
-        """True when this list should replace ``other`` (None: no list yet)."""
-        return other is None or self.version > other.version
-
-
-def revocation_list_body(rl: RevocationList) -> bytes:
-    return _pack([rl.version, rl.issued_at, rl.ca_key_id, sorted(rl.serials)])
-
-
-def sign_revocation_list(rl: RevocationList, ca_private_key: Ed25519PrivateKey) -> bytes:
-    if rl.ca_key_id != ca_key_id(public_key_bytes(ca_private_key)):
-        raise ValueError("revocation list ca_key_id does not name this CA key")
-    body = revocation_list_body(rl)
-    return _pack([CRL_KIND, CRL_FORMAT, body, ca_private_key.sign(CRL_DOMAIN + body)])
-
-
-def _decode_revocation_body(body: bytes) -> RevocationList:
-    fields = _unpack_limited(body, MAX_REVOCATION_LIST_BYTES, MAX_REVOKED_SERIALS)
-    if not isinstance(fields, list) or len(fields) != 4 or not isinstance(fields[3], list):
-        raise ValueError("revocation list body is not [version, issued_at, ca_key_id, serials]")
-    if len(set(fields[3])) != len(fields[3]):
-        raise ValueError("a serial appears twice")
-    rl = RevocationList(
-        version=fields[0], issued_at=fields[1], ca_key_id=fields[2], serials=frozenset(fields[3])
-    )
-    if revocation_list_body(rl) != body:
-        raise ValueError("revocation list body is not in canonical form")
-    return rl
-
-
-def _decode_signed_revocation_list(data: object) -> tuple[RevocationList, bytes, bytes]:
-    try:
-        body, signature = _split_envelope(data, CRL_KIND, CRL_FORMAT, MAX_REVOCATION_LIST_BYTES)
-        return _decode_revocation_body(body), body, signature
-    except Exception as err:
-        raise ProtocolError(
-            f"revocation list does not decode ({type(err).__name__}: {err})"
-        ) from None
-
-
-def decode_revocation_list(data: bytes) -> RevocationList:
-    """Decode WITHOUT checking the signature (for display). Raises only ``ProtocolError``."""
-    return _decode_signed_revocation_list(data)[0]
-
-
-def verify_revocation_list(data: bytes, *, ca_public_key: bytes) -> RevocationList:
-    """Decode a revocation list received from anywhere and check the CA signed it.
-
-    Raises ``ProtocolError`` when malformed and ``AttestationRejected`` (``wrong_ca``) when not
-    signed by this CA. Whether it is newer than the one in force is the caller's question
-    (``RevocationList.supersedes``).
-    """
-    rl, body, signature = _decode_signed_revocation_list(data)
-    expected_key_id = ca_key_id(ca_public_key)
-    if rl.ca_key_id != expected_key_id:
-        raise AttestationRejected(
-            WRONG_CA, f"revocation list from CA {rl.ca_key_id}, this mesh's CA is {expected_key_id}"
-        )
-    try:
-        Ed25519PublicKey.from_public_bytes(ca_public_key).verify(signature, CRL_DOMAIN + body)
-    except InvalidSignature:
-        raise AttestationRejected(
-            WRONG_CA, f"revocation list signature does not verify under CA {expected_key_id}"
-        ) from None
-    return rl
-
-
-def detect_kind(data: bytes) -> str | None:
-    """``CERT_KIND``, ``CRL_KIND`` or None: what a blob of bytes claims to be (for display)."""
-    try:
-        outer = _unpack_limited(data, MAX_REVOCATION_LIST_BYTES, 4)
-    except Exception:
-        return None
-    if isinstance(outer, list) and outer and outer[0] in (CERT_KIND, CRL_KIND):
-        return str(outer[0])
-    return None

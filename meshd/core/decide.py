@@ -4,7 +4,7 @@
 this node has heard: run the request on one node (``Decision.route``: the chosen peer and its
 fallback order, with the wait bound each early attempt carries and the hedge deadline), or as a
 pipeline of stage nodes (``Decision.plan``). The daemon's entry chain (``meshd.node.steps.route``)
-and the simulator (``meshd.sim.engine``) call this very function, so what the simulator measures
+and the simulator (``meshd.sim.loop``) call this very function, so what the simulator measures
 is what the daemon does.
 
 Order of the checks, each with the reason it adds to ``Decision.reasons``:

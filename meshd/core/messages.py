@@ -15,7 +15,7 @@ from typing import Any
 
 from meshd.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: tokenizer identities, packed prompt ids, TOK_REQ/TOK_PART
 
 # libp2p protocol ids and the gossip topics.
 REQUEST_PROTOCOL = "/meshd/req/1.0.0"
@@ -44,12 +44,15 @@ class MessageType(enum.IntEnum):
     PUSH_REVOCATION = 15
     OK = 16
     AUDIT_REQ = 17
+    CACHE_REQ = 18
     # Peer request protocol (entry node <-> serving node), multiplexed by request id
     REQ = 20
     PING = 22
     PONG = 23
     SYNC_REQ = 24
     SYNC = 25
+    TOK_REQ = 26
+    TOK_PART = 27
     # Stage protocol (layer-wise pipelines)
     STAGE_OPEN = 30
     STAGE_STEP = 31
@@ -137,6 +140,15 @@ def _opt(name: str, kind: F, nullable: bool = True) -> Field:
     return Field(name, kind, required=False, nullable=nullable)
 
 
+# Since version 2 (docs/edge-tokenization.md): the prompt as packed token ids
+# (meshd.core.packing) and the identity of the tokenizer that made them (meshd.core.tokident).
+_PACKED = (
+    Field("prompt_packed", F.BIN, required=False, since=2),
+    Field("prompt_dtype", F.STR, required=False, since=2),
+    Field("tok", F.STR, required=False, since=2),
+)
+
+
 _GEN = (
     _opt("max_tokens", F.INT),
     _opt("temperature", F.NUM),
@@ -168,6 +180,7 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("chat", F.BOOL, nullable=False),
         _opt("pipeline", F.STR),
         *_GEN,
+        _opt("cache", F.BOOL),  # false keeps the request out of the semantic cache
     ),
     _m(
         MessageType.TOKENS,
@@ -220,6 +233,7 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("origin", F.STR),
         *_GEN,
         _opt("max_wait_ms", F.INT),
+        *_PACKED,
     ),
     _m(MessageType.PING, "heartbeat and RTT probe", Field("n", F.INT)),
     _m(MessageType.PONG, "answer to PING", Field("n", F.INT), _opt("queue", F.INT)),
@@ -251,6 +265,7 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("max_tokens", F.INT),
         _opt("wire_dtype", F.STR),
         _opt("idle_ms", F.INT),
+        *_PACKED,
     ),
     _m(
         MessageType.STAGE_STEP,
@@ -294,6 +309,25 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("n", F.INT),
         _opt("kind", F.STR),
     ),
+    _m(
+        MessageType.CACHE_REQ,
+        "the semantic cache: op 'stats' or 'clear'; answered by OK {data: statistics}",
+        Field("op", F.STR),
+    ),
+    _m(
+        MessageType.TOK_REQ,
+        "ask a peer for a tokenizer bundle by identity; answered by TOK_PART frames or ERROR",
+        Field("rid", F.STR, since=2),
+        Field("tok", F.STR, since=2),
+    ),
+    _m(
+        MessageType.TOK_PART,
+        "one chunk of a tokenizer bundle (the last when offset + len(data) == total)",
+        Field("rid", F.STR, since=2),
+        Field("offset", F.INT, since=2),
+        Field("total", F.INT, since=2),
+        Field("data", F.BIN, since=2),
+    ),
 )
 
 REGISTRY: dict[int, MessageSpec] = {s.type_id: s for s in SPECS}
@@ -309,6 +343,7 @@ CONTROL_TYPES = frozenset(
         MessageType.CANCEL,
         MessageType.PUSH_REVOCATION,
         MessageType.AUDIT_REQ,
+        MessageType.CACHE_REQ,
     )
 )
 CONTROL_REPLY_TYPES = frozenset(
@@ -338,6 +373,8 @@ REQUEST_TYPES = frozenset(
         MessageType.ROUTE,
         MessageType.SYNC_REQ,
         MessageType.SYNC,
+        MessageType.TOK_REQ,
+        MessageType.TOK_PART,
     )
 )
 STAGE_TYPES = frozenset(

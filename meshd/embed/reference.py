@@ -24,18 +24,18 @@ def erf(x: np.ndarray) -> np.ndarray:
     a = np.abs(x)
     t = 1.0 / (1.0 + _P * a)
     poly = t * (_A[0] + t * (_A[1] + t * (_A[2] + t * (_A[3] + t * _A[4]))))
-    return sign * (1.0 - poly * np.exp(-a * a))
+    return np.asarray(sign * (1.0 - poly * np.exp(-a * a)))
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """The exact (erf) GELU of Hugging Face's ``hidden_act="gelu"``."""
-    return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+    return np.asarray(0.5 * x * (1.0 + erf(x / np.sqrt(2.0))))
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + eps) * w + b
+    return np.asarray((x - mu) / np.sqrt(var + eps) * w + b)
 
 
 def encode_one(weights: Mapping[str, np.ndarray], arch: BertArch, ids: Sequence[int]
@@ -55,7 +55,7 @@ def encode_one(weights: Mapping[str, np.ndarray], arch: BertArch, ids: Sequence[
         p = f"encoder.layer.{i}."
 
         def dense(v: np.ndarray, name: str, p: str = p) -> np.ndarray:
-            return v @ w(f"{p}{name}.weight").T + w(f"{p}{name}.bias")
+            return np.asarray(v @ w(f"{p}{name}.weight").T + w(f"{p}{name}.bias"))
 
         q = dense(x, "attention.self.query").reshape(t, nh, d).transpose(1, 0, 2)
         k = dense(x, "attention.self.key").reshape(t, nh, d).transpose(1, 0, 2)
@@ -71,7 +71,7 @@ def encode_one(weights: Mapping[str, np.ndarray], arch: BertArch, ids: Sequence[
         x = layer_norm(x + dense(h, "output.dense"), w(f"{p}output.LayerNorm.weight"),
                        w(f"{p}output.LayerNorm.bias"), arch.layer_norm_eps)
     pooled = x.mean(0) if arch.pooling == "mean" else x[0]
-    return pooled / max(float(np.linalg.norm(pooled)), 1e-12)
+    return np.asarray(pooled / max(float(np.linalg.norm(pooled)), 1e-12))
 
 
 def encode_reference(weights: Mapping[str, np.ndarray], arch: BertArch,

@@ -394,9 +394,7 @@ class Model:
         """Token ids of a prompt: ids pass through, text is encoded (as one user message
         through the chat template when ``chat`` is true)."""
         if isinstance(prompt, str):
-            if chat:
-                return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode_prompt(prompt, chat=chat)
         ids = [int(i) for i in prompt]
         if any(not 0 <= i < self.vocab_size for i in ids):
             raise LocalError(f"prompt token id outside the vocabulary [0, {self.vocab_size})")

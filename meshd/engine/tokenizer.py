@@ -13,14 +13,21 @@ from meshd.errors import LocalError, ModelError
 
 
 class Tokenizer:
-    def __init__(self, path: Path, info: TokenizerInfo) -> None:
+    def __init__(self, path: Path | None, info: TokenizerInfo, *, data: bytes | None = None) -> None:
+        """Load ``tokenizer.json`` from ``path``, or from its bytes ``data`` (a tokenizer fetched
+        from a peer: meshd.node.tokenizers)."""
         from tokenizers import Tokenizer as _HfTokenizer
 
+        where = path.name if path is not None else info.file
         try:
-            self._tok = _HfTokenizer.from_file(str(path))
+            if data is not None:
+                self._tok = _HfTokenizer.from_str(data.decode("utf-8"))
+            else:
+                assert path is not None
+                self._tok = _HfTokenizer.from_file(str(path))
         except Exception as err:  # the library raises a bare Exception on any parse error
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise ModelError(f"{path.name}: cannot load tokenizer ({first})") from None
+            raise ModelError(f"{where}: cannot load tokenizer ({first})") from None
         self.info = info
         self._template: Any = None
 
@@ -67,6 +74,13 @@ class Tokenizer:
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Token ids of a chat prompt (the template writes any BOS itself)."""
         return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+
+    def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
+        """Token ids of a text prompt: as one user message through the chat template when
+        ``chat`` is true. The one rule for serving nodes and entry nodes alike."""
+        if chat:
+            return self.encode_chat([{"role": "user", "content": text}])
+        return self.encode(text)
 
 
 def _compile_template(source: str) -> Any:

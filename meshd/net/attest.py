@@ -65,11 +65,10 @@ from meshd.core.cert import (
     REVOKED,
     AttestationRejected,
     Certificate,
-    RevocationList,
     check_certificate,
-    verify_revocation_list,
     verify_signature,
 )
+from meshd.core.crl import RevocationList, verify_revocation_list
 from meshd.net.identity import NodeIdentity
 
 logger = logging.getLogger(__name__)

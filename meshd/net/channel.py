@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import trio
@@ -176,8 +176,13 @@ class PeerChannel:
             self._syncs.pop(n, None)
         return []
 
-    async def request(self, fields: dict[str, Any]) -> AsyncIterator[Message]:
-        """Send a REQ and yield the frames answering it until DONE or ERROR (inclusive).
+    async def request(
+        self, fields: dict[str, Any], *, mtype: MessageType = MessageType.REQ,
+        ends: Callable[[Message], bool] | None = None,
+    ) -> AsyncGenerator[Message, None]:
+        """Send a REQ (or another request ``mtype`` that carries ``rid``, such as TOK_REQ) and
+        yield the frames answering it until DONE or ERROR, or a frame ``ends`` says is the last
+        (inclusive).
 
         Raises ``PeerGoneError`` if the peer dies or stalls first. Leaving the iterator early
         (the client went away) sends CANCEL so the peer stops working on it.
@@ -189,12 +194,13 @@ class PeerChannel:
         self._waiting[rid] = send
         finished = False
         try:
-            await self.framed.send(MessageType.REQ, fields)
+            await self.framed.send(mtype, fields)
             async with recv:
                 async for item in recv:
                     if isinstance(item, Exception):
                         raise item
-                    if item["t"] in (MessageType.DONE, MessageType.ERROR):
+                    if item["t"] in (MessageType.DONE, MessageType.ERROR) or (
+                            ends is not None and ends(item)):
                         finished = True
                     yield item
                     if finished:

@@ -34,15 +34,13 @@ from libp2p.peer.id import ID
 
 from meshd.core.cert import (
     MAX_CERTIFICATE_BYTES,
-    MAX_REVOCATION_LIST_BYTES,
     PEER_ID_MISMATCH,
     AttestationRejected,
     Certificate,
-    RevocationList,
     check_certificate,
-    verify_revocation_list,
     verify_signature,
 )
+from meshd.core.crl import MAX_REVOCATION_LIST_BYTES, RevocationList, verify_revocation_list
 from meshd.errors import KeyFileError, MeshdError
 
 NODE_KEY_FILE = "node.key"

@@ -20,15 +20,17 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
+from meshd.config import Config
 from meshd.core.advert import Advert
+from meshd.core.peertable import PeerTable
 from meshd.core.placement import MoveGate, choose_range
-
-if TYPE_CHECKING:
-    from meshd.node.node import Node
+from meshd.node.engine_model import EngineModel, default_model_dir, load_engine_model
+from meshd.node.runner import Runner, Served
+from meshd.node.stages import StageServer
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +91,21 @@ class _Auto:
     cfg: Any  # the ModelConfig
 
 
+class Heard(Protocol):
+    """What placement needs of membership (``meshd.node.membership.Membership``): the adverts it
+    holds, and a way to tell the mesh at once that this node moved."""
+
+    table: PeerTable
+
+    async def publish_advert(self) -> None: ...
+
+
 class AutoPlacer:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, config: Config, runner: Runner, membership: Heard, stages: StageServer) -> None:
+        self.config = config
+        self.runner = runner
+        self.membership = membership
+        self.stages = stages
         self.rng = random.Random()
         self.stats = {"decisions": 0, "moves": 0, "deferred": 0, "unconfirmed": 0,
                       "reload_failures": 0}
@@ -99,13 +113,12 @@ class AutoPlacer:
         self.autos: list[_Auto] = []
 
     def _find(self) -> list[_Auto]:
-        cfg = self.node.config
+        cfg = self.config
         out = []
         for m in cfg.models:
             if m.layers != "auto":
                 continue
             from meshd.engine import read_manifest  # only here: a node without models skips it
-            from meshd.node.daemon import default_model_dir
 
             path = default_model_dir() if m.path == "default" else cfg.path(m.path)
             name = m.name or read_manifest(path).name
@@ -113,28 +126,28 @@ class AutoPlacer:
         return out
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        self.autos = [a for a in self._find() if self.node.runner.get(a.name) is not None]
+        self.autos = [a for a in self._find() if self.runner.get(a.name) is not None]
         task_status.started()
         if not self.autos:
             return
-        interval = self.node.config.gossip.advert_interval_s
+        interval = self.config.gossip.advert_interval_s
         quiet_until = trio.current_time() + SETTLE_INTERVALS * interval
         while True:
             await trio.sleep(interval * self.rng.uniform(0.5, 1.5))
-            if trio.current_time() < quiet_until or len(self.node.table) == 0:
+            if trio.current_time() < quiet_until or len(self.membership.table) == 0:
                 continue
             for a in self.autos:
                 if await self._decide(a):
                     quiet_until = trio.current_time() + SETTLE_INTERVALS * interval
 
     async def _decide(self, a: _Auto) -> bool:
-        s = self.node.runner.get(a.name)
+        s = self.runner.get(a.name)
         if s is None:
             return False
         n = s.num_layers
         if a.capacity >= n:
             return False
-        heard = heard_coverage((e.advert for e in self.node.table.known()), a.name, n)
+        heard = heard_coverage((e.advert for e in self.membership.table.known()), a.name, n)
         current = (s.layer_start, s.layer_end)
         self.stats["decisions"] += 1
         target = choose_range(a.name, n, a.capacity, heard, current, HYSTERESIS)
@@ -143,7 +156,7 @@ class AutoPlacer:
                 self.stats["unconfirmed"] += 1
             return False
         busy = s.running or s.waiting or any(
-            x.model == a.name for x in self.node.stage_server.sessions.values())
+            x.model == a.name for x in self.stages.sessions.values())
         if busy:
             self.stats["deferred"] += 1
             return False
@@ -156,25 +169,16 @@ class AutoPlacer:
         self.stats["moves"] += 1
         log.info("layer range moved model=%s from=%d-%d to=%d-%d heard=%s", a.name, current[0],
                  current[1], target[0], target[1], ",".join(f"{c:g}" for c in heard))
-        await self.node.publish_advert()
+        await self.membership.publish_advert()
         return True
 
     async def _reload(self, a: _Auto, target: tuple[int, int]) -> None:
-        from meshd import engine
-        from meshd.node.daemon import PROVIDERS, EngineModel
-        from meshd.node.runner import Served
-
-        cfg = self.node.config
-        providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
-
         def load() -> Any:
-            return engine.load_model(a.path, providers=providers, layers=target,
-                                     threads=cfg.engine.threads or None,
-                                     max_concurrent_runs=cfg.engine.workers)
+            return load_engine_model(self.config, a.path, target)
 
         model = await trio.to_thread.run_sync(load)
-        old = self.node.runner.models[a.name]
-        self.node.runner.models[a.name] = Served(
+        old = self.runner.models[a.name]
+        self.runner.models[a.name] = Served(
             name=a.name, model=EngineModel(model), layer_start=target[0], layer_end=target[1],
             num_layers=old.num_layers, max_concurrency=old.max_concurrency,
             max_queue=old.max_queue, max_decode_tps=getattr(old, "max_decode_tps", 0.0))
@@ -182,5 +186,5 @@ class AutoPlacer:
     def statistics(self) -> dict[str, Any]:
         return {**self.stats, "auto_models": {
             a.name: {"capacity_layers": a.capacity,
-                     "layers": [s.layer_start, s.layer_end] if (s := self.node.runner.get(a.name)) else None}
+                     "layers": [s.layer_start, s.layer_end] if (s := self.runner.get(a.name)) else None}
             for a in self.autos}}

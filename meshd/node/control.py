@@ -7,50 +7,71 @@ frames, its answer a DONE frame, its refusal an ERROR frame with the code.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from meshd.core.messages import MessageType
 from meshd.core.request import parse_submit
 from meshd.core.wire import Message
 from meshd.errors import ErrorCode, RemoteError
 from meshd.net.framed import FramedStream
-
-if TYPE_CHECKING:
-    from meshd.node.node import Node
+from meshd.node.edge_cache import EdgeCache
+from meshd.node.entry import EntryChain
+from meshd.node.revocations import Revocations
 
 
 class ControlService:
-    """Answers one control-socket request (``meshd.control.server.ControlServer`` calls it)."""
+    """Answers one control-socket request (``meshd.control.server.ControlServer`` calls it):
+    SUBMIT through the entry chain, revocations to the revocations service, the semantic cache's
+    stats and clearing to the cache, status and peers from the node's readers, explanations from
+    the store."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.node_name = node.node_name
-        self.peer_id = node.peer_id
+    def __init__(self, entry: EntryChain, revocations: Revocations, edge_cache: EdgeCache, *,
+                 node_name: str, peer_id: str, status: Callable[[], dict[str, Any]],
+                 peers: Callable[[], list[dict[str, Any]]], store: Any = None) -> None:
+        self.entry = entry
+        self.revocations = revocations
+        self.edge_cache = edge_cache
+        self.node_name = node_name
+        self.peer_id = peer_id
+        self.status = status
+        self.peers = peers
+        self.store = store  # meshd.store.AsyncStore or None
 
     async def handle_control(self, msg: Message, out: FramedStream) -> None:
-        node = self.node
         t = msg["t"]
         if t == MessageType.SUBMIT:
             await self.submit(msg, out)
         elif t == MessageType.STATUS_REQ:
-            await out.send(MessageType.STATUS, {"data": node.status()})
+            await out.send(MessageType.STATUS, {"data": self.status()})
         elif t == MessageType.PEERS_REQ:
-            await out.send(MessageType.PEERS, {"peers": node.peers_listing()})
+            await out.send(MessageType.PEERS, {"peers": self.peers()})
         elif t == MessageType.EXPLAIN_REQ:
-            record = await node.store.explain(msg["rid"]) if node.store is not None else None
+            record = await self.store.explain(msg["rid"]) if self.store is not None else None
             await out.send(MessageType.EXPLAIN, {"record": flatten_explain(record)})
         elif t == MessageType.PUSH_REVOCATION:
-            gone = await node.apply_revocation_bytes(msg["crl"], gossip=True)
-            rl = node.attestor.revocation_list
+            gone = await self.revocations.apply(msg["crl"], gossip=True)
+            rl = self.revocations.attestor.revocation_list
             await out.send(
                 MessageType.OK,
                 {"data": {"version": rl.version if rl else 0, "disconnected": gone}},
             )
+        elif t == MessageType.CACHE_REQ:
+            await out.send(MessageType.OK, {"data": await self.cache(msg["op"])})
         else:
             raise RemoteError(f"message {t} is not a request", ErrorCode.UNSUPPORTED)
 
+    async def cache(self, op: str) -> dict[str, Any]:
+        """``meshd cache stats|clear``."""
+        cache = self.edge_cache
+        if op == "clear":
+            return {"cleared": await cache.clear(), **cache.statistics()}
+        if op == "stats":
+            return cache.statistics()
+        raise RemoteError(f"cache op must be stats or clear, not {op!r}", ErrorCode.MALFORMED)
+
     async def submit(self, msg: Message, out: FramedStream) -> None:
-        chain = self.node.entry
+        chain = self.entry
         req = parse_submit(msg, chain.new_request_id)
         rid = req.request_id
 

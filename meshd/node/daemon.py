@@ -11,17 +11,29 @@ from typing import Any
 import trio
 
 from meshd.config import Config
+from meshd.control.server import prepare_socket_path
 from meshd.errors import ConfigError, KeyFileError, ModelError
+from meshd.net import speedups
 from meshd.net.identity import load_identity, load_revocation_list
+from meshd.net.liblog import route_libp2p_logs
+from meshd.net.listen import (
+    check_addresses,
+    ensure_listening,
+    install_exclusive_listen,
+    parse_listen,
+    probe_listen,
+)
+from meshd.node.audit import record_start, store_sink
+from meshd.node.autoplace import initial_range
+from meshd.node.engine_model import EngineModel, default_model_dir, load_engine_model
+from meshd.node.node import Node
 from meshd.node.runner import Runner, Served
+from meshd.node.sdnotify import notify
+from meshd.paths import control_socket_path
 
 log = logging.getLogger(__name__)
 
-PROVIDERS = {
-    "cpu": "CPUExecutionProvider",
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
-}
+__all__ = ["EngineModel", "build_node", "default_model_dir", "load_runner", "run_daemon"]
 
 
 def load_runner(cfg: Config) -> Runner:
@@ -31,8 +43,6 @@ def load_runner(cfg: Config) -> Runner:
             runner.add(upstream_served(cfg, m))
     if all(m.upstream for m in cfg.models):
         return runner  # a relay/router-only node: do not even import onnxruntime (~20 MB)
-    from meshd import engine
-
     for i, m in enumerate(cfg.models):
         if m.upstream:
             continue
@@ -43,14 +53,9 @@ def load_runner(cfg: Config) -> Runner:
         if isinstance(m.layers, tuple):
             layers = (int(m.layers[0]), int(m.layers[1]))
         elif m.layers == "auto":  # [0, capacity) until the node has heard the mesh (autoplace.py)
-            from meshd.node.autoplace import initial_range
-
             layers = initial_range(Path(path), m.max_layers)
-        providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
         try:
-            model = engine.load_model(path, providers=providers, layers=layers,
-                                      threads=cfg.engine.threads or None,
-                                      max_concurrent_runs=cfg.engine.workers)
+            model = load_engine_model(cfg, Path(path), layers)
         except ModelError as err:  # the config names an unusable model: a config error (78)
             where = str(err) if str(path) in str(err) else f"{path}: {err}"
             raise ConfigError(f"[[models]][{i}].path: {where}") from None
@@ -59,7 +64,9 @@ def load_runner(cfg: Config) -> Runner:
         if end > n:
             raise ModelError(f"[[models]][{i}].layers: [{start}, {end}) is outside the model's {n} layers")
         name = m.name or model.manifest.name
-        runner.add(Served(name=name, model=EngineModel(model), layer_start=start, layer_end=end,
+        adapted = EngineModel(model)
+        adapted.tokenizer_identity()  # hashed now, not on the event loop at the first advert
+        runner.add(Served(name=name, model=adapted, layer_start=start, layer_end=end,
                           num_layers=n, max_concurrency=m.max_concurrency, max_queue=m.max_queue,
                           max_decode_tps=m.max_decode_tokens_per_s))
         log.info("model loaded name=%s layers=%d-%d provider=%s", name, start, end,
@@ -78,58 +85,18 @@ def upstream_served(cfg: Config, m: Any) -> Served:
                   max_decode_tps=m.max_decode_tokens_per_s)
 
 
-def default_model_dir() -> Path:
-    """The shipped model, unless $MESHD_DEFAULT_MODEL names another model directory."""
-    import os
-
-    from meshd import engine
-
-    env = os.environ.get("MESHD_DEFAULT_MODEL")
-    return Path(env) if env else engine.default_model_path()
-
-
-class EngineModel:
-    """Adapts ``meshd.engine.Model`` to what the runner needs."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.num_layers = model.num_layers
-        self.hidden_size = model.hidden_size
-
-    def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
-        return list(self.model.encode_prompt(text, chat=chat))
-
-    def encode_messages(self, messages: list[Any]) -> list[int]:
-        return list(self.model.tokenizer.encode_chat(messages))
-
-    @property
-    def context_length(self) -> int:
-        return int(self.model.context_length)
-
-    def generate(self, prompt: list[int], cfg: Any) -> Any:
-        return self.model.generate(prompt, cfg)
-
 
 def preflight(cfg: Config) -> None:
     """What can be checked before anything starts, so that it fails at once, in one line, with
     exit 78: the listen and bootstrap addresses parse, each fixed listen port is free (not
     shared with a running node through SO_REUSEPORT), the control socket path is usable and
     not served by another daemon."""
-    from meshd.control.server import prepare_socket_path
-    from meshd.net.listen import check_addresses, probe_listen
-    from meshd.paths import control_socket_path
-
     check_addresses(cfg.node.listen, cfg.node.bootstrap)
     probe_listen(cfg.node.listen)
     prepare_socket_path(control_socket_path(cfg))
 
 
-def build_node(cfg: Config, config_file: str | Path | None = None) -> Any:
-    from meshd.net import speedups
-    from meshd.net.liblog import route_libp2p_logs
-    from meshd.net.listen import install_exclusive_listen
-    from meshd.node.node import Node
-
+def build_node(cfg: Config, config_file: str | Path | None = None) -> Node:
     route_libp2p_logs()  # libp2p's bare lines get meshd's format and a rate limit
     speedups.install()  # py-libp2p CPU fixes (yamux credit, service task lookup): see the module
     install_exclusive_listen()  # no SO_REUSEPORT: a second daemon cannot share our port
@@ -159,8 +126,6 @@ def build_node(cfg: Config, config_file: str | Path | None = None) -> Any:
     hardware = read_hardware()
     store = open_store(data_dir / "meshd.db")
     node = Node(cfg, identity, runner, store=store, hardware=hardware, revocation=revocation)
-    from meshd.node.audit import record_start, store_sink
-
     node.attestor.audit = store_sink(store)  # refusals, revocations: the audit table
     record_start(node.attestor.audit, cfg, identity, config_file, node.attestor.revocation_list)
     return node
@@ -174,8 +139,6 @@ def open_store(path: Path) -> Any:
 
 async def run_daemon(node: Any) -> None:
     from meshd.api.server import serve_api
-    from meshd.net.listen import ensure_listening, parse_listen
-    from meshd.node.sdnotify import notify
 
     async with trio.open_nursery() as nursery:
         if getattr(node.store, "run", None) is not None:

@@ -19,24 +19,24 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+import random
+from typing import Any, Protocol
 
 import multiaddr
 import trio
 from libp2p.abc import INotifee
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
+from meshd.config import Config
 from meshd.core.advert import Advert
 from meshd.core.messages import REQUEST_PROTOCOL, REQUEST_TYPES
+from meshd.core.peertable import PeerTable
 from meshd.core.wire import MAX_REQUEST_FRAME
 from meshd.errors import PeerGoneError
 from meshd.net.channel import PeerChannel
 from meshd.net.framed import FramedStream
 from meshd.node.liveness import Liveness
-
-if TYPE_CHECKING:
-    from meshd.node.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +48,57 @@ LIVENESS_TICK_S = 0.25
 DIAL_YIELD_S = 0.3  # the higher peer id waits this long for the other side's dial
 
 
+class LinkedMembership(Protocol):
+    """What links need of membership (``meshd.node.membership.Membership``)."""
+
+    peer_id: str
+    table: PeerTable
+    revoked_peer_ids: set[str]
+    joined: trio.Event  # links set it once a bootstrap peer's SYNC answered (or there is none)
+
+    def own_signed_advert(self) -> bytes | None: ...
+
+    async def publish_advert(self) -> None: ...
+
+    def accept_synced(self, items: list[Any]) -> int: ...
+
+    def drop_peer(self, peer_id: str) -> bool: ...
+
+    def on_rtt(self, peer_id: str, raw_ms: float) -> None: ...
+
+
 class Links:
-    def __init__(self, node: Node, nursery: trio.Nursery) -> None:
-        self.node = node
-        self.nursery = nursery
+    def __init__(self, host: Any, config: Config, membership: LinkedMembership, *,
+                 rng: random.Random | None = None) -> None:
+        # host: the libp2p host (its IHost type lacks the swarm's unblock_peer, hence Any)
+        self.host = host
+        self.config = config
+        self.membership = membership
         self.channels: dict[str, PeerChannel] = {}
         self._opening: dict[str, trio.Event] = {}
-        self._revocation_gossip_pending = False
-        g = node.config.gossip
+        self._nursery: trio.Nursery | None = None
+        g = config.gossip
         self.liveness = Liveness(ping_interval_s=g.ping_interval_s, busy_silence_s=g.busy_ping_after_s,
-                                 stall_timeout_s=g.stall_timeout_s, rng=node.rng)
-        self.synced = trio.Event()  # set once a bootstrap peer's SYNC answered (or there is none)
+                                 stall_timeout_s=g.stall_timeout_s, rng=rng)
         self.stats = {"dials": 0, "dial_failures": 0, "dials_yielded": 0, "channels_opened": 0,
                       "stalls": 0, "pings": 0}
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the links' tasks (dials, channels, pings) and run the liveness loop; the
+        bootstrap peers are dialled once ``join`` is called."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self.liveness_loop)
+            task_status.started()
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        assert self._nursery is not None, "Links.run has not started"
+        return self._nursery
+
+    def join(self) -> None:
+        """Dial the bootstrap peers of the config (and keep them connected)."""
+        self.nursery.start_soon(self.bootstrap_loop, list(self.config.node.bootstrap))
 
     # ---------------------------------------------------------------- dialling
 
@@ -75,11 +113,11 @@ class Links:
             except Exception:
                 log.error("bad bootstrap address (needs /p2p/<peer id>) addr=%s", a)
         if not infos:
-            self.synced.set()
+            self.membership.joined.set()
         while infos:
             pending = False
             for info in infos:
-                if info.peer_id.to_base58() in self.node.revoked_peer_ids:
+                if info.peer_id.to_base58() in self.membership.revoked_peer_ids:
                     continue
                 if self._connected(info.peer_id):
                     continue
@@ -102,16 +140,16 @@ class Links:
                     ev.set()
                     self._opening.pop(peer, None)
                 if ch is not None:
-                    if self.node.own_signed_advert() is not None:
+                    if self.membership.own_signed_advert() is not None:
                         # a redial (we were cut off, e.g. frozen): peers that dropped us hold our
                         # last advert already and would not take it again; hand them a new one
-                        await self.node.publish_advert()
+                        await self.membership.publish_advert()
                     await self._sync(ch)
         finally:
-            self.synced.set()
+            self.membership.joined.set()
 
     async def _dial(self, peer_id: ID, addrs: list[Any]) -> bool:
-        host = self.node.host
+        host = self.host
         if peer_id == host.get_id():
             return True
         self.stats["dials"] += 1
@@ -123,8 +161,6 @@ class Links:
             if addrs:
                 host.get_peerstore().add_addrs(peer_id, addrs, ADDR_TTL_S)
             with trio.fail_after(DIAL_TIMEOUT_S):
-                from libp2p.peer.peerinfo import PeerInfo
-
                 await host.connect(PeerInfo(peer_id, addrs))
             return True
         except Exception as e:
@@ -132,13 +168,14 @@ class Links:
             log.info("dial failed peer_id=%s error=%r", peer_id.to_base58(), e)
             return False
 
-    def on_advert(self, adv: Advert, *, new: bool) -> None:
+    def on_advert(self, adv: Advert, new: bool) -> None:
+        """A membership listener: open a channel to a peer we hear of and have none to."""
         ch = self.channels.get(adv.peer_id)
         if ch is not None and ch.alive:
             return
         if adv.peer_id in self._opening:
             return
-        if len(self.channels) >= self.node.config.node.max_peers:
+        if len(self.channels) >= self.config.node.max_peers:
             return
         self.nursery.start_soon(self._open, adv)
 
@@ -154,7 +191,7 @@ class Links:
                 except Exception:
                     continue
             if not self._connected(pid):
-                if self.node.peer_id > adv.peer_id:
+                if self.membership.peer_id > adv.peer_id:
                     # it may be dialling us this very moment (both learnt of each other from
                     # the same gossip): one connection is enough, let the lower id make it
                     with trio.move_on_after(DIAL_YIELD_S):
@@ -171,14 +208,14 @@ class Links:
 
     def _connected(self, pid: ID) -> bool:
         try:
-            return bool(self.node.host.get_network().get_connections(pid))
+            return bool(self.host.get_network().get_connections(pid))
         except Exception:
             return False
 
     async def _open_channel(self, pid: ID, *, sync: bool = True) -> PeerChannel | None:
         try:
             with trio.fail_after(DIAL_TIMEOUT_S):
-                stream = await self.node.host.new_stream(pid, [REQUEST_PROTOCOL])
+                stream = await self.host.new_stream(pid, [REQUEST_PROTOCOL])
         except Exception as e:
             log.info("request stream failed peer_id=%s error=%r", pid.to_base58(), e)
             return None
@@ -189,7 +226,7 @@ class Links:
             framed,
             ping_interval_s=math.inf,  # the liveness loop below pings (ping())
             stall_timeout_s=math.inf,
-            on_rtt=self.node.on_rtt,
+            on_rtt=self._on_rtt,
             on_dead=self._on_dead,
         )
         self.channels[ch.peer_id] = ch
@@ -215,8 +252,10 @@ class Links:
 
         return heard
 
-    def on_pong(self, peer: str) -> None:
+    def _on_rtt(self, peer: str, raw_ms: float) -> None:
+        """A PONG: the peer answered (liveness), and an RTT sample (membership's Vivaldi)."""
         self.liveness.answered(peer, trio.current_time())
+        self.membership.on_rtt(peer, raw_ms)
 
     async def liveness_loop(self) -> None:
         """Ping whom liveness says is due; close the channels of peers that stalled."""
@@ -252,9 +291,9 @@ class Links:
 
     async def _sync(self, ch: PeerChannel) -> None:
         """Learn the mesh from a new link at once (a joining node need not wait an advert period)."""
-        own = self.node.own_signed_advert()
+        own = self.membership.own_signed_advert()
         items = await ch.sync(DIAL_TIMEOUT_S, [own] if own is not None else [])
-        self.node.accept_synced(items)
+        self.membership.accept_synced(items)
 
     def _on_dead(self, peer_id: str, reason: str) -> None:
         if self.channels.get(peer_id) is not None and not self.channels[peer_id].alive:
@@ -262,7 +301,7 @@ class Links:
             self.liveness.forget(peer_id)
         if "stalled" in reason:
             self.stats["stalls"] += 1
-        if self.node.drop_peer(peer_id):
+        if self.membership.drop_peer(peer_id):
             log.warning("peer dropped peer_id=%s reason=%s", peer_id, reason)
         if "stalled" in reason:
             # a frozen peer keeps its TCP connection: close it so a thawed peer redials cleanly
@@ -271,7 +310,7 @@ class Links:
     async def _disconnect(self, peer_id: str) -> None:
         with trio.move_on_after(2):
             try:
-                await self.node.host.disconnect(ID.from_base58(peer_id))
+                await self.host.disconnect(ID.from_base58(peer_id))
             except Exception:
                 pass
 
@@ -287,7 +326,7 @@ class Links:
             ch = self.channels.get(peer_id)
             if ch is not None and ch.alive:
                 return ch
-        e = self.node.table.get(peer_id)
+        e = self.membership.table.get(peer_id)
         if e is None:
             raise PeerGoneError(f"peer {peer_id[-8:]} is not in the peer table")
         pid = ID.from_base58(peer_id)
@@ -300,30 +339,6 @@ class Links:
             raise PeerGoneError(f"cannot open a request stream to {e.advert.name}")
         return ch
 
-    # ---------------------------------------------------------------- revocation spread
-
-    def schedule_revocation_gossip(self) -> None:
-        if self._revocation_gossip_pending:
-            return
-        self._revocation_gossip_pending = True
-        self.nursery.start_soon(self._gossip_revocation)
-
-    async def _gossip_revocation(self) -> None:
-        from meshd.core.messages import REVOCATION_TOPIC, MessageType
-        from meshd.core.wire import encode_message
-
-        await trio.sleep(1.0)  # batch joins; also lets the new peer's mesh form
-        self._revocation_gossip_pending = False
-        crl = self.node.revocation_bytes
-        if crl is None or self.node.gossip is None:
-            return
-        try:
-            await self.node.gossip.publish(
-                REVOCATION_TOPIC, encode_message(MessageType.REVOCATION, {"crl": crl})
-            )
-        except Exception as e:
-            log.info("revocation gossip failed error=%r", e)
-
     # ---------------------------------------------------------------- connection events
 
     def notifee(self) -> INotifee:
@@ -333,7 +348,7 @@ class Links:
         ch = self.channels.get(peer_id)
         if ch is not None:
             ch.close("connection lost")
-        if self.node.drop_peer(peer_id):
+        if self.membership.drop_peer(peer_id):
             log.info("peer disconnected peer_id=%s", peer_id)
 
     def statistics(self) -> dict[str, Any]:

@@ -23,21 +23,22 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
+from meshd.config import Config
 from meshd.core.messages import MessageType
+from meshd.core.packing import pack_ids, takes_packed, vocab_bound
 from meshd.core.planner import Plan, plan
 from meshd.core.request import DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS
 from meshd.core.snapshot import Policy, RouteRequest
 from meshd.errors import ErrorCode, PeerGoneError, RemoteError, RoutingError
 from meshd.node.activations import encode_ids
 from meshd.node.forward import Outcome
-from meshd.node.generation import gen_fields
-
-if TYPE_CHECKING:
-    from meshd.node.entry.context import EntryHost
+from meshd.node.gen_config import gen_fields
+from meshd.node.stagelinks import StageLinks
+from meshd.node.view import MeshView
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,21 @@ def plan_record(p: Plan) -> dict[str, Any]:
     }
 
 
+class PipelineHost(Protocol):
+    """What the pipeline driver needs of the entry node (``meshd.node.entry.context.EntryHost``)."""
+
+    config: Config
+    store: Any  # meshd.store.AsyncStore or None
+    node_name: str
+    peer_id: str
+
+    @property
+    def membership(self) -> MeshView: ...
+
+    @property
+    def stage_links(self) -> StageLinks: ...
+
+
 class StageFailure(RemoteError):
     """A stage of a pipeline failed (died, stalled, refused): ``culprits`` are the peers to plan
     around; ``code`` is what the client is told if no replan succeeds."""
@@ -74,7 +90,7 @@ class StageFailure(RemoteError):
 
 @dataclass
 class _Run:
-    node: EntryHost
+    node: PipelineHost
     rid: str
     model: str
     msg: dict[str, Any]
@@ -82,6 +98,7 @@ class _Run:
     max_tokens: int
     sink: Any
     journal: Any
+    vocab_size: int = 0  # of the tokenizer or model that made prompt_ids (packing)
     out: Outcome = field(default_factory=Outcome)
     attempt: int = 0
 
@@ -91,13 +108,14 @@ class _Run:
 
 
 async def run_pipeline(
-    node: EntryHost, first: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
-    sink: Any, journal: Any, policy: Policy,
+    node: PipelineHost, first: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
+    sink: Any, journal: Any, policy: Policy, *, vocab_size: int = 0,
 ) -> tuple[Outcome, Plan]:
     """Serve one request along ``first``, replanning around failed stages; never raises for a
     stage's failure (the outcome carries the error). Returns the outcome and the last plan."""
     max_tokens = min(int(gen_fields(msg).get("max_tokens", DEFAULT_MAX_TOKENS)), MAX_MAX_TOKENS)
-    run = _Run(node, req.request_id, req.model, msg, list(prompt_ids), max_tokens, sink, journal)
+    run = _Run(node, req.request_id, req.model, msg, list(prompt_ids), max_tokens, sink, journal,
+               vocab_size)
     failed_at: dict[str, float] = {}  # peer -> when it last failed this request
     current = first
     while True:
@@ -150,7 +168,7 @@ def excluded_peers(failed_at: dict[str, float], heard_at: dict[str, float]) -> f
     return frozenset(p for p, t in failed_at.items() if heard_at.get(p, -1.0) <= t)
 
 
-async def _replan(node: EntryHost, req: RouteRequest, policy: Policy, failed_at: dict[str, float], *,
+async def _replan(node: PipelineHost, req: RouteRequest, policy: Policy, failed_at: dict[str, float], *,
                   prompt_tokens: int, max_tokens: int) -> tuple[Plan, RouteRequest]:
     """Plan the rest of the request without the failed peers. When nothing covers the model
     right now (a healthy stage's connection dropped with the failed one), wait up to two advert
@@ -158,18 +176,18 @@ async def _replan(node: EntryHost, req: RouteRequest, policy: Policy, failed_at:
     deadline = trio.current_time() + max(REPLAN_WAIT_MIN_S,
                                          2 * node.config.gossip.advert_interval_s)
     while True:
-        heard = {pid: e.heard_at for pid, e in node.table.entries.items()}
+        heard = {pid: e.heard_at for pid, e in node.membership.table.entries.items()}
         again = replace(req, exclude=req.exclude | excluded_peers(failed_at, heard),
                         prompt_tokens=prompt_tokens, max_tokens=max_tokens)
         try:
-            return plan(again, node.snapshot(), policy), again
+            return plan(again, node.membership.snapshot(), policy), again
         except RoutingError:
             if trio.current_time() >= deadline:
                 raise
         await trio.sleep(REPLAN_POLL_S)
 
 
-def record_plan(node: EntryHost, rid: str, p: Plan, req: RouteRequest, policy: Policy) -> None:
+def record_plan(node: PipelineHost, rid: str, p: Plan, req: RouteRequest, policy: Policy) -> None:
     if node.store is None:
         return
     node.store.record_decision(
@@ -257,7 +275,12 @@ async def _open_all(run: _Run, hops: Any, sids: list[str], opened: list[int]) ->
             fields["max_tokens"] = total
         if i == len(hops) - 1:
             fields["gen"] = {**gen_fields(run.msg), "max_tokens": run.remaining}
-            if history:
+            if history and _takes_packed(run, h.peer_id):
+                dtype, data = pack_ids(history, vocab_bound(history, run.vocab_size))
+                fields.update(prompt_packed=data, prompt_dtype=dtype)
+                if run.msg.get("tok"):
+                    fields["tok"] = run.msg["tok"]
+            elif history:
                 fields["prompt_ids"] = history
             else:
                 fields["prompt"] = run.msg["prompt"]
@@ -275,6 +298,14 @@ async def _open_all(run: _Run, hops: Any, sids: list[str], opened: list[int]) ->
             nursery.start_soon(open_one, i)
     if failures:
         raise failures[0]
+
+
+def _takes_packed(run: _Run, peer_id: str) -> bool:
+    """Whether the stage on ``peer_id`` reads packed prompts (this node does)."""
+    if peer_id == run.node.peer_id:
+        return True
+    e = run.node.membership.table.get(peer_id)
+    return takes_packed(e.advert if e is not None else None, run.model)
 
 
 async def _wait_ready(run: _Run, watch: Any, sids: list[str], peer_of: dict[str, str]) -> None:
@@ -306,13 +337,13 @@ def _raise_if_failed(kind: str, m: dict[str, Any], peer_of: dict[str, str]) -> N
 
 
 async def _next(watch: Any, timeout: float, peer_of: dict[str, str], hops: Any,
-                node: EntryHost) -> dict[str, Any]:
+                node: PipelineHost) -> dict[str, Any]:
     with trio.move_on_after(timeout):
         kind, m = await watch.recv.receive()
         _raise_if_failed(kind, m, peer_of)
         return dict(m)
     # nothing in time: blame the stages this node no longer hears from
-    dead = {h.peer_id for h in hops if h.peer_id != node.peer_id and node.table.get(h.peer_id) is None}
+    dead = {h.peer_id for h in hops if h.peer_id != node.peer_id and node.membership.table.get(h.peer_id) is None}
     raise StageFailure(f"no token from the pipeline within {timeout:.1f} s", dead, ErrorCode.DEADLINE)
 
 

@@ -165,6 +165,28 @@ class Runner:
         ids: list[int] = s.model.encode_messages(messages)
         return ids
 
+    def vocab_size(self, model: str) -> int | None:
+        """The model's vocabulary size (None when the model does not say): the bound of the token
+        ids a request may carry."""
+        s = self.models.get(model)
+        n = getattr(s.model, "vocab_size", None) if s is not None else None
+        return int(n) if n else None
+
+    def tokenizer_identity(self, model: str) -> str:
+        """The identity of the model's tokenizer (meshd.core.tokident; "" when unknown)."""
+        s = self.models.get(model)
+        f = getattr(s.model, "tokenizer_identity", None) if s is not None else None
+        return str(f()) if f is not None else ""
+
+    def tokenizer_bundle(self, identity: str) -> bytes | None:
+        """The bundle of a tokenizer of a model served here, by identity (reads a file: call it
+        from a worker thread); None when no model here has it."""
+        for name, s in list(self.models.items()):
+            if self.tokenizer_identity(name) == identity:
+                bundle: bytes | None = s.model.tokenizer_bundle()
+                return bundle
+        return None
+
     def context_length(self, model: str) -> int | None:
         """The model's context in tokens (None when the model does not say)."""
         s = self.models.get(model)

@@ -18,11 +18,13 @@ from typing import Any
 import trio
 
 from meshd.core.messages import MessageType
+from meshd.core.packing import unpack_ids
+from meshd.core.tokident import chunks, names
 from meshd.core.wire import Message
 from meshd.errors import ErrorCode, MeshdError, PeerGoneError, ProtocolError, RemoteError
 from meshd.net.framed import FramedStream
 from meshd.node.coalesce import FrameBatcher
-from meshd.node.generation import gen_config_from
+from meshd.node.gen_config import gen_config_from
 from meshd.node.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,10 @@ class RequestServer:
         self.node_name = node_name
         self.max_hops = max_hops
         self.stats = {"streams": 0, "requests": 0, "errors": 0, "malformed": 0, "cancelled": 0,
-                      "token_writes": 0, "token_frames": 0, "tokens_sent": 0}
+                      "token_writes": 0, "token_frames": 0, "tokens_sent": 0,
+                      # how REQs carried their prompt: packed ids, a list of ids, or text
+                      "prompts_packed": 0, "prompts_ids": 0, "prompts_text": 0,
+                      "tokenizers_served": 0, "tokenizer_bytes_sent": 0}
 
     async def serve_stream(self, framed: FramedStream, peer_id: str) -> None:
         """Read frames until the stream ends; never raises (a peer cannot crash the node)."""
@@ -79,6 +84,14 @@ class RequestServer:
                                 self._accept_adverts(msg["adverts"])  # the asker's own advert
                             held = self._adverts() if self._adverts is not None else []
                             await framed.send(MessageType.SYNC, {"n": msg["n"], "adverts": held})
+                        elif t == MessageType.TOK_REQ:
+                            rid = msg["rid"]
+                            if rid in scopes:
+                                await _error(framed, rid, ErrorCode.MALFORMED, "duplicate request id")
+                                continue
+                            scope = trio.CancelScope()
+                            scopes[rid] = scope
+                            nursery.start_soon(self._serve_tokenizer, framed, msg, scope, scopes)
                         elif t == MessageType.CANCEL:
                             s = scopes.get(msg["rid"])
                             if s is not None:
@@ -126,16 +139,62 @@ class RequestServer:
         finally:
             scopes.pop(rid, None)
 
+    async def _serve_tokenizer(self, framed: FramedStream, msg: Message, scope: trio.CancelScope,
+                               scopes: dict[str, trio.CancelScope]) -> None:
+        """Answer TOK_REQ: the bundle of a tokenizer of a model served here, in TOK_PART chunks
+        (meshd.core.tokident), or ERROR ``no_model``."""
+        rid, identity = msg["rid"], msg["tok"]
+        try:
+            with scope:
+                bundle = await trio.to_thread.run_sync(self.runner.tokenizer_bundle, identity)
+                if bundle is None:
+                    await _error(framed, rid, ErrorCode.NO_MODEL,
+                                 f"{self.node_name} holds no tokenizer {identity[:12]}")
+                    return
+                for offset, data in chunks(bundle):
+                    await framed.send(MessageType.TOK_PART, {"rid": rid, "offset": offset,
+                                                             "total": len(bundle), "data": data})
+                    self.stats["tokenizer_bytes_sent"] += len(data)
+                self.stats["tokenizers_served"] += 1
+        except PeerGoneError:
+            pass
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("serving a tokenizer failed rid=%s", rid)
+            await _error(framed, rid, ErrorCode.INTERNAL, "internal error on the serving node")
+        finally:
+            scopes.pop(rid, None)
+
+    def prompt_ids(self, msg: Message) -> list[int]:
+        """The prompt of a REQ as token ids: packed (checked against the model's vocabulary and
+        the tokenizer the entry node used), a list of ids (older entry nodes), or text to
+        tokenize here."""
+        model = msg["model"]
+        tok = msg.get("tok")
+        mine = self.runner.tokenizer_identity(model)
+        if tok is not None and mine and not names(tok, mine):
+            raise RemoteError(f"the prompt was tokenized with tokenizer {tok[:12]}; {model} on "
+                              f"{self.node_name} uses {mine[:12]}", ErrorCode.NO_MODEL)
+        if msg.get("prompt_packed") is not None:
+            self.stats["prompts_packed"] += 1
+            return unpack_ids(msg["prompt_packed"], msg.get("prompt_dtype"),
+                              self.runner.vocab_size(model))
+        if msg["prompt_ids"]:
+            self.stats["prompts_ids"] += 1
+            return list(msg["prompt_ids"])
+        if msg.get("prompt"):
+            self.stats["prompts_text"] += 1
+            return self.runner.encode(model, msg["prompt"], chat=bool(msg.get("chat", False)))
+        raise ProtocolError("REQ has neither prompt_packed, prompt_ids nor prompt")
+
     async def _run(self, out: FrameBatcher, msg: Message) -> None:
         rid = msg["rid"]
         if msg["hops"] >= self.max_hops:
             raise RemoteError(f"hop limit {self.max_hops} reached", ErrorCode.HOPS)
         model = msg["model"]
-        ids = list(msg["prompt_ids"])
-        if not ids and msg.get("prompt"):
-            ids = self.runner.encode(model, msg["prompt"], chat=bool(msg.get("chat", False)))
+        ids = self.prompt_ids(msg)
         if not ids:
-            raise ProtocolError("REQ has neither prompt_ids nor prompt")
+            raise ProtocolError("the REQ's prompt has no tokens")
         resume = list(msg.get("resume_ids") or [])
         gen = gen_config_from(msg, already=len(resume))
         t0 = time.perf_counter()

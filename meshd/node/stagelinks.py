@@ -22,17 +22,19 @@ the sessions that the stream's peer opened.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+import multiaddr
 import trio
+from libp2p.peer.id import ID
 
 from meshd.core.messages import REGISTRY, STAGE_PROTOCOL, STAGE_TYPES, MessageType, check_fields
+from meshd.core.peertable import PeerEntry
 from meshd.core.wire import MAX_STAGE_FRAME, Message
 from meshd.errors import PeerGoneError, ProtocolError
 from meshd.net.framed import FramedStream
-
-if TYPE_CHECKING:
-    from meshd.node.stages import StageServer
+from meshd.node.links import Links
+from meshd.node.stages import Port, StageServer
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +42,6 @@ OPEN_STREAM_TIMEOUT_S = 5.0
 SEND_TIMEOUT_S = 5.0
 OPEN_RETRY_WAITS_S = (0.05, 0.2, 0.5, 1.0)
 WATCH_BUFFER = 4096
-
-
-class Port(Protocol):
-    peer_id: str
-
-    @property
-    def alive(self) -> bool: ...
-
-    async def send(self, mtype: MessageType, fields: dict[str, Any]) -> None: ...
 
 
 class StreamPort:
@@ -104,11 +97,31 @@ class Watch:
             pass
 
 
+class StageNet(Protocol):
+    """What stage streams need of the node (``meshd.node.node.Node``): its id, and once it runs
+    its libp2p host and its request links."""
+
+    peer_id: str
+
+    @property
+    def host(self) -> Any: ...
+
+    @property
+    def links(self) -> Links | None: ...
+
+
+class PeerLookup(Protocol):
+    """The peer table's lookup (``meshd.core.peertable.PeerTable``)."""
+
+    def get(self, peer_id: str) -> PeerEntry | None: ...
+
+
 class StageLinks:
-    def __init__(self, node: Any, server: StageServer) -> None:
-        self.node = node
+    def __init__(self, net: StageNet, server: StageServer, peers: PeerLookup) -> None:
+        self.net = net
         self.server = server
-        self.local_id: str = node.peer_id
+        self.peers = peers
+        self.local_id: str = net.peer_id
         self.local = LocalPort(self)
         self.out: dict[str, StreamPort] = {}
         self._locks: dict[str, trio.Lock] = {}
@@ -147,15 +160,11 @@ class StageLinks:
         return p if p is not None and p.alive else None
 
     async def _open(self, peer_id: str) -> StreamPort:
-        from libp2p.peer.id import ID
-
-        host = self.node.host
-        entry = self.node.table.get(peer_id)
+        host = self.net.host
+        entry = self.peers.get(peer_id)
         try:
             pid = ID.from_base58(peer_id)
             if entry is not None:
-                import multiaddr
-
                 addrs = []
                 for a in entry.advert.addrs:
                     try:
@@ -174,15 +183,15 @@ class StageLinks:
                 # a failure the node's links settle the connection, then the stream opens on
                 # the survivor (not before: that would wait on the request channel's set-up)
                 try:
-                    links = getattr(self.node, "links", None)
-                    if i > 0 and links is not None and self.node.table.get(peer_id) is not None:
+                    links = self.net.links
+                    if i > 0 and links is not None and self.peers.get(peer_id) is not None:
                         await links.channel(peer_id)
                     stream = await host.new_stream(pid, [STAGE_PROTOCOL])
                     break
                 except Exception as e:
                     self.stats["stream_failures"] += 1
                     log.warning("stage stream open failed peer=%s error=%r", peer_id, e)
-                    if self.node.table.get(peer_id) is None:
+                    if self.peers.get(peer_id) is None:
                         break  # a peer the mesh no longer lists: do not keep trying
                     await trio.sleep(wait)
         if stream is None:

@@ -21,19 +21,19 @@ import functools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import trio
 
 from meshd.core.messages import MessageType
+from meshd.core.packing import unpack_ids
+from meshd.core.tokident import names
 from meshd.core.wire import Message
 from meshd.errors import ErrorCode, MeshdError, PeerGoneError, RemoteError
 from meshd.node.activations import WIRE_DTYPES, decode_tensor, encode_hidden
-
-if TYPE_CHECKING:
-    from meshd.node.runner import Runner, Served
-    from meshd.node.stagelinks import Port, StageLinks
+from meshd.node.gen_config import gen_config_from
+from meshd.node.runner import Runner, Served
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +86,31 @@ class _Speed:
             self.prefill_ms_per_layer_token = per if old <= 0 else (1 - EWMA) * old + EWMA * per
 
 
+class Port(Protocol):
+    """Where frames for one peer go: its stage stream, or this node itself
+    (``meshd.node.stagelinks``: ``StreamPort``, ``LocalPort``)."""
+
+    peer_id: str
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def send(self, mtype: MessageType, fields: dict[str, Any]) -> None: ...
+
+
+class Ports(Protocol):
+    """The ports to other stages (``meshd.node.stagelinks.StageLinks``)."""
+
+    async def port(self, peer_id: str) -> Port: ...
+
+    def statistics(self) -> dict[str, Any]: ...
+
+
 class StageServer:
     def __init__(self, runner: Runner, node_name: str) -> None:
         self.runner = runner
         self.node_name = node_name
-        self.links: StageLinks | None = None
+        self.links: Ports | None = None  # set by whoever builds the stage links
         self.sessions: dict[str, _Session] = {}
         self.speeds: dict[str, _Speed] = {}
         self._nursery: trio.Nursery | None = None
@@ -99,6 +119,7 @@ class StageServer:
             "sessions_opened": 0, "busy_refusals": 0, "bad_tensors": 0, "steps": 0,
             "errors": 0, "activation_bytes_in": 0, "activation_bytes_out": 0,
             "activation_frames_out": 0, "freed": {},
+            "prompts_packed": 0, "prompts_text": 0,  # how last stages got their prompt
         }
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -240,7 +261,7 @@ class StageServer:
             return
         self._spawn(self._serve, sess)
         ready: dict[str, Any] = {"rid": sid, "free_kv_tokens": self.free_kv_tokens(sess.model)}
-        if sess.is_last and not msg.get("prompt_ids"):
+        if sess.is_last and not msg.get("prompt_ids") and msg.get("prompt_packed") is None:
             ready["prompt_ids"] = list(sess.gen.prompt_ids)
         try:
             await port.send(MessageType.STAGE_READY, ready)
@@ -292,13 +313,21 @@ class StageServer:
         sess.hidden = engine_model.hidden_size
         sess.vocab = engine_model.vocab_size
         if sess.is_last:
-            from meshd.engine.generation import Generation
-            from meshd.node.generation import gen_config_from
+            from meshd.engine.generation import Generation  # only here: it loads the engine
 
-            ids = list(msg.get("prompt_ids") or [])
+            tok, mine = msg.get("tok"), self.runner.tokenizer_identity(sess.model)
+            if tok is not None and mine and not names(tok, mine):
+                raise RemoteError(f"the prompt was tokenized with tokenizer {tok[:12]}; "
+                                  f"{sess.model} here uses {mine[:12]}", ErrorCode.NO_MODEL)
+            if msg.get("prompt_packed") is not None:
+                self.stats["prompts_packed"] += 1
+                ids = unpack_ids(msg["prompt_packed"], msg.get("prompt_dtype"), sess.vocab)
+            else:
+                ids = list(msg.get("prompt_ids") or [])
             if not ids:
                 if not msg.get("prompt"):
                     raise RemoteError("the last stage needs prompt_ids or prompt", ErrorCode.MALFORMED)
+                self.stats["prompts_text"] += 1
                 ids = engine_model.encode_prompt(msg["prompt"], chat=bool(msg.get("chat")))
             if not ids or len(ids) >= ctx:
                 raise RemoteError(f"the prompt has {len(ids)} tokens; the context is {ctx}",

@@ -3,56 +3,118 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-import trio
-
-from meshd.core.vivaldi import estimate_rtt_ms
+from meshd.core.peertable import PeerTable
+from meshd.core.snapshot import Policy
+from meshd.core.vivaldi import Coord, estimate_rtt_ms
+from meshd.net.attest import Attestor
+from meshd.net.gossip import Gossip
+from meshd.node.autoplace import AutoPlacer
+from meshd.node.edge_cache import EdgeCache
+from meshd.node.entry import EntryChain
+from meshd.node.links import Links
+from meshd.node.membership import Membership
+from meshd.node.runner import Runner
+from meshd.node.serve import RequestServer
+from meshd.node.stages import StageServer
+from meshd.node.tokenizers import TokenizerService
 from meshd.node.view import coord_of, peer_rtt
 
-if TYPE_CHECKING:
-    from meshd.node.node import Node
+
+class StatusSource(Protocol):
+    """What ``meshd status`` reads of the node (``meshd.node.node.Node``): who it is, and the
+    statistics of each of its services."""
+
+    node_name: str
+    peer_id: str
+    addrs: list[str]
+    started_at: float
+    hardware: Any
+    policy: Policy
+    stats: dict[str, int]  # the entry path's counters
+
+    @property
+    def runner(self) -> Runner: ...
+
+    @property
+    def membership(self) -> Membership: ...
+
+    @property
+    def attestor(self) -> Attestor: ...
+
+    @property
+    def gossip(self) -> Gossip | None: ...
+
+    @property
+    def links(self) -> Links | None: ...
+
+    @property
+    def server(self) -> RequestServer: ...
+
+    @property
+    def stage_server(self) -> StageServer: ...
+
+    @property
+    def placer(self) -> AutoPlacer: ...
+
+    @property
+    def entry(self) -> EntryChain: ...
+
+    @property
+    def edge_cache(self) -> EdgeCache: ...
+
+    @property
+    def tokenizers(self) -> TokenizerService: ...
 
 
-def node_status(self: Node) -> dict[str, Any]:
+def node_status(node: StatusSource) -> dict[str, Any]:
+    m = node.membership
+    ms = m.statistics()
+    rejections = ms.pop("rejections")
+    delays = ms.pop("advert_delay_ms")
     return {
-        "name": self.node_name,
-        "peer_id": self.peer_id,
-        "region": self.region,
-        "labels": self.labels,
-        "addrs": self.addrs,
-        "uptime_s": round(time.time() - self.started_at, 1),
-        "peers": len(self.table),
-        "queue_depth": self.runner.queue_depth(),
-        "in_flight": self.runner.in_flight(),
-        "models": [s.statistics() for s in self.runner.models.values()],
-        "hardware": self.hardware.to_dict() if self.hardware is not None else {},
-        "strategy": self.policy.strategy,
-        "api_url": getattr(self, "api_url", None),  # set by meshd.api.server when it listens
-        "coord": {"vec": list(self.coord.vec), "height": self.coord.height, "error": self.coord.error},
+        "name": node.node_name,
+        "peer_id": node.peer_id,
+        "region": m.region,
+        "labels": m.labels,
+        "addrs": node.addrs,
+        "uptime_s": round(time.time() - node.started_at, 1),
+        "peers": len(m.table),
+        "queue_depth": node.runner.queue_depth(),
+        "in_flight": node.runner.in_flight(),
+        "models": [s.statistics() for s in node.runner.models.values()],
+        "hardware": node.hardware.to_dict() if node.hardware is not None else {},
+        "strategy": node.policy.strategy,
+        "api_url": getattr(node, "api_url", None),  # set by meshd.api.server when it listens
+        "coord": {"vec": list(m.coord.vec), "height": m.coord.height, "error": m.coord.error},
         "services": {
-            "node": dict(self.stats),
-            "advert_rejections": dict(self.rejections),
-            "gossip": dict(self.gossip.stats) if self.gossip else {},
-            "advert_delay_ms": delay_summary(self.advert_delays_ms, self.stats["adverts_timed"]),
-            "attestation": self.attestor.statistics(),
-            "links": self.links.statistics() if self.links else {},
-            "request_server": dict(self.server.stats),
-            "stage_server": self.stage_server.statistics(),
-            "placement": self.placer.statistics(),
-            "upstreams": {s.name: s.model.statistics() for s in self.runner.models.values()
+            "node": {**ms, **node.stats},
+            "advert_rejections": rejections,
+            "gossip": dict(node.gossip.stats) if node.gossip else {},
+            "advert_delay_ms": delays,
+            "attestation": node.attestor.statistics(),
+            "links": node.links.statistics() if node.links else {},
+            "request_server": dict(node.server.stats),
+            "stage_server": node.stage_server.statistics(),
+            "placement": node.placer.statistics(),
+            "entry": node.entry.statistics(),
+            "cache": node.edge_cache.statistics(),
+            "upstreams": {s.name: s.model.statistics() for s in node.runner.models.values()
                           if hasattr(s.model, "base_url")},  # [[models]] upstream
+            "tokenizers": node.tokenizers.statistics(),
         },
     }
 
-def peers_listing(self: Node) -> list[dict[str, Any]]:
-    now = trio.current_time()
+
+def peers_listing(table: PeerTable, coord: Coord, now: float) -> list[dict[str, Any]]:
+    """Every peer of ``table`` (stalled ones too), as ``meshd peers`` shows them at ``now``."""
     rows = []
-    for pid, e in sorted(self.table.entries.items()):
+    for pid, e in sorted(table.entries.items()):
         a = e.advert
-        rtt, source = peer_rtt(e, self.coord, now)
+        rtt, source = peer_rtt(e, coord, now)
         remote = coord_of(a)
-        est = estimate_rtt_ms(self.coord, remote) if remote is not None and len(remote.vec) == len(self.coord.vec) else None
+        est = estimate_rtt_ms(coord, remote) if remote is not None and len(remote.vec) == len(coord.vec) else None
         rows.append(
             {
                 "name": a.name,
@@ -79,15 +141,3 @@ def peers_listing(self: Node) -> list[dict[str, Any]]:
         )
     return rows
 
-
-def delay_summary(samples: Any, total: int) -> dict[str, Any]:
-    """Publish-to-receipt delay of recent adverts heard by gossip: p50/p99 over the recent
-    samples, the samples, and ``n`` = how many were ever taken (the recent ones are a ring)."""
-    xs = sorted(samples)
-    if not xs:
-        return {"n": total, "p50": None, "p99": None, "recent": []}
-
-    def pct(q: float) -> float:
-        return round(float(xs[min(len(xs) - 1, int(q * len(xs)))]), 3)
-
-    return {"n": total, "p50": pct(0.5), "p99": pct(0.99), "recent": [round(x, 3) for x in samples]}

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from typing import Protocol
 
 from meshd.core.advert import Advert
-from meshd.core.peertable import PeerEntry
+from meshd.core.peertable import PeerEntry, PeerTable
 from meshd.core.snapshot import MeshSnapshot, NodeView, Serving
 from meshd.core.vivaldi import (
     SOURCE_MEASURED,
@@ -27,6 +28,15 @@ from meshd.core.vivaldi import (
 
 MEASURED_MAX_AGE_S = 30.0
 UNKNOWN_RTT_MS = 100.0  # choose_rtt's default, used when nothing is known
+
+
+class MeshView(Protocol):
+    """The mesh as a request's path reads it: the peer table and a fresh routing snapshot
+    (``meshd.node.membership.Membership``)."""
+
+    table: PeerTable
+
+    def snapshot(self) -> MeshSnapshot: ...
 
 
 def coord_of(a: Advert) -> Coord | None:

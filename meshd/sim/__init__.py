@@ -2,7 +2,7 @@
 
 Modules, in the order a request meets them: ``scenario`` (+ ``scenario_parse``, ``toml_table``)
 reads a scenario file; ``world`` builds the nodes, cells and ``latency`` model; ``workload``
-draws arrivals; ``engine`` runs the event loop; ``views`` builds each entry node's
+draws arrivals; ``loop`` runs the event loop; ``views`` builds each entry node's
 ``MeshSnapshot`` for the daemon's router (``meshd.core.routing``) and planner
 (``meshd.core.planner``, via ``pipeline``); ``hedging`` sends hedge copies; ``metrics`` and
 ``report`` summarise; ``runner`` and ``progress`` drive it from ``meshd.cli.sim``.

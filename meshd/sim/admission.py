@@ -21,7 +21,7 @@ from meshd.core.admission import back_to_refuser, slot_wait_ms
 
 if TYPE_CHECKING:
     from meshd.core.routing import RouteDecision
-    from meshd.sim.engine import Engine
+    from meshd.sim.loop import Engine
     from meshd.sim.request import SimRequest
     from meshd.sim.world import SimNode
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from meshd.sim.request import SimRequest
 
 if TYPE_CHECKING:
-    from meshd.sim.engine import Engine
+    from meshd.sim.loop import Engine
 
 
 class Family:
@@ -36,7 +36,7 @@ def arm(eng: Engine, r: SimRequest, hedge_ms: float, now: float) -> None:
     after sending."""
     if r.stages is not None or r.attempts or r.family is not None:
         return
-    from meshd.sim.engine import HEDGE
+    from meshd.sim.loop import HEDGE
 
     eng.push(now + hedge_ms / 1000.0, HEDGE, r, r.gen)
 
@@ -80,7 +80,7 @@ def fire(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
 
 def watch(eng: Engine, r: SimRequest) -> None:
     """``r`` started serving while a sibling lives: its first token decides the race."""
-    from meshd.sim.engine import FIRST
+    from meshd.sim.loop import FIRST
 
     eng.push(r.first_s + r.rtt_s / 2.0, FIRST, r, r.gen)
 

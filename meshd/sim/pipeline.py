@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from meshd.core.planner import Plan
-    from meshd.sim.engine import Engine
+    from meshd.sim.loop import Engine
     from meshd.sim.request import SimRequest
     from meshd.sim.world import SimNode
 
@@ -47,7 +47,7 @@ def send_plan(eng: Engine, r: SimRequest, plan: Plan, now: float) -> None:
 
 
 def _stage_kind() -> int:
-    from meshd.sim.engine import STAGE
+    from meshd.sim.loop import STAGE
 
     return STAGE
 
@@ -62,7 +62,7 @@ def at_stage(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
     """The request (its activations) reached stage ``r.stage_i``."""
     if gen != r.gen or r.stages is None:
         return
-    from meshd.sim.engine import BUSY, DEAD
+    from meshd.sim.loop import BUSY, DEAD
 
     j = r.stages[r.stage_i][0]
     t = eng.world.nodes[j]
@@ -85,7 +85,7 @@ def at_stage(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
 def slot_granted(eng: Engine, t: SimNode, r: SimRequest, now: float) -> None:
     """Stage ``r.stage_i`` took the request: prefill its layers, pass on (or emit a token)."""
     assert r.stages is not None
-    from meshd.sim.engine import DONE, STAGE
+    from meshd.sim.loop import DONE, STAGE
 
     t.running += 1
     t.active.add(r)

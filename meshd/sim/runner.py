@@ -15,7 +15,7 @@ from typing import Any
 
 from meshd.core.routing import BASELINE_STRATEGIES, STRATEGIES
 from meshd.errors import ConfigError
-from meshd.sim.engine import Engine
+from meshd.sim.loop import Engine
 from meshd.sim.scenario import Scenario
 
 DEFAULT_STRATEGIES = BASELINE_STRATEGIES  # round_robin_lockstep only when asked for

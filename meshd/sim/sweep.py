@@ -13,15 +13,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
+
+import numpy as np
 
 from meshd.core.routing import LOCKSTEP
 from meshd.errors import ConfigError, LocalError
 from meshd.sim.capacity import capacity
 from meshd.sim.runner import run_one
 from meshd.sim.scenario import Scenario
+from meshd.sim.workload import sample_length
 
 Sweep = dict[float, dict[str, dict[str, Any]]]  # load -> strategy -> figures
 RATIO_KEYS = ("ttft_p95_ms", "ttft_p99_ms")
@@ -55,6 +59,35 @@ def at_load(sc: Scenario, load: float) -> Scenario:
     f = load / now
     arrivals = tuple(dataclasses.replace(a, rate_per_s=a.rate_per_s * f) for a in sc.arrivals)
     return dataclasses.replace(sc, arrivals=arrivals)
+
+
+def floor_ms(sc: Scenario, samples: int = 50_000, seed: int = 7) -> dict[str, float]:
+    """TTFT percentiles no router can beat: every request started at once, with no network, on
+    the fastest prefill of any node serving its model whole (prompt / prefill_tps).
+
+    The requests are drawn from the scenario's own size distributions, each stream in
+    proportion to its rate. Where this floor is close to a baseline's figure, no router can be
+    much better than that baseline (identical hardware at light load, say).
+    """
+    fastest: dict[str, float] = {}
+    for region in sc.regions:
+        for g in region.groups:
+            for sv in g.serve:
+                if sv.layer_start == 0 and sv.layer_end == sc.models[sv.model].num_layers:
+                    tps = sc.hardware[g.hardware].prefill_tps
+                    fastest[sv.model] = max(fastest.get(sv.model, 0.0), tps)
+    total = sum(a.rate_per_s for a in sc.arrivals if a.model in fastest)
+    if total <= 0.0:
+        return {}
+    rng = random.Random(seed)
+    ms: list[float] = []
+    for a in sc.arrivals:
+        if a.model not in fastest:
+            continue
+        n = max(1, round(samples * a.rate_per_s / total))
+        ms.extend(sample_length(a.prompt_tokens, rng) / fastest[a.model] * 1000.0 for _ in range(n))
+    v = np.asarray(ms)
+    return {f"ttft_p{q}_ms": float(np.percentile(v, q)) for q in (50, 95, 99)}
 
 
 def _worker(args: tuple[Scenario, str, int | None, float]) -> tuple[float, str, dict[str, Any]]:
@@ -161,9 +194,11 @@ def table(sweep: Sweep) -> str:
     return "\n".join(lines)
 
 
-def yardstick(sweep: Sweep, strategy: str = "meshd") -> list[str]:
-    """One line per load: ``strategy`` against the best other strategy at p95 and p99, and its
-    cost against round_robin's."""
+def yardstick(
+    sweep: Sweep, strategy: str = "meshd", floor: dict[str, float] | None = None
+) -> list[str]:
+    """One line per load: ``strategy`` against the best other strategy at p95 and p99, its cost
+    against round_robin's, and (given ``floor_ms``) the lowest ratio any router could reach."""
     out: list[str] = []
     for load, at in sweep.items():
         if strategy not in at:
@@ -179,6 +214,14 @@ def yardstick(sweep: Sweep, strategy: str = "meshd") -> list[str]:
             c = ratio(m["cost_per_1k_tokens"], rr["cost_per_1k_tokens"])
             if not math.isnan(c):
                 parts.append(f"cost {c:.2f}x round_robin")
+        if floor:
+            lows = []
+            for key, label in (("ttft_p95_ms", "p95"), ("ttft_p99_ms", "p99")):
+                _, v = best_other(at, strategy, key)
+                if key in floor and not math.isnan(v):
+                    lows.append(f"{label} {ratio(floor[key], v):.2f}x")
+            if lows:
+                parts.append("floor/best other " + " ".join(lows))
         if parts:
             out.append(f"load {load:.2f}: {strategy} vs best other: " + ", ".join(parts))
     return out

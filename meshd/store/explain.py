@@ -266,6 +266,15 @@ def _event_lines(events: list[Mapping[str, Any]], names: _Names) -> list[str]:
         elif kind == "cancelled":
             reason = f" ({_text(p['reason'])})" if p.get("reason") else ""
             lines.append(f"Cancelled: the client went away{reason}.")
+        elif kind == "cache_hit":
+            sim = _num(p.get("similarity"))
+            at = f" at cosine similarity {sim:.3f}" if sim is not None else ""
+            thr = _num(p.get("threshold"))
+            over = f" (threshold {thr:.3f})" if thr is not None else ""
+            lines.append(f"Answered from this node's semantic cache: the prompt matched cached "
+                         f"entry {_text(p.get('entry'))}{at}{over}; no model ran.")
+        elif kind == "clamped":
+            lines.append(f"{_text(p.get('note'))}.")
     return lines
 
 

@@ -21,7 +21,7 @@ from meshd.core import audit as audit_kinds
 from meshd.errors import LocalError
 
 # The lifecycle of one request, in the order they usually happen. ``cancelled``: the client
-# went away. See ``meshd.store.explain`` for the payload keys that the explanation reads.
+# went away; ``clamped`` and ``tokenizer_unavailable`` come before ``received``. See ``meshd.store.explain`` for the payload keys that the explanation reads.
 EVENT_KINDS = frozenset(
     {
         "received",
@@ -35,6 +35,10 @@ EVENT_KINDS = frozenset(
         "done",
         "failed",
         "cancelled",
+        "clamped",  # max_tokens cut to meshd's limit (entry node, prepare)
+        "tokenizer_unavailable",  # the entry node forwarded text: no tokenizer in time, and why
+        "cache_hit",
+        "cache_skip",
     }
 )
 

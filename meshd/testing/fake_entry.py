@@ -56,6 +56,15 @@ class FakeChain:
     def new_request_id(self) -> str:
         return f"req{next(self._ids):04d}"
 
+    async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
+        """Deterministic unit vectors of 4 numbers, one per text."""
+        out = []
+        for t in texts:
+            v = [float(len(t)), float(sum(map(ord, t)) % 97), 1.0, 0.5]
+            n = sum(x * x for x in v) ** 0.5
+            out.append([x / n for x in v])
+        return "fake-embed", out, sum(len(t.split()) for t in texts)
+
     def models(self) -> list[dict[str, Any]]:
         return [{"id": m.name, "nodes": m.nodes, "context_length": m.context_length}
                 for m in self.models_served.values()]

@@ -27,6 +27,10 @@ class FakeModel:
         self.delay_s = delay_s
         self.vocab = vocab
 
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab
+
     def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
         return [ord(c) % self.vocab for c in text] or [1]
 

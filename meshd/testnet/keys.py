@@ -6,13 +6,12 @@ identity when it is still good for this testnet: signed by that CA, for that nod
 labels, not revoked, valid for at least another day. Anything else is issued afresh (replacing the
 old files), so `meshd testnet up` works after `down`, after a crash, and after someone removed
 ``ca/`` alone; a node's persisted revocation list from an older CA goes with it (the daemon would
-refuse to start on a list its CA did not sign). Keys go through `meshd keys`, as a user's would.
+refuse to start on a list its CA did not sign). Keys are made by ``meshd.ca``, the library behind
+`meshd keys`, so they are what a user's `meshd keys init-ca` and `issue` would make.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,31 +25,28 @@ DAYS = 30
 def prepare_keys(directory: Path, nodes: Mapping[str, Mapping[str, str]],
                  *, now: float | None = None) -> dict[str, str]:
     """``nodes``: node name -> certificate labels. Returns node name -> peer id."""
-    from meshd.cli.main import main
-    from meshd.net import identity as ident
+    from meshd import ca
 
     now = time.time() if now is None else now
     ca_dir = directory / "ca"
-    fresh_ca = not (ca_dir / ident.CA_KEY_FILE).exists()
-    with contextlib.redirect_stdout(io.StringIO()):
-        if fresh_ca and main(["keys", "init-ca", "--dir", str(ca_dir)]) != 0:
-            raise LocalError(f"cannot create a CA in {ca_dir}")
-        ca_public = ident.load_ca_public_key(ca_dir / ident.CA_PUBLIC_KEY_FILE)
-        revoked = _revoked_serials(ca_dir, ca_public)
-        ids = {}
-        for name, labels in nodes.items():
-            out = directory / name
-            peer_id = _reusable(out, name, labels, ca_public, revoked, now)
-            if peer_id is None:
-                argv = ["keys", "issue", name, "--dir", str(ca_dir), "--out", str(out),
-                        "--days", str(DAYS), "--force"]
-                for k, v in labels.items():
-                    argv += ["--label", f"{k}={v}"]
-                if main(argv) != 0:
-                    raise LocalError(f"cannot issue keys for {name} in {out}")
-                _drop_foreign_revocations(out / "state" / "revocations.bin", ca_public)
-                peer_id = ident.load_identity(out).peer_id.to_base58()
-            ids[name] = peer_id
+    if not ca.has_ca(ca_dir):
+        try:
+            ca.init_ca(ca_dir)
+        except MeshdError as err:
+            raise LocalError(f"cannot create a CA in {ca_dir}: {err}") from None
+    ca_public = ca.load_ca_public_key(ca_dir)
+    revoked = ca.revoked_serials(ca_dir, ca_public)
+    ids = {}
+    for name, labels in nodes.items():
+        out = directory / name
+        peer_id = _reusable(out, name, labels, ca_public, revoked, now)
+        if peer_id is None:
+            try:
+                peer_id = ca.issue(ca_dir, name, out, days=DAYS, labels=labels, force=True).peer_id
+            except MeshdError as err:
+                raise LocalError(f"cannot issue keys for {name} in {out}: {err}") from None
+            _drop_foreign_revocations(out / "state" / "revocations.bin", ca_public)
+        ids[name] = peer_id
     return ids
 
 
@@ -69,15 +65,6 @@ def _reusable(out: Path, name: str, labels: Mapping[str, str], ca_public: bytes,
             or cert.not_after - now < MIN_VALID_S):
         return None
     return identity.peer_id.to_base58()
-
-
-def _revoked_serials(ca_dir: Path, ca_public: bytes) -> frozenset[int]:
-    from meshd.net import identity as ident
-
-    path = ca_dir / ident.REVOCATION_FILE
-    if not path.exists():
-        return frozenset()
-    return frozenset(ident.load_revocation_list(path, ca_public_key=ca_public)[0].serials)
 
 
 def _drop_foreign_revocations(path: Path, ca_public: bytes) -> None:

@@ -27,6 +27,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from multiaddr import Multiaddr
 
 from meshd.core import cert as C
+from meshd.core import crl as R
 from meshd.net import attest as A
 from meshd.net.identity import NodeIdentity, generate_node_key_pair
 from meshd.testing.wait import wait_until
@@ -300,8 +301,8 @@ def test_revoked_while_connected_is_cut_off(direction: str, ca: CA) -> None:
     b_identity = ca.issue("b")
     b = attested(b_identity)
     c = attested(ca.issue("c"))
-    crl = C.sign_revocation_list(
-        C.RevocationList(
+    crl = R.sign_revocation_list(
+        R.RevocationList(
             version=1,
             issued_at=int(time.time()),
             ca_key_id=C.ca_key_id(ca.public_key),

@@ -8,18 +8,19 @@ import pytest
 from keys_helpers import CA, NOW
 
 from meshd.core import cert as C
+from meshd.core import crl as R
 from meshd.errors import ProtocolError
 from meshd.net import attest as A
 
 
 def _crl(ca: CA, version: int, serials: set[int]) -> bytes:
-    rl = C.RevocationList(
+    rl = R.RevocationList(
         version=version,
         issued_at=NOW,
         ca_key_id=C.ca_key_id(ca.public_key),
         serials=frozenset(serials),
     )
-    return C.sign_revocation_list(rl, ca.private_key)
+    return R.sign_revocation_list(rl, ca.private_key)
 
 
 def test_check_admit_and_revoke(ca: CA) -> None:

@@ -15,6 +15,7 @@ from test_keys_attest import attested, running, wait_until
 
 from meshd.core import audit as kinds
 from meshd.core import cert as C
+from meshd.core import crl as R
 from meshd.net import attest as A
 
 
@@ -27,9 +28,9 @@ class Sink:
 
 
 def _crl(ca: CA, version: int, serials: set[int]) -> bytes:
-    rl = C.RevocationList(version=version, issued_at=NOW, ca_key_id=C.ca_key_id(ca.public_key),
+    rl = R.RevocationList(version=version, issued_at=NOW, ca_key_id=C.ca_key_id(ca.public_key),
                           serials=frozenset(serials))
-    return C.sign_revocation_list(rl, ca.private_key)
+    return R.sign_revocation_list(rl, ca.private_key)
 
 
 def test_revocation_list_and_revoked_peers_are_audited(ca: CA) -> None:

@@ -8,6 +8,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from keys_helpers import NOW, new_ca
 
 from meshd.core import cert as C
+from meshd.core import crl as R
+from meshd.core import signed as S
 from meshd.errors import AttestationError, ProtocolError
 
 
@@ -121,8 +123,8 @@ def test_every_rejection_reason(case: str, reason: str) -> None:
         assert data is not None
         data = data + b"\x00" * C.MAX_CERTIFICATE_BYTES
     elif case == "crl_as_cert":
-        rl = C.RevocationList(version=1, issued_at=NOW, ca_key_id=C.ca_key_id(ca.public_key))
-        data = C.sign_revocation_list(rl, ca.private_key)
+        rl = R.RevocationList(version=1, issued_at=NOW, ca_key_id=C.ca_key_id(ca.public_key))
+        data = R.sign_revocation_list(rl, ca.private_key)
     with pytest.raises(AttestationError) as info:
         _verify(data, ca.public_key, peer, **over)
     assert isinstance(info.value, C.AttestationRejected)
@@ -209,43 +211,43 @@ def test_sign_refuses_a_foreign_key_id() -> None:
 
 
 def _crl(ca: object, version: int, serials: set[int]) -> bytes:
-    rl = C.RevocationList(
+    rl = R.RevocationList(
         version=version,
         issued_at=NOW,
         ca_key_id=C.ca_key_id(ca.public_key),  # type: ignore[attr-defined]
         serials=frozenset(serials),
     )
-    return C.sign_revocation_list(rl, ca.private_key)  # type: ignore[attr-defined]
+    return R.sign_revocation_list(rl, ca.private_key)  # type: ignore[attr-defined]
 
 
 def test_revocation_list_round_trip_and_supersedes() -> None:
     ca = new_ca()
-    v1 = C.verify_revocation_list(_crl(ca, 1, {3, 1}), ca_public_key=ca.public_key)
-    v2 = C.verify_revocation_list(_crl(ca, 2, {3, 1, 9}), ca_public_key=ca.public_key)
+    v1 = R.verify_revocation_list(_crl(ca, 1, {3, 1}), ca_public_key=ca.public_key)
+    v2 = R.verify_revocation_list(_crl(ca, 2, {3, 1, 9}), ca_public_key=ca.public_key)
     assert v1.serials == {1, 3}
     assert v2.supersedes(v1)
     assert not v1.supersedes(v2)
     assert not v1.supersedes(v1)
     assert v1.supersedes(None)
-    assert C.decode_revocation_list(_crl(ca, 2, {9})).serials == {9}
-    assert C.detect_kind(_crl(ca, 1, set())) == C.CRL_KIND
+    assert R.decode_revocation_list(_crl(ca, 2, {9})).serials == {9}
+    assert S.detect_kind(_crl(ca, 1, set())) == R.CRL_KIND
 
 
 def test_revocation_list_rejections() -> None:
     ca, other = new_ca(), new_ca()
     with pytest.raises(C.AttestationRejected) as info:
-        C.verify_revocation_list(_crl(other, 5, {1}), ca_public_key=ca.public_key)
+        R.verify_revocation_list(_crl(other, 5, {1}), ca_public_key=ca.public_key)
     assert info.value.reason == C.WRONG_CA
     outer = msgpack.unpackb(_crl(ca, 5, {1}))
     body = msgpack.unpackb(outer[2])
     body[3] = []  # un-revoke everything, keep the CA's signature
     outer[2] = msgpack.packb(body, use_bin_type=True)
     with pytest.raises(C.AttestationRejected) as info:
-        C.verify_revocation_list(msgpack.packb(outer), ca_public_key=ca.public_key)
+        R.verify_revocation_list(msgpack.packb(outer), ca_public_key=ca.public_key)
     assert info.value.reason == C.WRONG_CA
-    for bad in (b"", b"\xc1", b"x" * (C.MAX_REVOCATION_LIST_BYTES + 1)):
+    for bad in (b"", b"\xc1", b"x" * (R.MAX_REVOCATION_LIST_BYTES + 1)):
         with pytest.raises(ProtocolError):
-            C.verify_revocation_list(bad, ca_public_key=ca.public_key)
+            R.verify_revocation_list(bad, ca_public_key=ca.public_key)
     cert = _issue(ca.private_key, _node_key())
     with pytest.raises(ProtocolError):  # a certificate is not a revocation list
-        C.verify_revocation_list(cert, ca_public_key=ca.public_key)
+        R.verify_revocation_list(cert, ca_public_key=ca.public_key)

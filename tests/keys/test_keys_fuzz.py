@@ -12,14 +12,16 @@ from keys_helpers import NOW, new_ca
 from libp2p.peer.id import ID
 
 from meshd.core import cert as C
+from meshd.core import crl as R
+from meshd.core import signed as S
 from meshd.errors import AttestationError, ProtocolError
 from meshd.net import attest as A
 
 CA = new_ca()
 NODE = CA.issue("fuzz-node")
 VALID_CERT = NODE.certificate_bytes
-VALID_CRL = C.sign_revocation_list(
-    C.RevocationList(
+VALID_CRL = R.sign_revocation_list(
+    R.RevocationList(
         version=3, issued_at=NOW, ca_key_id=C.ca_key_id(CA.public_key), serials=frozenset({1, 2})
     ),
     CA.private_key,
@@ -74,12 +76,12 @@ def _all_decoders(data: bytes) -> None:
         lambda: C.verify_certificate(
             data, ca_public_key=CA.public_key, remote_peer_id=NODE.peer_id.to_base58(), now=NOW
         ),
-        lambda: C.decode_revocation_list(data),
-        lambda: C.verify_revocation_list(data, ca_public_key=CA.public_key),
+        lambda: R.decode_revocation_list(data),
+        lambda: R.verify_revocation_list(data, ca_public_key=CA.public_key),
     ):
         with contextlib.suppress(AttestationError, ProtocolError):
             call()
-    assert C.detect_kind(data) in (None, C.CERT_KIND, C.CRL_KIND)
+    assert S.detect_kind(data) in (None, C.CERT_KIND, R.CRL_KIND)
 
 
 @FUZZ
@@ -95,7 +97,7 @@ def test_random_msgpack(value: object) -> None:
 
 
 @FUZZ
-@given(st.one_of(_envelope(C.CERT_KIND), _envelope(C.CRL_KIND)))
+@given(st.one_of(_envelope(C.CERT_KIND), _envelope(R.CRL_KIND)))
 def test_envelope_shaped(data: bytes) -> None:
     _all_decoders(data)
 

@@ -13,6 +13,7 @@ from keys_helpers import new_ca
 
 from meshd.cli.main import main
 from meshd.core import cert as C
+from meshd.core import crl as R
 from meshd.errors import KeyFileError
 from meshd.exitcodes import Exit
 from meshd.net import identity as I
@@ -81,10 +82,10 @@ def test_load_identity_refusals(tmp_path: Path) -> None:
 
 def test_revocation_list_file(tmp_path: Path) -> None:
     ca, other = new_ca(), new_ca()
-    rl = C.RevocationList(
+    rl = R.RevocationList(
         version=2, issued_at=5, ca_key_id=C.ca_key_id(ca.public_key), serials=frozenset({4})
     )
-    data = C.sign_revocation_list(rl, ca.private_key)
+    data = R.sign_revocation_list(rl, ca.private_key)
     path = tmp_path / I.REVOCATION_FILE
     I.save_revocation_list(path, data)
     loaded, raw = I.load_revocation_list(path, ca_public_key=ca.public_key)

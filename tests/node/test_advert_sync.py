@@ -21,13 +21,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "keys"))
 from keys_helpers import new_ca  # noqa: E402
 
 from meshd.config import Config  # noqa: E402
-from meshd.node.node import Node  # noqa: E402
+from meshd.net.attest import Attestor  # noqa: E402
+from meshd.node.membership import Membership  # noqa: E402
 from meshd.node.runner import Runner  # noqa: E402
+from meshd.node.stages import StageServer  # noqa: E402
 
 
-def nodes(*names: str) -> list[Node]:
+def nodes(*names: str) -> list[Membership]:
+    """The membership service of one node per name, as the node builds it (no network)."""
     ca = new_ca()
-    return [Node(Config(), ca.issue(n), Runner()) for n in names]
+    out = []
+    for n in names:
+        identity = ca.issue(n)
+        runner = Runner()
+        out.append(Membership(Config(), identity, Attestor(identity.ca_public_key), runner,
+                              StageServer(runner, n)))
+    return out
 
 
 def run(fn: Any) -> Any:
@@ -42,10 +51,10 @@ def test_a_synced_advert_is_forwarded_again_by_gossip_but_applied_once() -> None
         assert me.accept_synced([latest]) == 1
         accepted = me.stats["adverts_accepted"]
         # the gossip copy of the same advert: forwarded (True), not applied again
-        assert me._validate_advert(peer.peer_id, latest)
+        assert me.validate(peer.peer_id, latest)
         assert latest not in me._validated and me.stats["adverts_accepted"] == accepted
         # an older advert is a replay, by gossip and by SYNC alike
-        assert not me._validate_advert(peer.peer_id, old)
+        assert not me.validate(peer.peer_id, old)
         assert me.accept_synced([old]) == 0
         assert me.table.get(peer.peer_id).advert.seq == peer.seq  # type: ignore[union-attr]
 
@@ -62,7 +71,7 @@ def test_a_peer_dropped_on_link_loss_comes_back_through_a_sync_of_its_latest_adv
         assert me.table.get(peer.peer_id) is None
         # while dropped, neither the older advert nor a gossip copy of the latest brings it back
         assert me.accept_synced([old]) == 0
-        assert me._validate_advert(peer.peer_id, latest) is False
+        assert me.validate(peer.peer_id, latest) is False
         assert me.table.get(peer.peer_id) is None
         # a live peer's SYNC hands over its latest advert: back, once
         assert me.accept_synced([latest]) == 1
@@ -92,7 +101,7 @@ def test_a_revoked_peers_held_advert_is_not_forwarded() -> None:
         latest = peer.sign_advert()
         assert me.accept_synced([latest]) == 1
         me.attestor.revoke({peer.identity.certificate.serial})
-        me.table.drop(peer.peer_id)  # what apply_revocation_bytes does to the table
-        assert me._validate_advert(peer.peer_id, latest) is False
+        me.table.drop(peer.peer_id)  # what a revocation list in force does to the table
+        assert me.validate(peer.peer_id, latest) is False
 
     run(main)

@@ -130,10 +130,10 @@ class _Table:
         return None
 
 
-class _FakeNode:
+class _FakeNet:
     peer_id = "local"
     host = _NoHost()
-    table = _Table()
+    links = None
 
 
 async def _until(cond: Callable[[], Any], timeout: float = 5.0) -> None:
@@ -153,7 +153,7 @@ def _stage_server(layers: tuple[int, int], *, max_sessions: int = 2) -> Any:
                       layer_start=layers[0], layer_end=layers[1], num_layers=6,
                       max_concurrency=max_sessions, max_queue=0))
     server = StageServer(runner, "unit")
-    links = StageLinks(_FakeNode(), server)
+    links = StageLinks(_FakeNet(), server, _Table())
     server.links = links
     return server, links
 
@@ -382,6 +382,24 @@ def test_explain_shows_the_chain_and_why(mesh: dict[str, Any]) -> None:
 def test_unservable_model_fails_cleanly(mesh: dict[str, Any]) -> None:
     proc = meshd("submit", "--model", "nothing", "--socket", sock(mesh, "entry"), "hi", check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "nothing" in proc.stderr
+
+
+@pytest.mark.slow
+def test_an_entry_without_the_model_sends_the_last_stage_packed_ids(mesh: dict[str, Any],
+                                                                     reference: Any) -> None:
+    """Edge tokenization (docs/edge-tokenization.md): the entry node serves nothing, fetches
+    the model's tokenizer from a stage, and the last stage gets the prompt as packed ids."""
+    def held() -> Any:
+        reply = trio.run(call, sock(mesh, "entry"), MessageType.STATUS_REQ, {})
+        return reply["data"]["services"]["tokenizers"]["held"]
+
+    wait_for(held, 30, "the entry node to hold the tokenizer its peers advertise")
+    before = stage_stats(mesh, "s3")
+    out = submit(mesh, "entry", "tiny3", PROMPTS[2])
+    after = stage_stats(mesh, "s3")
+    assert out["token_ids"] == reference(PROMPTS[2], TOKENS)
+    assert after["prompts_packed"] - before["prompts_packed"] == 1
+    assert after["prompts_text"] == before["prompts_text"]
 
 
 async def _stream(socket: str, fields: dict[str, Any],

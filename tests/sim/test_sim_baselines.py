@@ -14,7 +14,7 @@ import pytest
 from meshd.cli.main import main
 from meshd.sim import sweep
 from meshd.sim.capacity import capacity
-from meshd.sim.engine import Engine
+from meshd.sim.loop import Engine
 from meshd.sim.world import World
 
 from .helpers import LENGTHS, SCENARIOS, scenario
@@ -124,3 +124,14 @@ def test_cli_sweep_prints_one_row_per_strategy_and_load_with_the_ratio(
     b = json.loads(capsys.readouterr().out)
     assert a["rows"] == b["rows"] and len(a["rows"]) == 6
     assert a["rows"][0]["ttft_p95_ms_vs_best_other"] > 0
+
+
+def test_the_floor_is_prefill_on_the_fastest_hardware_and_nobody_beats_it() -> None:
+    sc = sweep.at_load(homogeneous(), 0.3)
+    floor = sweep.floor_ms(sc)
+    # LENGTHS: lognormal prompts of mean 200 (sigma 0.6) at 4000 tokens/s: median ~42 ms.
+    assert 38.0 < floor["ttft_p50_ms"] < 46.0
+    assert floor["ttft_p50_ms"] < floor["ttft_p95_ms"] < floor["ttft_p99_ms"]
+    for s in ("meshd", "latency_only"):
+        r = Engine(sc, s).run()
+        assert r["ttft_p95_ms"] >= 0.9 * floor["ttft_p95_ms"], (s, r["ttft_p95_ms"], floor)

@@ -11,8 +11,8 @@ import pytest
 
 from meshd.cli.main import main
 from meshd.core.advert import significant_load_change
-from meshd.sim.engine import Engine
 from meshd.sim.latency import LatencyModel
+from meshd.sim.loop import Engine
 from meshd.sim.scenario import ArrivalSpec, LatencySettings, LengthDist
 from meshd.sim.workload import ArrivalStream, mean_length, sample_length
 

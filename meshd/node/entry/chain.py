@@ -5,17 +5,22 @@
                  every field checked once) and name the client (socket owner, or API key)
     admit        a request id already in flight here is refused at once        (this module)
     prepare      model, token ids, token budget and context check    (meshd.node.entry.prepare)
+    edge_answer  a prompt that means what an answered one meant: answered from this node's
+                 semantic cache, no model run                          (meshd.node.entry.cache)
     route        the pure decision: one node with fallbacks, or a pipeline
                                                                         (meshd.node.entry.route)
     execute      serve here, forward with hedging/failover, or drive the pipeline
                                                                       (meshd.node.entry.execute)
+    remember     a model's answer goes into the semantic cache, after the client has it
+                                                                        (meshd.node.entry.cache)
     record       journal, statistics, observers, however the request ended
                                                                        (meshd.node.entry.record)
 
 ``STEPS`` is the ordered list; a step is ``async def step(ctx, chain) -> None`` that reads and
 fills the ``EntryContext``, raises a ``MeshdError`` to refuse, or sets ``ctx.answer`` to answer
-early (an edge answer such as a cache hit: the steps after it are skipped). Adding a step is
-one module and one line here. Steps that decide call pure functions of ``meshd.core``.
+(execute does; an edge answer such as a cache hit does it early). Once the request is answered
+only the steps marked ``after_answer`` run. Adding a step is one module and one line here.
+Steps that decide call pure functions of ``meshd.core``.
 
 The whole chain runs under the request timeout: no client ever waits longer than
 ``[routing] request_timeout_s`` for its answer or its error.
@@ -33,6 +38,8 @@ import trio
 
 from meshd.core.request import EntryRequest
 from meshd.errors import ErrorCode, MeshdError, RemoteError
+from meshd.node.edge_cache import EdgeCache
+from meshd.node.entry.cache import edge_answer, remember
 from meshd.node.entry.context import Emit, EntryContext, EntryHost
 from meshd.node.entry.execute import execute
 from meshd.node.entry.prepare import models_heard, prepare
@@ -56,18 +63,32 @@ async def _execute(ctx: EntryContext, chain: EntryChain) -> None:
     await execute(ctx, chain.host, chain.client_in_flight)
 
 
-STEPS: tuple[tuple[str, Step], ...] = (
-    ("prepare", _prepare),
-    ("route", _route),
-    ("execute", _execute),
+async def _edge_answer(ctx: EntryContext, chain: EntryChain) -> None:
+    if chain.cache is not None:
+        await edge_answer(ctx, chain.host, chain.cache)
+
+
+async def _remember(ctx: EntryContext, chain: EntryChain) -> None:
+    if chain.cache is not None:
+        await remember(ctx, chain.host, chain.cache)
+
+
+# (name, step, after_answer): in order; once ctx.answer is set only after_answer steps run
+STEPS: tuple[tuple[str, Step, bool], ...] = (
+    ("prepare", _prepare, False),
+    ("edge_answer", _edge_answer, False),
+    ("route", _route, False),
+    ("execute", _execute, False),
+    ("remember", _remember, True),
 )
 
 
 class EntryChain:
     """The entry node's service: ``submit`` runs one request through ``STEPS``."""
 
-    def __init__(self, host: EntryHost, *, rr_offset: int = 0) -> None:
+    def __init__(self, host: EntryHost, *, rr_offset: int = 0, cache: EdgeCache | None = None) -> None:
         self.host = host
+        self.cache = cache  # the semantic cache service, when the node runs one
         self.client_in_flight: dict[str, int] = {}  # requests running here, per client
         self.in_flight: set[str] = set()  # request ids entered here and not yet answered
         self.observers: list[Observer] = []
@@ -85,6 +106,13 @@ class EntryChain:
     def models(self) -> list[dict[str, Any]]:
         """Every model the mesh serves, from the gossiped view and this node."""
         return [{"id": name, **row} for name, row in sorted(models_heard(self.host).items())]
+
+    async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
+        """Sentence embeddings with this node's model (the semantic cache's), for the API."""
+        if self.cache is None:
+            raise RemoteError("this node runs no semantic cache, so no embedding model",
+                              ErrorCode.UNSUPPORTED)
+        return await self.cache.embed(texts)
 
     def statistics(self) -> dict[str, Any]:
         return {**self.stats, "in_flight": len(self.in_flight),
@@ -108,11 +136,11 @@ class EntryChain:
         timeout_s = self.host.config.routing.request_timeout_s
         try:
             with trio.move_on_after(timeout_s) as scope:
-                for name, step in STEPS:
+                for name, step, after_answer in STEPS:
+                    if ctx.answer is not None and not after_answer:
+                        continue
                     log.debug("entry step rid=%s step=%s", rid, name)
                     await step(ctx, self)
-                    if ctx.answer is not None:
-                        break
             cancelled = False
             if scope.cancelled_caught:
                 self.stats["timeouts"] += 1

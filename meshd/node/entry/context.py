@@ -16,12 +16,17 @@ from typing import Any, Protocol
 
 from meshd.config import Config
 from meshd.core.decide import Decision
-from meshd.core.peertable import PeerTable
+from meshd.core.packing import pack_ids, vocab_bound
 from meshd.core.request import EntryRequest
-from meshd.core.snapshot import MeshSnapshot, Policy, RouteRequest
+from meshd.core.snapshot import Policy, RouteRequest
+from meshd.core.tokident import short_id
 from meshd.errors import MeshdError
 from meshd.node.forward import Outcome
+from meshd.node.links import Links
 from meshd.node.runner import Runner
+from meshd.node.stagelinks import StageLinks
+from meshd.node.tokenizers import TokenizerService
+from meshd.node.view import MeshView
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 """``await emit(kind, payload)``: "route" ({"served_by", "route"}) and "tokens" ({"ids", "text"})."""
@@ -35,17 +40,22 @@ class EntryHost(Protocol):
 
     config: Config
     runner: Runner
-    table: PeerTable
     policy: Policy
     rng: random.Random
     store: Any  # meshd.store.AsyncStore or None
-    links: Any  # meshd.node.links.Links once the node runs
-    stage_links: Any  # meshd.node.stagelinks.StageLinks (pipelines)
+    tokenizers: TokenizerService  # edge tokenization: tokenizers of models served elsewhere
     node_name: str
     peer_id: str
-    stats: dict[str, int]
+    stats: dict[str, int]  # the entry path's counters
 
-    def snapshot(self) -> MeshSnapshot: ...
+    @property
+    def membership(self) -> MeshView: ...
+
+    @property
+    def links(self) -> Links | None: ...  # once the node runs
+
+    @property
+    def stage_links(self) -> StageLinks: ...  # pipelines
 
 
 @dataclass(slots=True)
@@ -60,6 +70,8 @@ class EntryContext:
     model: str = ""
     prompt_ids: list[int] = field(default_factory=list)  # empty: the serving node tokenizes
     prompt_tokens: int = 0  # exact when prompt_ids are known, else an estimate
+    tokenizer: str = ""  # identity of the tokenizer that made prompt_ids ("" if unknown)
+    vocab_size: int = 0  # of that tokenizer or model (0: unknown): picks the packed dtype
     max_tokens: int = 0
     notes: list[str] = field(default_factory=list)  # said to the client (e.g. a clamp)
     # route
@@ -84,4 +96,13 @@ class EntryContext:
         if not self.prompt_ids:
             out["prompt"] = self.req.prompt or ""
             out["chat"] = self.req.chat
+        elif self.tokenizer:
+            out["tok"] = short_id(self.tokenizer)
         return out
+
+    def packed_prompt(self) -> dict[str, Any]:
+        """The prompt's ids as the packed REQ/STAGE_OPEN fields ({} when only text is known)."""
+        if not self.prompt_ids:
+            return {}
+        dtype, data = pack_ids(self.prompt_ids, vocab_bound(self.prompt_ids, self.vocab_size))
+        return {"prompt_ids": [], "prompt_packed": data, "prompt_dtype": dtype}

@@ -14,11 +14,12 @@ from contextlib import aclosing
 from typing import Any
 
 from meshd.core.messages import MessageType
+from meshd.core.packing import takes_packed
 from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
 from meshd.node.coalesce import pump_coalesced
 from meshd.node.entry.context import EntryContext, EntryHost
 from meshd.node.forward import Outcome, Target, serve_request
-from meshd.node.generation import gen_config_from
+from meshd.node.gen_config import gen_config_from
 from meshd.node.pipeline import record_plan, run_pipeline
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,10 @@ async def _one_node(ctx: EntryContext, host: EntryHost) -> Outcome:
             t.max_wait_ms = d.wait_bounds.get(c.peer_id)
         targets[c.peer_id] = t
     fields = ctx.wire_fields()
+    packed = ctx.packed_prompt()
 
     async def start_attempt(target: Target, resume: list[int], chan: Any) -> None:
-        await _attempt(host, target, resume, chan, fields, ctx.prompt_ids)
+        await _attempt(host, target, resume, chan, fields, ctx.prompt_ids, packed)
 
     return await serve_request(
         d.route, targets, start_attempt, ctx.emit,
@@ -102,18 +104,40 @@ async def _pipeline(ctx: EntryContext, host: EntryHost) -> Outcome:
     ctx.journal("routed", {"target": " -> ".join(h.name for h in d.plan.hops), "pipeline": True,
                            "resume_tokens": 0})
     outcome, last = await run_pipeline(host, d.plan, ctx.route_req, ctx.wire_fields(),
-                                       ctx.prompt_ids, ctx.emit, ctx.journal, ctx.policy)
+                                       ctx.prompt_ids, ctx.emit, ctx.journal, ctx.policy,
+                                       vocab_size=ctx.vocab_size)
     ctx.extra["pipeline"] = [f"{h.name}[{h.layer_start},{h.layer_end})" for h in last.hops]
     ctx.extra["replans"] = len(outcome.retries)
     return outcome
 
 
+def req_fields(fields: dict[str, Any], prompt_ids: list[int], packed: dict[str, Any],
+               resume: list[int], *, deadline_ms: int, origin: str,
+               max_wait_ms: float | None = None) -> dict[str, Any]:
+    """The REQ an entry node sends a peer: the request's ``fields`` (``EntryContext.wire_fields``)
+    and its prompt ids, packed when ``packed`` (``EntryContext.packed_prompt``) is given."""
+    req = {
+        **fields,
+        "prompt_ids": prompt_ids,
+        **packed,
+        "resume_ids": resume,
+        "deadline_ms": deadline_ms,
+        "hops": 1,
+        "origin": origin,
+    }
+    if max_wait_ms is not None:
+        req["max_wait_ms"] = int(max_wait_ms)
+    return req
+
+
 async def _attempt(
     host: EntryHost, target: Target, resume: list[int], chan: Any, fields: dict[str, Any],
-    prompt_ids: list[int],
+    prompt_ids: list[int], packed: dict[str, Any],
 ) -> None:
     """One attempt on one target: the local runner, or a peer over its request stream. Reports
-    ("tokens", {"ids", "text"}) and ("done", {"stats"}) on ``chan``; raises on failure."""
+    ("tokens", {"ids", "text"}) and ("done", {"stats"}) on ``chan``; raises on failure. A peer
+    that reads packed prompts (``takes_packed``) gets the ids as ``packed``; an older one a
+    list of ids; either gets the text only when the ids are not known here."""
     model = fields["model"]
     if target.is_local:
         host.stats["requests_local"] += 1
@@ -131,17 +155,11 @@ async def _attempt(
     host.stats["requests_forwarded"] += 1
     assert host.links is not None
     ch = await host.links.channel(target.peer_id)
-    host.table.note_sent(target.peer_id)
-    req = {
-        **fields,
-        "prompt_ids": prompt_ids,
-        "resume_ids": resume,
-        "deadline_ms": int(host.config.routing.request_timeout_s * 1000),
-        "hops": 1,
-        "origin": host.peer_id,
-    }
-    if target.max_wait_ms is not None:
-        req["max_wait_ms"] = int(target.max_wait_ms)
+    host.membership.table.note_sent(target.peer_id)
+    peer = host.membership.table.get(target.peer_id)
+    req = req_fields(fields, prompt_ids, packed if takes_packed(peer.advert if peer else None, model)
+                     else {}, resume, deadline_ms=int(host.config.routing.request_timeout_s * 1000),
+                     origin=host.peer_id, max_wait_ms=target.max_wait_ms)
     async with aclosing(ch.request(req)) as frames:
         async for frame in frames:
             t = frame["t"]

@@ -2,20 +2,28 @@
 
 - The model: the one the request names, else the node's own default, else the model most nodes
   of the mesh serve. A model nobody serves is refused here (``no_model``).
-- Token ids: when this node holds the model's tokenizer (it serves the model), the prompt is
-  tokenized here (chat messages through the model's chat template) and only the ids travel.
-  Otherwise the text goes, and the serving node tokenizes it.
+- Token ids, whatever node the request entered (docs/edge-tokenization.md): with the model's
+  own tokenizer when this node serves it, else with the tokenizer the mesh advertises for the
+  model (``meshd.node.tokenizers``: fetched once from a peer, checked against its identity,
+  cached), chat messages through the model's chat template. Only the ids travel, packed. When
+  that tokenizer cannot be had within ``[routing] tokenizer_wait_s`` (or ``edge_tokenize`` is
+  off) the text goes instead, the serving node tokenizes it, and the journal says why.
 - The budget (``meshd.core.budget.token_budget``): max_tokens clamped to meshd's limit, and a
-  prompt that cannot fit the model's context refused before anything is forwarded.
+  prompt that cannot fit the model's context refused before anything is forwarded (exact
+  whenever the ids are known here).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from meshd.core.budget import token_budget
 from meshd.errors import ErrorCode, RemoteError, UnknownModelError
 from meshd.node.entry.context import EntryContext, EntryHost
+
+LONG_PROMPT_CHARS = 16_384  # a longer prompt is tokenized in a worker thread
 
 
 async def prepare(ctx: EntryContext, host: EntryHost) -> None:
@@ -23,18 +31,26 @@ async def prepare(ctx: EntryContext, host: EntryHost) -> None:
     ctx.model = pick_model(host, req.model)
     served = host.runner.get(ctx.model)
     context = context_length(host, ctx.model)
+    tokenized, why = "here", ""
     if served is not None:
         if req.messages is not None:
             ctx.prompt_ids = host.runner.encode_messages(ctx.model, list(req.messages))
         else:
             ctx.prompt_ids = host.runner.encode(ctx.model, req.prompt or "", chat=req.chat)
+        ctx.tokenizer = host.runner.tokenizer_identity(ctx.model)
+        ctx.vocab_size = host.runner.vocab_size(ctx.model) or 0
+    else:
+        why = await _edge_tokenize(ctx, host)
+        tokenized = "edge"
+    if ctx.prompt_ids:
         ctx.prompt_tokens = len(ctx.prompt_ids)
         ctx.max_tokens, note = token_budget(ctx.prompt_tokens, req.max_tokens, context)
     else:
+        tokenized = "text"
         if req.messages is not None:
             raise RemoteError(
-                f"this node does not hold the tokenizer of model {ctx.model!r}, so it cannot "
-                f"render chat messages for it; send the request to a node that serves it",
+                f"this node does not hold the tokenizer of model {ctx.model!r} ({why}), so it "
+                f"cannot render chat messages for it; send the request to a node that serves it",
                 ErrorCode.UNSUPPORTED)
         ctx.prompt_tokens = max(1, len(req.prompt or "") // 4)  # an estimate, for the router
         # the serving node checks the context with the exact count
@@ -44,24 +60,62 @@ async def prepare(ctx: EntryContext, host: EntryHost) -> None:
         ctx.journal("clamped", {"note": note})
     ctx.journal("received", {"model": ctx.model, "prompt_tokens": ctx.prompt_tokens,
                              "client": req.client, "max_tokens": ctx.max_tokens,
-                             "origin": req.origin})
+                             "origin": req.origin, "tokenized": tokenized})
+
+
+async def _edge_tokenize(ctx: EntryContext, host: EntryHost) -> str:
+    """Tokenize a request for a model served elsewhere with the tokenizer the mesh advertises
+    for it (sets ``ctx.prompt_ids``); when it cannot be had in time, leave them empty and return
+    why (journaled: ``tokenizer_unavailable``)."""
+    req = ctx.req
+    routing = host.config.routing
+    identity = host.tokenizers.advertised(ctx.model)
+    if not routing.edge_tokenize:
+        why = "edge tokenization is off ([routing] edge_tokenize = false)"
+    elif not identity:
+        why = f"no peer advertises a tokenizer for {ctx.model} (older nodes)"
+    else:
+        tok, why = await host.tokenizers.get(identity, routing.tokenizer_wait_s)
+        if tok is not None:
+            def encode() -> list[int]:
+                if req.messages is not None:
+                    return list(tok.encode_chat(list(req.messages)))
+                return list(tok.encode_prompt(req.prompt or "", chat=req.chat))
+
+            text = (req.prompt or "") if req.messages is None else "".join(
+                str(m.get("content", "")) for m in req.messages)
+            if len(text) > LONG_PROMPT_CHARS:
+                ctx.prompt_ids = await trio.to_thread.run_sync(encode)
+            else:
+                ctx.prompt_ids = encode()
+            ctx.tokenizer = identity
+            ctx.vocab_size = int(tok.vocab_size)
+            return ""
+    ctx.journal("tokenizer_unavailable", {"model": ctx.model, "tokenizer": identity[:12],
+                                          "reason": why, "forwarded": "text"})
+    return why
 
 
 def pick_model(host: EntryHost, requested: str | None) -> str:
     """The model to serve: the one asked for (if anybody serves it), else this node's default,
     else the one most nodes serve."""
-    heard = models_heard(host)
     if requested:
-        if host.runner.get(requested) is None and requested not in heard:
-            raise UnknownModelError(f"no node of the mesh serves model {requested!r}"
-                                    f" (served: {', '.join(sorted(heard)) or 'none yet'})")
-        return requested
+        if host.runner.get(requested) is not None or _heard_of(host, requested):
+            return requested
+        heard = models_heard(host)
+        raise UnknownModelError(f"no node of the mesh serves model {requested!r}"
+                                f" (served: {', '.join(sorted(heard)) or 'none yet'})")
     local = host.runner.default_model()
     if local is not None:
         return local
+    heard = models_heard(host)
     if not heard:
         raise RemoteError("no model is served anywhere in the mesh yet", ErrorCode.NO_ROUTE)
     return sorted(heard.items(), key=lambda kv: (-kv[1]["nodes"], kv[0]))[0][0]
+
+
+def _heard_of(host: EntryHost, model: str) -> bool:
+    return any(m.name == model for e in host.membership.table.live() for m in e.advert.models)
 
 
 def models_heard(host: EntryHost) -> dict[str, dict[str, Any]]:
@@ -70,7 +124,7 @@ def models_heard(host: EntryHost) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name in host.runner.models:
         out[name] = {"nodes": 1, "context_length": host.runner.context_length(name)}
-    for e in host.table.live():
+    for e in host.membership.table.live():
         for m in e.advert.models:
             row = out.setdefault(m.name, {"nodes": 0, "context_length": None})
             row["nodes"] += 1
@@ -83,7 +137,7 @@ def context_length(host: EntryHost, model: str) -> int | None:
     """The model's context in tokens: the local model's, else the one its servers advertise."""
     if host.runner.get(model) is not None:
         return host.runner.context_length(model)
-    for e in host.table.live():
+    for e in host.membership.table.live():
         for m in e.advert.models:
             if m.name == model and m.context_length:
                 return m.context_length

@@ -32,7 +32,7 @@ async def route(ctx: EntryContext, host: EntryHost, in_flight: dict[str, int], r
         request_id=req.request_id, model=ctx.model, prompt_tokens=ctx.prompt_tokens,
         max_tokens=ctx.max_tokens, residency=req.residency, client=req.client,
     )
-    snap = host.snapshot()
+    snap = host.membership.snapshot()
     if policy.client_quota:  # the quota reads the requests in flight per client
         snap = _with_clients(snap, in_flight)
     try:

@@ -225,7 +225,7 @@ class Engine:
             self.push(nxt, ADVERT, k + 1)
 
     def load_changed(self, t: SimNode, now: float) -> None:
-        """The daemon advertises early when its load changed significantly (node.py)."""
+        """The daemon advertises early when its load changed significantly (node/membership.py)."""
         if (
             self.early
             and not t.adv_pending

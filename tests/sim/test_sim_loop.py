@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from meshd.core import routing
-from meshd.sim.engine import Engine
+from meshd.sim.loop import Engine
 from meshd.sim.runner import run_one
 from meshd.sim.scenario import load_scenario
 
@@ -82,9 +82,9 @@ def test_every_decision_is_made_by_the_daemons_router(monkeypatch: pytest.Monkey
 
     # the simulator decides with the daemon's own decide(), which asks the router
     from meshd.core import decide
-    from meshd.sim import engine
+    from meshd.sim import loop
 
-    assert engine.decide is decide.decide
+    assert loop.decide is decide.decide
     monkeypatch.setattr(decide, "route", counting)
     r = Engine(scenario(), "meshd").run()
     assert len(calls) >= r["arrived"]  # one per request, more on retries

@@ -1,0 +1,345 @@
+"""Semantic-cache figures: decision quality on the labelled pairs, and speed and memory at
+100,000 entries.
+
+    .venv/bin/python benchmarks/bench_cache.py [--entries 100000] [--out FILE.json]
+                                               [--plot docs/img/cache_pr.png]
+
+Quality, on benchmarks/data/cache_pairs.jsonl (all-MiniLM-L6-v2 embeddings):
+
+- *pairs*: each pair's anchor is a cached prompt, the other prompt a lookup. Fixed threshold:
+  swept from 0.50 to 1.00. Adaptive: each anchor's pairs split in two halves; the entry learns
+  from one half's labels (as if those lookups had been verified earlier) and is judged on the
+  other, then the halves swap; ``delta`` swept. Both with and without guards. Recall = served
+  share of same-answer pairs (hit rate on paraphrases); false-hit rate = served share of
+  different-answer pairs; precision = right answers among served ones.
+- *stream*: a real ``SemanticCache`` (SQLite in memory) sees every anchor, then every other
+  prompt in a seeded random order; a lookup that is not served computes the answer (its
+  label), verifies it against the candidate when the policy asked to, and inserts it.
+
+Speed and memory, on one partition of ``--entries`` entries: the anchors are real entries,
+the rest are synthetic vectors (real prompt embeddings plus noise, renormalised) inserted
+through SQL, then the cache is reopened twice (restart times: reading SQLite and building the
+HNSW graph; then loading the graph that ``close`` saved). Lookups embed the prompt (onnxruntime default threads), search, read the row, decide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from meshd.cache import (  # noqa: E402
+    AdaptiveThreshold,
+    CacheLimits,
+    CacheRequest,
+    FixedThreshold,
+    Lookup,
+    SemanticCache,
+)
+from meshd.cache.eviction import entry_bytes  # noqa: E402
+from meshd.cache.keys import prompt_key  # noqa: E402
+from meshd.cache.policy import guard  # noqa: E402
+from meshd.embed import default_embedding_model, load_embedder  # noqa: E402
+
+PAIRS = ROOT / "benchmarks" / "data" / "cache_pairs.jsonl"
+FIXED_DEFAULT = FixedThreshold().threshold
+ADAPTIVE_DEFAULT = AdaptiveThreshold()
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Precomputed:
+    """An EmbedderLike over vectors computed beforehand (the stream evaluation)."""
+
+    def __init__(self, vectors: dict[str, np.ndarray], identity: str) -> None:
+        self.vectors, self._identity = vectors, identity
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    @property
+    def dim(self) -> int:
+        return len(next(iter(self.vectors.values())))
+
+    def embed(self, texts: Any) -> np.ndarray:
+        return np.stack([self.vectors[t] for t in texts])
+
+
+def pair_rates(served: np.ndarray, same: np.ndarray) -> dict[str, float]:
+    tp, fp = int(np.sum(served & same)), int(np.sum(served & ~same))
+    return {"recall": tp / max(1, int(same.sum())), "false_hit_rate": fp / max(1, int((~same).sum())),
+            "precision": tp / (tp + fp) if tp + fp else 1.0}
+
+
+def adaptive_twofold(rows: list[dict[str, Any]], sims: np.ndarray, policy: AdaptiveThreshold
+                     ) -> np.ndarray:
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r["a"], []).append(i)
+    served = np.zeros(len(rows), bool)
+    for n, idx in enumerate(groups.values()):
+        order = list(idx)
+        np.random.default_rng(n).shuffle(order)
+        halves = (order[::2], order[1::2])
+        for train, test in ((halves[0], halves[1]), (halves[1], halves[0])):
+            obs: tuple[tuple[float, bool], ...] = ()
+            for i in train:
+                obs = policy.observe(obs, float(sims[i]), bool(rows[i]["same"]))
+            for i in test:
+                d = policy.decide(float(sims[i]), rows[i]["b"], rows[i]["a"], obs, u=1.0)
+                served[i] = d.kind == "hit"
+    return served
+
+
+def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray]) -> dict[str, Any]:
+    sims = np.array([float(vec[r["a"]] @ vec[r["b"]]) for r in rows])
+    same = np.array([bool(r["same"]) for r in rows])
+    ok = np.array([guard(r["b"], r["a"]) is None for r in rows])
+    out: dict[str, Any] = {"pairs": len(rows), "same": int(same.sum()),
+                           "different": int((~same).sum()), "curves": {}}
+    for guards in (False, True):
+        gate = ok if guards else np.ones_like(ok)
+        out["curves"][f"fixed{'+guards' if guards else ''}"] = [
+            {"threshold": round(float(t), 3), **pair_rates((sims >= t) & gate, same)}
+            for t in np.linspace(0.5, 1.0, 101)]
+        out["curves"][f"adaptive{'+guards' if guards else ''}"] = [
+            {"delta": d, **pair_rates(adaptive_twofold(
+                rows, sims, replace(ADAPTIVE_DEFAULT, delta=d, guards=guards)), same)}
+            for d in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)]
+    out["defaults"] = {
+        "fixed": {"threshold": FIXED_DEFAULT, **pair_rates((sims >= FIXED_DEFAULT) & ok, same)},
+        "fixed_no_guards": pair_rates(sims >= FIXED_DEFAULT, same),
+        "adaptive": {"delta": ADAPTIVE_DEFAULT.delta,
+                     **pair_rates(adaptive_twofold(rows, sims, ADAPTIVE_DEFAULT), same)},
+    }
+    kinds: dict[str, list[float]] = {}
+    for r, s in zip(rows, sims, strict=True):
+        kinds.setdefault(r["kind"], []).append(float(s))
+    out["similarity_by_kind_p5_p50_p95"] = {k: [round(float(np.percentile(v, q)), 3)
+                                                for q in (5, 50, 95)] for k, v in kinds.items()}
+    return out
+
+
+def stream(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], policy: Any, seed: int = 0
+           ) -> dict[str, float]:
+    cache = SemanticCache(":memory:", Precomputed(vec, "bench"), policy=policy,
+                          rng=np.random.default_rng(seed).random)
+    truth: dict[str, str] = {}
+    for r in rows:
+        truth.setdefault(r["a"], r["answer_a"])
+    events = [(a, None) for a in truth]
+    tail = list(range(len(rows)))
+    np.random.default_rng(seed).shuffle(tail)
+    events += [(rows[i]["b"], i) for i in tail]
+    req = CacheRequest(model="bench", tenant="t", client="c", prompt="")
+    n = {"para": 0, "para_hit": 0, "near": 0, "near_wrong": 0, "hits": 0, "wrong": 0,
+         "verifies": 0}
+    answers: dict[int, str] = {}
+    for text, i in events:
+        want = truth[text] if i is None else rows[i]["answer_b"]
+        q = replace(req, prompt=text)
+        got = cache.lookup(q, vector=vec[text])
+        if got.kind == "hit":
+            served = answers[got.entry_id or 0]
+            n["hits"] += 1
+            n["wrong"] += served != want
+        else:
+            if got.kind == "verify":
+                n["verifies"] += 1
+                cache.observe(got.entry_id or 0, got.similarity or 0.0,
+                              answers[got.entry_id or 0] == want)
+            eid = cache.insert(q, want, lookup=got)
+            answers[eid or 0] = want
+            served = None
+        if i is not None and rows[i]["same"]:
+            n["para"] += 1
+            n["para_hit"] += served == want
+        elif i is not None:
+            n["near"] += 1
+            n["near_wrong"] += served is not None and served != want
+    return {"lookups": len(events), "paraphrase_hit_rate": n["para_hit"] / n["para"],
+            "near_miss_false_hit_rate": n["near_wrong"] / n["near"],
+            "wrong_share_of_hits": n["wrong"] / max(1, n["hits"]), "hits": n["hits"],
+            "verifies": n["verifies"]}
+
+
+def plot(q: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    styles = {"fixed": ("tab:blue", "--"), "fixed+guards": ("tab:blue", "-"),
+              "adaptive": ("tab:orange", "--"), "adaptive+guards": ("tab:orange", "-")}
+    for name, pts in q["curves"].items():
+        color, ls = styles[name]
+        r = [p["recall"] for p in pts]
+        ax1.plot(r, [p["precision"] for p in pts], ls, color=color, label=name, marker=".")
+        ax2.plot([p["false_hit_rate"] for p in pts], r, ls, color=color, label=name, marker=".")
+    for key, color in (("fixed", "tab:blue"), ("adaptive", "tab:orange")):
+        d = q["defaults"][key]
+        ax1.plot(d["recall"], d["precision"], "o", color=color, ms=10, mfc="none")
+        ax2.plot(d["false_hit_rate"], d["recall"], "o", color=color, ms=10, mfc="none")
+    ax2.axvline(0.01, color="grey", lw=0.8)
+    ax2.axhline(0.60, color="grey", lw=0.8)
+    ax1.set(xlabel="recall (hit rate on same-answer pairs)", ylabel="precision",
+            title="precision / recall", xlim=(0, 1), ylim=(0.4, 1.01))
+    ax2.set(xlabel="false-hit rate (different-answer pairs served)",
+            ylabel="hit rate on same-answer pairs", title="goal: <= 1% false, >= 60% hits",
+            xscale="symlog", xlim=(0, 1))
+    ax2.set_xscale("symlog", linthresh=0.01)
+    ax1.legend(loc="lower left")
+    fig.suptitle(f"semantic cache on {q['pairs']} labelled pairs (all-MiniLM-L6-v2); "
+                 "circles: defaults")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def speed(emb: Any, rows: list[dict[str, Any]], vec: dict[str, np.ndarray], entries: int,
+          root: Path) -> dict[str, Any]:
+    req = CacheRequest(model="bench", tenant="t", client="c", prompt="")
+    path = root / "cache.db"
+    anchors = sorted({r["a"] for r in rows})
+    cache = SemanticCache(path, emb, policy=FixedThreshold(),
+                          limits=CacheLimits(max_entries=entries + 1000, max_bytes=2**40))
+    t0 = time.perf_counter()
+    for a in anchors:
+        cache.insert(replace(req, prompt=a), f"answer to {a}", lookup=None)
+    # Synthetic rows: real vectors plus noise (cosine ~0.7 to their source), through SQL.
+    base = np.stack(list(vec.values()))
+    rng = np.random.default_rng(0)
+    part = cache.db.execute("SELECT partition FROM entries LIMIT 1").fetchone()[0]
+    now = time.time()
+    n_syn = entries - len(anchors)
+    t1 = time.perf_counter()
+    batch = []
+    for i in range(n_syn):
+        v = base[i % len(base)] + 0.045 * rng.standard_normal(base.shape[1])
+        v = (v / np.linalg.norm(v)).astype(np.float32)
+        prompt, answer = f"synthetic prompt {i}", f"synthetic answer {i} " + "x" * 300
+        batch.append((part, prompt_key(prompt), prompt, answer, v.tobytes(), now, now,
+                      now + 86400, 0, entry_bytes(prompt, answer, 384), "[]"))
+    with cache.db.conn:
+        cache.db.conn.executemany(
+            "INSERT INTO entries (partition, prompt_key, prompt, answer, vector, created_at, "
+            "last_used, expires_at, hits, nbytes, observations) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            batch)
+    sql_s = time.perf_counter() - t1
+    cache.close()
+    del batch
+    rss0 = rss_bytes()
+    t2 = time.perf_counter()
+    cache = SemanticCache(path, emb, policy=FixedThreshold(),
+                          limits=CacheLimits(max_entries=entries + 1000, max_bytes=2**40))
+    open_s = time.perf_counter() - t2
+    rss1 = rss_bytes()
+    cache.close()  # saves the HNSW graph: the next open loads it instead of rebuilding
+    t2 = time.perf_counter()
+    cache = SemanticCache(path, emb, policy=FixedThreshold(),
+                          limits=CacheLimits(max_entries=entries + 1000, max_bytes=2**40))
+    open_saved_s = time.perf_counter() - t2
+    st = cache.statistics()
+    # Inserts through the API into the full cache (SQLite row + index add + bound checks).
+    t3 = time.perf_counter()
+    probe = [replace(req, prompt=f"new prompt {i}") for i in range(300)]
+    for i, p in enumerate(probe):
+        cache.insert(p, "a new answer", lookup=Lookup("miss", "", vector=base[i % len(base)]))
+    insert_s = time.perf_counter() - t3
+    # Lookups: anchors' paraphrases (hits at the default) and other prompts.
+    hit_ms, miss_ms, search_ms, embed_ms = [], [], [], []
+    texts = [r["b"] for r in rows][:400]
+    for text in texts:
+        t = time.perf_counter()
+        got = cache.lookup(replace(req, prompt=text))
+        dt = (time.perf_counter() - t) * 1e3
+        (hit_ms if got.kind == "hit" else miss_ms).append(dt)
+        search_ms.append(got.search_ms)
+        embed_ms.append(got.embed_ms)
+    # Exact repeats of cached prompts: answered from SQLite without embedding.
+    repeat_ms = []
+    for a in anchors[:90]:
+        t = time.perf_counter()
+        got = cache.lookup(replace(req, prompt=a))
+        repeat_ms.append((time.perf_counter() - t) * 1e3)
+        assert got.kind == "hit" and got.reason == "same prompt"
+    # The same lookups with the vector given: what the index and SQLite cost alone.
+    alone = []
+    for text in texts:
+        v = vec[text]
+        t = time.perf_counter()
+        cache.lookup(replace(req, prompt=text), vector=v)
+        alone.append((time.perf_counter() - t) * 1e3)
+
+    def p(xs: list[float], q: float) -> float:
+        return round(float(np.percentile(xs, q)), 3) if xs else float("nan")
+
+    return {
+        "entries": st["entries"], "index": st["index_kinds"],
+        "index_bytes": st["index_bytes"], "sqlite_file_bytes": path.stat().st_size,
+        "rss_of_open_cache_bytes": rss1 - rss0, "restart_rebuilding_index_s": round(open_s, 2),
+        "restart_loading_saved_index_s": round(open_saved_s, 2),
+        "sql_bulk_insert_s": round(sql_s, 2), "first_real_inserts_s": round(t1 - t0, 2),
+        "api_inserts_per_s_at_full_size": round(len(probe) / insert_s, 1),
+        "lookup_hit_end_to_end_ms": {"n": len(hit_ms), "p50": p(hit_ms, 50), "p99": p(hit_ms, 99)},
+        "lookup_miss_end_to_end_ms": {"n": len(miss_ms), "p50": p(miss_ms, 50),
+                                      "p99": p(miss_ms, 99)},
+        "exact_repeat_hit_ms": {"n": len(repeat_ms), "p50": p(repeat_ms, 50),
+                                "p99": p(repeat_ms, 99)},
+        "embed_ms": {"p50": p(embed_ms, 50), "p99": p(embed_ms, 99)},
+        "search_and_decide_ms": {"p50": p(search_ms, 50), "p99": p(search_ms, 99)},
+        "lookup_with_vector_given_ms": {"p50": p(alone, 50), "p99": p(alone, 99)},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "cache_pr.png")
+    ap.add_argument("--skip-speed", action="store_true")
+    args = ap.parse_args()
+    rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
+    with tempfile.TemporaryDirectory() as tmp:
+        emb = load_embedder(default_embedding_model(cache_dir=Path(tmp)))
+        texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})
+        t0 = time.perf_counter()
+        vec = dict(zip(texts, emb.embed(texts), strict=True))
+        result: dict[str, Any] = {"embed_pairs_s": round(time.perf_counter() - t0, 1),
+                                  "loadavg_1min_start": os.getloadavg()[0]}
+        q = quality(rows, vec)
+        result["quality"] = q
+        result["stream"] = {
+            "fixed": stream(rows, vec, FixedThreshold()),
+            "fixed_no_guards": stream(rows, vec, FixedThreshold(guards=False)),
+            "adaptive": stream(rows, vec, AdaptiveThreshold()),
+            "adaptive_no_guards": stream(rows, vec, AdaptiveThreshold(guards=False)),
+        }
+        plot(q, args.plot)
+        if not args.skip_speed:
+            result["speed"] = speed(emb, rows, vec, args.entries, Path(tmp))
+        result["loadavg_1min_end"] = os.getloadavg()[0]
+    summary = {k: v for k, v in result.items() if k != "quality"}
+    summary["defaults"] = q["defaults"]
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Issue 13's soak: a testnet of real daemons under steady load for a long time, watching every
+daemon's memory and open file descriptors.
+
+    .venv/bin/python benchmarks/bench_soak.py [--nodes 5] [--duration 600] [--load 0.6]
+        [--cap 10] [--max-tokens 16] [--sample-every 10] [--seed 1]
+        [--out soak.json] [--plot docs/img/soak.png]
+
+It starts ``--nodes`` daemons on loopback (``meshd.testnet.launcher``, the shipped model, each
+node capped at ``--cap`` decode tokens/s with 2 slots, so the mesh's capacity is
+``nodes x 2 / ((max_tokens - 1) / cap)`` requests/s whatever else the machine runs), and offers
+open-loop Poisson arrivals at ``--load`` x that capacity for ``--duration`` seconds, each at a
+uniformly chosen entry node. Every ``--sample-every`` seconds it reads each daemon's RSS and
+number of open file descriptors from /proc. Goals (issue 13): no daemon grows beyond its first
+minute's level + 10% (the first minute's level: the largest sample taken in the first 60 s), and
+zero failed requests. Prints one summary, writes every sample as JSON and plots them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+from loadgen import (
+    ROOT,
+    Attempt,
+    arrivals,
+    attempt,
+    capacity_rps,
+    capped_specs,
+    log,
+    machine_note,
+    open_fds,
+    percentile,
+    request_fields,
+    rss_kb,
+)
+
+from meshd.testnet.launcher import down, up
+
+GROWTH_LIMIT = 1.10
+FIRST_MINUTE_S = 60.0
+
+
+async def sample(pids: dict[str, int], every_s: float, t0: float,
+                 out: list[dict[str, Any]], stop: trio.Event) -> None:
+    while not stop.is_set():
+        t = trio.current_time() - t0
+        out.append({"t_s": round(t, 1),
+                    "rss_kb": {n: rss_kb(p) for n, p in pids.items()},
+                    "fds": {n: open_fds(p) for n, p in pids.items()}})
+        with trio.move_on_after(every_s - (trio.current_time() - t0 - t)):
+            await stop.wait()
+
+
+async def drive(index: dict[str, Any], args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    socks = {n["name"]: n["socket"] for n in index["nodes"]}
+    pids = {n["name"]: n["pid"] for n in index["nodes"]}
+    plan = arrivals(rate, None, args.duration, sorted(socks), args.seed)
+    results: list[Attempt] = [Attempt("")] * len(plan)
+    samples: list[dict[str, Any]] = []
+    stop = trio.Event()
+    t0 = trio.current_time()
+
+    async def one(i: int, at: float, entry: str) -> None:
+        await trio.sleep_until(t0 + at)
+        results[i] = await attempt(socks[entry], request_fields("soak", i, args.max_tokens), entry)
+
+    async with trio.open_nursery() as outer:
+        outer.start_soon(sample, pids, args.sample_every, t0, samples, stop)
+        async with trio.open_nursery() as n:
+            for i, (at, entry) in enumerate(plan):
+                n.start_soon(one, i, at, entry)
+        samples_end = trio.current_time() - t0
+        stop.set()
+    log(f"{len(plan)} requests in {samples_end:.0f} s")
+    return {"results": results, "samples": samples, "wall_s": samples_end}
+
+
+def growth(samples: list[dict[str, Any]], key: str, name: str) -> dict[str, Any]:
+    first = [s[key][name] for s in samples if s["t_s"] <= FIRST_MINUTE_S and s[key][name] is not None]
+    later = [s[key][name] for s in samples if s["t_s"] > FIRST_MINUTE_S and s[key][name] is not None]
+    base = max(first)
+    top = max(later) if later else base
+    return {"first_minute": base, "max_after": top, "last": later[-1] if later else base,
+            "ratio": round(top / base, 3), "ok": top <= GROWTH_LIMIT * base}
+
+
+def summarize(run: dict[str, Any], args: argparse.Namespace, rate: float, cap: float) -> dict[str, Any]:
+    results: list[Attempt] = run["results"]
+    ok = [r for r in results if not r.error]
+    names = sorted(run["samples"][0]["rss_kb"])
+    per_node = {n: {"rss": growth(run["samples"], "rss_kb", n), "fds": growth(run["samples"], "fds", n)}
+                for n in names}
+    return {
+        "command": "benchmarks/bench_soak.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "when": time.strftime("%Y-%m-%d %H:%M"), "machine": machine_note(),
+        "nodes": args.nodes, "duration_s": args.duration, "capacity_rps": round(cap, 3),
+        "offered_rps": round(rate, 3), "requests": len(results), "done": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if r.error})[:10],
+        "ttft_ms_p50": round(percentile([r.ttft_ms for r in ok if r.ttft_ms], 50), 1),
+        "ttft_ms_p95": round(percentile([r.ttft_ms for r in ok if r.ttft_ms], 95), 1),
+        "e2e_ms_p50": round(percentile([r.e2e_ms for r in ok if r.e2e_ms], 50), 1),
+        "e2e_ms_p95": round(percentile([r.e2e_ms for r in ok if r.e2e_ms], 95), 1),
+        "per_node": per_node,
+        "growth_ok": all(v["rss"]["ok"] and v["fds"]["ok"] for v in per_node.values()),
+        "samples": run["samples"],
+    }
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = summary["samples"]
+    t = [s["t_s"] / 60.0 for s in samples]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    for name, v in summary["per_node"].items():
+        rss = [(s["rss_kb"][name] or 0) / 1024.0 for s in samples]
+        line = ax1.plot(t, rss, label=name)[0]
+        ax1.axhline(v["rss"]["first_minute"] / 1024.0 * GROWTH_LIMIT, color=line.get_color(),
+                    linestyle=":", linewidth=0.8)
+        ax2.plot(t, [s["fds"][name] or 0 for s in samples], label=name, color=line.get_color())
+        ax2.axhline(v["fds"]["first_minute"] * GROWTH_LIMIT, color=line.get_color(), linestyle=":",
+                    linewidth=0.8)
+    for ax in (ax1, ax2):
+        ax.axvline(FIRST_MINUTE_S / 60.0, color="grey", linewidth=0.8)
+        ax.grid(alpha=0.3)
+    ax1.set_ylabel("RSS (MiB)")
+    ax2.set_ylabel("open file descriptors")
+    ax2.set_xlabel("minutes")
+    ax1.legend(loc="lower right", ncol=len(summary["per_node"]), fontsize=8)
+    ax1.set_title(f"soak: {summary['nodes']} daemons, {summary['offered_rps']} req/s "
+                  f"({summary['offered_rps'] / summary['capacity_rps']:.0%} of capacity), "
+                  f"{summary['done']}/{summary['requests']} done; dotted: first minute + 10%",
+                  fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def report(s: dict[str, Any]) -> str:
+    lines = [f"# {s['command']}", f"# {s['when']}, {s['machine']}",
+             f"offered {s['offered_rps']} req/s = {s['offered_rps'] / s['capacity_rps']:.0%} of "
+             f"{s['capacity_rps']} req/s capacity for {s['duration_s']} s: {s['requests']} requests, "
+             f"{s['done']} done, {s['failed']} failed; TTFT p50 {s['ttft_ms_p50']} ms p95 "
+             f"{s['ttft_ms_p95']} ms; e2e p50 {s['e2e_ms_p50']} ms p95 {s['e2e_ms_p95']} ms",
+             "node  RSS first min MiB  max after  last  ratio   fds first min  max after  ratio"]
+    for n, v in s["per_node"].items():
+        r, f = v["rss"], v["fds"]
+        lines.append(f"{n:<5} {r['first_minute'] / 1024:>17.1f} {r['max_after'] / 1024:>10.1f} "
+                     f"{r['last'] / 1024:>5.1f} {r['ratio']:>6.3f}   {f['first_minute']:>13} "
+                     f"{f['max_after']:>10} {f['ratio']:>6.3f}")
+    lines.append(f"growth within first minute + 10%: {'yes' if s['growth_ok'] else 'NO'}; "
+                 f"failed requests: {s['failed']}")
+    if s["errors"]:
+        lines.append("errors: " + "; ".join(s["errors"]))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=5)
+    p.add_argument("--duration", type=float, default=600.0)
+    p.add_argument("--load", type=float, default=0.6)
+    p.add_argument("--cap", type=float, default=10.0, help="decode tokens/s of each node")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--sample-every", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "soak.png")
+    args = p.parse_args()
+    cap = capacity_rps(args.nodes, args.cap, args.max_tokens)
+    rate = args.load * cap
+    with tempfile.TemporaryDirectory(prefix="meshd-soak-") as tmp:
+        d = Path(tmp) / "net"
+        log(f"starting {args.nodes} daemons")
+        index = up(d, capped_specs(args.nodes, args.cap), advert_interval_s=2.0)
+        try:
+            log(f"offering {rate:.2f} req/s ({args.load:.0%} of {cap:.2f}) for {args.duration:.0f} s")
+            run = trio.run(drive, index, args, rate)
+        finally:
+            down(d)
+    summary = summarize(run, args, rate, cap)
+    print(report(summary))
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=1))
+    plot(summary, args.plot)
+    log(f"plot written to {args.plot}")
+    return 0 if summary["growth_ok"] and summary["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

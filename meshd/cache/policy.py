@@ -1,0 +1,192 @@
+"""When a cached answer may be served: guards, the fixed threshold and the adaptive one.
+
+Pure functions and frozen dataclasses: similarities, texts, observations and a uniform random
+number come in, a ``Decision`` comes out. Nothing here reads a clock or a file.
+
+A lookup finds the nearest cached prompt (cosine similarity ``s``). Then:
+
+1. *Guards* refuse pairs that embeddings are known to confuse: a number that differs
+   ("17 + 25" vs "17 + 26"), a negation present in one prompt only ("open" vs "not open"),
+   and *minimal edits*: prompts equal but for one or two words swapped for others ("today" /
+   "tomorrow", "plus" / "minus", "enable" / "disable") or two words trading places ("miles to
+   kilometers" / "kilometers to miles"). A minimal edit that keeps the meaning (a synonym) is
+   refused too: it costs a hit, never a wrong answer.
+2. The *threshold policy* decides:
+   - ``FixedThreshold(t)``: serve when ``s >= t``.
+   - ``AdaptiveThreshold`` (in the spirit of vCache, "verified semantic prompt caching"): each
+     cached entry learns its own threshold from labelled observations ``(s, correct)``, gathered
+     whenever the node computed the answer anyway and compared it with the cached one. The
+     probability that serving the entry at similarity ``s`` is correct is modelled as
+     ``sigmoid(slope * (s - t_e))``; ``t_e`` gets a normal prior (``prior_t``, ``prior_sd``) and
+     its posterior mode and spread are found by Newton's method (Laplace approximation). The
+     entry is served when even a pessimistic ``t_e`` (mode + ``z`` standard deviations) leaves
+     the probability of a wrong answer at most ``delta``:
+     ``s >= t_mode + z * sd + logit(1 - delta) / slope``. Between ``floor`` and that threshold
+     the answer is computed and checked (``verify``), which teaches the entry; above it, a
+     fraction ``explore`` of hits is verified as well, so that an entry that is too lenient
+     learns so.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["hit", "verify", "miss"]
+Observation = tuple[float, bool]  # (similarity, was the cached answer right for that prompt?)
+
+_NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
+_WORD = re.compile(r"[a-z']+")
+_SMALL = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+          "fourteen fifteen sixteen seventeen eighteen nineteen twenty")
+_NUMBER_WORDS = {w: str(i) for i, w in enumerate(_SMALL.split())}
+_NEGATIONS = frozenset({"not", "no", "never", "without", "cannot", "nor", "none", "nothing"})
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    kind: Kind  # hit: serve the cached answer; verify: compute, compare, observe; miss: compute
+    similarity: float
+    threshold: float
+    reason: str
+
+
+def numbers(text: str) -> tuple[str, ...]:
+    """The numbers of a text, in order; number words up to twenty count as digits."""
+    low = text.lower()
+    found = [(m.start(), m.group().replace(",", "")) for m in _NUMBER.finditer(low)]
+    found += [(m.start(), _NUMBER_WORDS[m.group()]) for m in _WORD.finditer(low)
+              if m.group() in _NUMBER_WORDS]
+    return tuple(n for _, n in sorted(found))
+
+
+def negations(text: str) -> int:
+    words = _WORD.findall(text.lower())
+    return sum(w in _NEGATIONS or w.endswith("n't") for w in words)
+
+
+def minimal_edit(query: str, cached: str, max_words: int = 2) -> bool:
+    """Whether two different prompts are one small edit apart: the same words but for one
+    replaced run of at most ``max_words`` words, or two words trading places."""
+    a: list[str] = _WORD.findall(query.lower())
+    b: list[str] = _WORD.findall(cached.lower())
+    if a == b:
+        return False
+    if sorted(a) == sorted(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) == 2  # two words traded places
+    ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
+           if op[0] != "equal"]
+    return bool(len(ops) == 1 and ops[0][0] == "replace" and ops[0][2] - ops[0][1] <= max_words
+                and ops[0][4] - ops[0][3] <= max_words)
+
+
+def guard(query: str, cached: str) -> str | None:
+    """Why ``cached``'s answer must not answer ``query`` whatever their similarity, or None."""
+    if sorted(numbers(query)) != sorted(numbers(cached)):
+        return "numbers differ"
+    if negations(query) % 2 != negations(cached) % 2:
+        return "negation differs"
+    if minimal_edit(query, cached):
+        return "minimal edit"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FixedThreshold:
+    """Serve when the similarity reaches ``threshold`` (the baseline)."""
+
+    threshold: float = 0.91
+    guards: bool = True
+
+    def decide(self, similarity: float, query: str, cached: str,
+               observations: tuple[Observation, ...] = (), u: float = 1.0) -> Decision:
+        if self.guards and (why := guard(query, cached)):
+            return Decision("miss", similarity, self.threshold, why)
+        if similarity >= self.threshold:
+            return Decision("hit", similarity, self.threshold, "above the fixed threshold")
+        return Decision("miss", similarity, self.threshold, "below the fixed threshold")
+
+    def observe(self, observations: tuple[Observation, ...], similarity: float,
+                correct: bool) -> tuple[Observation, ...]:
+        return observations
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveThreshold:
+    """Per-entry thresholds learned from labelled observations, with a bound ``delta`` on the
+    probability of serving a wrong answer (see the module docstring)."""
+
+    delta: float = 0.01
+    prior_t: float = 0.80
+    prior_sd: float = 0.06
+    slope: float = 60.0
+    z: float = 1.0
+    floor: float = 0.70
+    ceiling: float = 0.995
+    explore: float = 0.02
+    max_observations: int = 32
+    guards: bool = True
+
+    def threshold(self, observations: tuple[Observation, ...]) -> float:
+        mode, sd = posterior(observations, self.prior_t, self.prior_sd, self.slope)
+        t = mode + self.z * sd + math.log((1 - self.delta) / self.delta) / self.slope
+        return min(max(t, self.floor), self.ceiling)
+
+    def decide(self, similarity: float, query: str, cached: str,
+               observations: tuple[Observation, ...] = (), u: float = 1.0) -> Decision:
+        """``u``: a uniform random number in [0, 1) that picks the hits to explore."""
+        t = self.threshold(observations)
+        if self.guards and (why := guard(query, cached)):
+            return Decision("miss", similarity, t, why)
+        if similarity < self.floor:
+            return Decision("miss", similarity, t, "below the floor")
+        if similarity < t:
+            return Decision("verify", similarity, t, "below the entry's threshold")
+        if u < self.explore:
+            return Decision("verify", similarity, t, "explored")
+        return Decision("hit", similarity, t, "above the entry's threshold")
+
+    def observe(self, observations: tuple[Observation, ...], similarity: float,
+                correct: bool) -> tuple[Observation, ...]:
+        """The entry's observations with one more (the oldest dropped past the bound)."""
+        return (*observations, (float(similarity), bool(correct)))[-self.max_observations:]
+
+
+def posterior(observations: tuple[Observation, ...], prior_t: float, prior_sd: float,
+              slope: float) -> tuple[float, float]:
+    """Mode and standard deviation of an entry's threshold ``t`` given its observations, for
+    ``P(correct | s) = sigmoid(slope * (s - t))`` and the prior ``t ~ N(prior_t, prior_sd^2)``."""
+    t = prior_t
+    prec0 = 1.0 / (prior_sd * prior_sd)
+    curvature = prec0
+    for _ in range(30):
+        grad = -(t - prior_t) * prec0
+        curvature = prec0
+        for s, ok in observations:
+            p = _sigmoid(slope * (s - t))
+            grad -= slope * ((1.0 if ok else 0.0) - p)
+            curvature += slope * slope * p * (1.0 - p)
+        step = grad / curvature
+        t += max(-0.1, min(0.1, step))
+        if abs(step) < 1e-7:
+            break
+    return t, 1.0 / math.sqrt(curvature)
+
+
+def _sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def answers_match(a: str, b: str) -> bool:
+    """The label of a verification at temperature 0: the fresh answer equals the cached one
+    (whitespace aside)."""
+    return " ".join(a.split()) == " ".join(b.split())
+
+
+Policy = FixedThreshold | AdaptiveThreshold

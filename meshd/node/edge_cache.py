@@ -1,0 +1,140 @@
+"""The entry node's semantic cache as a daemon service: ``meshd.cache.SemanticCache`` with the
+embedding model, loaded off the event loop at start, used from worker threads.
+
+``run`` loads the embedder and opens the cache file in a worker thread; until then (and for
+good, if the ``meshd[edge]`` extra is missing or the file cannot be opened) every lookup is a
+``skip`` with the reason, said once in the log. ``lookup`` and ``insert`` run in worker threads
+(one at a time: the embedding takes most of a core). Inserting happens after the answer has
+gone to the client, in this service's own nursery, so it never delays a response.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from meshd.config import Config
+
+log = logging.getLogger(__name__)
+
+
+class EdgeCache:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        c = config.cache
+        self.path = config.path(c.path) if c.path else config.path(config.node.data_dir) / "semantic-cache.db"
+        self.cache: Any = None  # meshd.cache.SemanticCache once loaded
+        self.state = "off" if not c.enabled else "loading"
+        self.reason = "disabled in [cache]" if not c.enabled else "the embedding model is loading"
+        self._limiter = trio.CapacityLimiter(1)
+        self._nursery: trio.Nursery | None = None
+        self.stats = {"hits": 0, "misses": 0, "skips": 0, "inserts": 0, "errors": 0}
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            if self.state == "loading":
+                try:
+                    self.cache = await trio.to_thread.run_sync(self._open)
+                    self.state, self.reason = "ready", ""
+                    log.info("semantic cache ready path=%s entries=%d", self.path, len(self.cache))
+                except Exception as e:  # the extra is missing, the model or file is unusable
+                    self.state, self.reason = "off", str(e).splitlines()[0][:300]
+                    log.warning("semantic cache off reason=%s", self.reason)
+            await trio.sleep_forever()
+
+    def _open(self) -> Any:
+        from meshd.cache import CacheLimits, FixedThreshold, SemanticCache
+        from meshd.embed import load_embedder
+
+        c = self.config.cache
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        limits = CacheLimits(max_entries=c.max_entries, max_bytes=int(c.max_size_mb * 2**20),
+                             ttl_s=c.ttl_s)
+        return SemanticCache(self.path, load_embedder(), policy=FixedThreshold(threshold=c.threshold),
+                             limits=limits)
+
+    @property
+    def ready(self) -> bool:
+        return self.cache is not None
+
+    async def lookup(self, req: Any) -> Any:
+        """``Lookup`` of ``req`` (a ``meshd.cache.CacheRequest``); None when the cache is off."""
+        if self.cache is None:
+            self.stats["skips"] += 1
+            return None
+        try:
+            got = await trio.to_thread.run_sync(self.cache.lookup, req, limiter=self._limiter)
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("semantic cache lookup failed")
+            return None
+        key = {"hit": "hits", "skip": "skips"}.get(got.kind, "misses")
+        self.stats[key] += 1
+        return got
+
+    def remember(self, req: Any, answer: str, got: Any) -> None:
+        """Store ``answer`` for ``req`` after the client has it (and, for a ``verify`` lookup,
+        tell the entry whether the fresh answer matched the cached one)."""
+        if self.cache is None or self._nursery is None or got is None:
+            return
+        self._nursery.start_soon(self._insert, req, answer, got)
+
+    async def _insert(self, req: Any, answer: str, got: Any) -> None:
+        def work() -> None:
+            if got.kind == "verify":
+                self.cache.verify(got, answer)
+            self.cache.insert(req, answer, lookup=got)
+
+        try:
+            await trio.to_thread.run_sync(work, limiter=self._limiter)
+            self.stats["inserts"] += 1
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("semantic cache insert failed")
+
+    async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
+        """(model name, vectors, tokens read) with the cache's embedding model."""
+        from meshd.errors import ErrorCode, RemoteError
+
+        if self.cache is None:
+            raise RemoteError(f"this node has no embedding model: {self.reason}", ErrorCode.UNSUPPORTED)
+        embedder = self.cache.embedder
+
+        def work() -> tuple[list[list[float]], int]:
+            tokens = sum(len(ids) for ids in embedder.token_ids(texts))
+            return embedder.embed(texts).tolist(), tokens
+
+        vectors, tokens = await trio.to_thread.run_sync(work, limiter=self._limiter)
+        return str(getattr(embedder, "name", "embedding")), vectors, tokens
+
+    async def clear(self) -> int:
+        """Drop every entry; returns how many there were."""
+        if self.cache is None:
+            return 0
+        n = len(self.cache)
+        await trio.to_thread.run_sync(self._clear, limiter=self._limiter)
+        return n
+
+    def _clear(self) -> None:
+        cache = self.cache
+        self.cache = None
+        cache.close()
+        for p in Path(self.path).parent.glob(Path(self.path).name + "*"):
+            p.unlink(missing_ok=True)
+        self.cache = self._open()
+
+    def statistics(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": self.state, **self.stats}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.cache is not None:
+            try:
+                out.update(self.cache.statistics())
+            except Exception:
+                pass
+        return out

@@ -1,0 +1,95 @@
+"""The local engine as the runner sees it: load a model directory (``meshd.engine``) with the
+config's engine settings, and adapt it to the runner (``EngineModel``).
+
+``meshd.engine`` (onnxruntime, ~20 MB) is imported only when a model is loaded, so a relay or
+router-only node never imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from meshd.config import Config
+
+log = logging.getLogger(__name__)
+
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+
+
+def default_model_dir() -> Path:
+    """The shipped model, unless $MESHD_DEFAULT_MODEL names another model directory."""
+    from meshd import engine
+
+    env = os.environ.get("MESHD_DEFAULT_MODEL")
+    return Path(env) if env else engine.default_model_path()
+
+
+def load_engine_model(cfg: Config, path: Path, layers: tuple[int, int] | None) -> Any:
+    """``meshd.engine.load_model`` with the config's providers, threads and workers."""
+    from meshd import engine
+
+    providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
+    return engine.load_model(path, providers=providers, layers=layers,
+                             threads=cfg.engine.threads or None,
+                             max_concurrent_runs=cfg.engine.workers)
+
+
+class EngineModel:
+    """Adapts ``meshd.engine.Model`` to what the runner needs."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.num_layers = model.num_layers
+        self.hidden_size = model.hidden_size
+        self._tokenizer_identity: str | None = None
+
+    def _tokenizer_source(self) -> tuple[bytes, Any]:
+        from meshd.core.tokident import TokenizerMeta
+
+        info = self.model.manifest.tokenizer
+        data = (Path(self.model.path) / info.file).read_bytes()
+        return data, TokenizerMeta(info.bos_token_id, tuple(info.eos_token_ids), info.bos_token,
+                                   info.eos_token, info.chat_template)
+
+    def tokenizer_identity(self) -> str:
+        """The identity of this model's tokenizer (meshd.core.tokident), computed once."""
+        if self._tokenizer_identity is None:
+            from meshd.core.tokident import tokenizer_identity
+
+            self._tokenizer_identity = tokenizer_identity(*self._tokenizer_source())
+        return self._tokenizer_identity
+
+    def tokenizer_bundle(self) -> bytes | None:
+        """The tokenizer as peers fetch it (a file read: call it from a worker thread); None if
+        the file no longer has the identity this node advertises."""
+        from meshd.core.tokident import encode_bundle, tokenizer_identity
+
+        data, meta = self._tokenizer_source()
+        if tokenizer_identity(data, meta) != self.tokenizer_identity():
+            log.warning("tokenizer changed on disk model=%s", self.model.manifest.name)
+            return None
+        return encode_bundle(data, meta)
+
+    def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
+        return list(self.model.encode_prompt(text, chat=chat))
+
+    def encode_messages(self, messages: list[Any]) -> list[int]:
+        return list(self.model.tokenizer.encode_chat(messages))
+
+    @property
+    def context_length(self) -> int:
+        return int(self.model.context_length)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.vocab_size)
+
+    def generate(self, prompt: list[int], cfg: Any) -> Any:
+        return self.model.generate(prompt, cfg)

@@ -1,0 +1,109 @@
+"""Entry steps "edge answer" and "remember": the semantic cache (docs/cache.md).
+
+Before routing, the prompt is looked up in this node's cache (``meshd.node.edge_cache``): a
+request whose prompt means the same as one answered before, for the same model, settings and
+client (or a tenant's clients that all opted in to sharing), is answered from the cache, marked
+``cached``, without touching a model. Who may read what and when a similarity is a hit are the
+cache's pure rules (``meshd.cache.keys``, ``meshd.cache.policy``). Greedy requests take part by
+default; sampled ones only when they opt in; ``cache: false`` keeps a request out.
+
+After a request was answered by a model, "remember" stores the answer for next time, off the
+critical path (the client already has it).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from meshd.node.edge_cache import EdgeCache
+from meshd.node.entry.context import EntryContext, EntryHost
+
+# the engine's defaults for what a request leaves unset (meshd.engine.sampling.GenerationConfig)
+_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.1}
+
+
+def cache_request(ctx: EntryContext, host: EntryHost, tenant: str) -> Any:
+    from meshd.cache import CacheRequest
+
+    req, s = ctx.req, ctx.req.sampling
+    if req.messages is not None:
+        prompt = "\n".join(f"{m['role']}: {m['content']}" for m in req.messages)
+    else:
+        prompt = req.prompt or ""
+    return CacheRequest(
+        model=model_identity(host, ctx.model), tenant=tenant, client=req.client, prompt=prompt,
+        temperature=s.temperature if s.temperature is not None else _DEFAULTS["temperature"],
+        top_k=s.top_k if s.top_k is not None else int(_DEFAULTS["top_k"]),
+        top_p=s.top_p if s.top_p is not None else _DEFAULTS["top_p"],
+        repetition_penalty=(s.repetition_penalty if s.repetition_penalty is not None
+                            else _DEFAULTS["repetition_penalty"]),
+        max_tokens=ctx.max_tokens, seed=s.seed, stop=s.stop,
+        chat=req.chat or req.messages is not None,
+        cache_sampled=bool(req.cache),  # an explicit cache: true opts a sampled request in
+    )
+
+
+def model_identity(host: EntryHost, model: str) -> str:
+    """``name@content hash`` where this node holds the model, else the name."""
+    served = host.runner.get(model)
+    manifest = getattr(getattr(getattr(served, "model", None), "model", None), "manifest", None)
+    digest = getattr(manifest, "content_hash", None)
+    return f"{model}@{str(digest)[:16]}" if digest else model
+
+
+async def edge_answer(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None:
+    if ctx.req.cache is False or not cache.ready:
+        return
+    creq = cache_request(ctx, host, host.config.cache.tenant)
+    got = await cache.lookup(creq)
+    if got is None:
+        return
+    ctx.extra["cache"] = (creq, got)
+    if got.kind != "hit":
+        if got.kind == "skip":
+            ctx.journal("cache_skip", {"reason": got.reason})
+        return
+    answer = str(got.answer)
+    ttft_ms = (time.perf_counter() - ctx.started) * 1000.0
+    ctx.journal("cache_hit", {"similarity": _round(got.similarity), "entry": got.entry_id,
+                              "threshold": _round(got.threshold)})
+    await ctx.emit("route", {"served_by": host.node_name, "route": [host.node_name], "cached": True})
+    ids: list[int] = []
+    if host.runner.get(ctx.model) is not None:
+        ids = host.runner.encode(ctx.model, answer)
+        if ids and ids[0] == _bos(host, ctx.model):
+            ids = ids[1:]
+    await ctx.emit("tokens", {"ids": ids, "text": answer})
+    ctx.answer = {
+        "served_by": host.node_name, "route": [host.node_name], "ttft_ms": round(ttft_ms, 3),
+        "tokens": len(ids), "tokens_per_s": None, "total_ms": round(ttft_ms, 3), "retries": 0,
+        "hedges": 0, "request_id": ctx.req.request_id, "text": answer, "token_ids": ids,
+        "model": ctx.model, "strategy": "cache", "prompt_tokens": ctx.prompt_tokens,
+        "completion_tokens": len(ids), "finish_reason": "stop", "max_tokens": ctx.max_tokens,
+        "cached": True,
+        "cache": {"similarity": _round(got.similarity), "entry": got.entry_id,
+                  "threshold": _round(got.threshold)},
+    }
+
+
+async def remember(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None:
+    """After a model answered: keep the answer (a cache hit is not stored again)."""
+    pending = ctx.extra.get("cache")
+    if pending is None or ctx.answer is None or ctx.answer.get("cached"):
+        return
+    creq, got = pending
+    if got.kind in ("miss", "verify"):
+        cache.remember(creq, str(ctx.answer.get("text", "")), got)
+
+
+def _bos(host: EntryHost, model: str) -> int | None:
+    served = host.runner.get(model)
+    manifest = getattr(getattr(getattr(served, "model", None), "model", None), "manifest", None)
+    tok = getattr(manifest, "tokenizer", None)
+    bos = getattr(tok, "bos_token_id", None)
+    return int(bos) if bos is not None else None
+
+
+def _round(x: Any) -> float | None:
+    return round(float(x), 4) if x is not None else None

@@ -1,0 +1,121 @@
+"""The semantic cache at the entry node, on real daemons with the real embedding model and real
+SQLite (issue 15): a paraphrase is answered from the cache of the node it entered, a different
+client is not, `cache: false` stays out, entries survive a restart, and the bound holds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from meshd.testing.wait import wait_for
+from meshd.testnet.drive import cli as meshd
+from meshd.testnet.drive import stream
+from meshd.testnet.launcher import NodeSpec, down, up
+
+pytestmark = pytest.mark.slow
+
+ASKED = "How many days are there in a leap year?"
+PARAPHRASE = "In a leap year, how many days are there?"
+
+
+def specs() -> list[NodeSpec]:
+    return [NodeSpec(name="c1", extra={"cache": {"max_entries": 3}}), NodeSpec(name="c2")]
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    d = tmp_path_factory.mktemp("cache")
+    index = up(d, specs(), advert_interval_s=1.0)
+    try:
+        yield {"dir": d, "index": index}
+    finally:
+        down(d)
+
+
+def sock(mesh: dict[str, Any], name: str) -> str:
+    return next(n["socket"] for n in mesh["index"]["nodes"] if n["name"] == name)
+
+
+def cache_stats(s: str) -> dict[str, Any]:
+    return dict(json.loads(meshd("cache", "stats", "--json", "--socket", s).stdout))
+
+
+def ask(s: str, prompt: str, **extra: Any) -> dict[str, Any]:
+    fields = {"rid": "", "prompt": prompt, "max_tokens": 12, "temperature": 0.0, **extra}
+    out: dict[str, Any] = trio.run(stream, s, fields)["stats"]
+    return out
+
+
+def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any]) -> None:
+    s1 = sock(mesh, "c1")
+    wait_for(lambda: cache_stats(s1)["state"] == "ready", 180, "the semantic cache to load")
+    first = ask(s1, ASKED, client="alice")
+    assert not first["cached"]
+    wait_for(lambda: cache_stats(s1)["inserts"] >= 1, 30, "the answer to be stored")
+    again = ask(s1, PARAPHRASE, client="alice")
+    assert again["cached"] is True and again["served_by"] == "c1" and again["route"] == ["c1"]
+    assert again["text"] == first["text"]  # the greedy answer, not run again
+    assert again["cache"]["similarity"] >= 0.91
+    # the same question from another client is not served alice's answer
+    assert not ask(s1, PARAPHRASE, client="bob")["cached"]
+    # cache: false stays out
+    assert not ask(s1, ASKED, client="alice", cache=False)["cached"]
+    # the other node has its own cache: nothing of c1's
+    s2 = sock(mesh, "c2")
+    wait_for(lambda: cache_stats(s2)["state"] == "ready", 180, "c2's semantic cache to load")
+    assert not ask(s2, PARAPHRASE, client="alice")["cached"]
+    # the HTTP API marks a hit with x-meshd-cache (the testnet's key is client "testnet")
+    n1 = next(n for n in mesh["index"]["nodes"] if n["name"] == "c1")
+    key = (Path(mesh["dir"]) / "api-key").read_text().strip()
+    body = {"model": "tiny-en", "prompt": ASKED, "max_tokens": 12, "temperature": 0}
+    for expect_hit in (False, True):
+        if expect_hit:
+            wait_for(lambda: cache_stats(s1)["inserts"] >= 2, 30, "the API answer to be stored")
+        r = httpx.post(f"{n1['api_url']}/completions", json=body, timeout=60,
+                       headers={"authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        assert (r.headers.get("x-meshd-cache") == "hit") is expect_hit
+    # POST /v1/embeddings answers with the node's sentence-embedding model, in OpenAI's shape
+    r = httpx.post(f"{n1['api_url']}/embeddings", timeout=60,
+                   json={"input": [ASKED, PARAPHRASE, "Who wrote the Iliad?"]},
+                   headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["object"] == "list" and got["model"] == "all-minilm-l6-v2"
+    vecs = [d["embedding"] for d in got["data"]]
+    assert [d["index"] for d in got["data"]] == [0, 1, 2] and len(vecs[0]) == 384
+    dot = [sum(a * b for a, b in zip(vecs[0], v, strict=True)) for v in vecs]
+    assert abs(dot[0] - 1) < 1e-4 and dot[1] > 0.9 > dot[2]  # paraphrase near, other far
+    assert got["usage"]["prompt_tokens"] > 0
+    bad = httpx.post(f"{n1['api_url']}/embeddings", json={"input": []}, timeout=30,
+                     headers={"authorization": f"Bearer {key}"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+    # explain shows the hit: the journal of the request has the cache_hit event
+    rid = again["request_id"]
+    explained = json.loads(meshd("explain", rid, "--json", "--socket", s1).stdout)
+    assert "cache_hit" in json.dumps(explained)
+
+
+def test_the_bound_holds_and_entries_survive_a_restart(mesh: dict[str, Any]) -> None:
+    s1 = sock(mesh, "c1")
+    wait_for(lambda: cache_stats(s1)["state"] == "ready", 180, "the semantic cache to load")
+    for q in ("What is the capital of France?", "Who wrote the Iliad?",
+              "How far is the moon from the earth?", "What colour is the sky?"):
+        ask(s1, q, client="carol")
+    wait_for(lambda: cache_stats(s1)["inserts"] >= 5, 60, "the answers to be stored")
+    stats = cache_stats(s1)
+    assert stats["entries"] <= 3  # [cache] max_entries = 3: the oldest were evicted
+    kept = ask(s1, "What colour is the sky?", client="carol")
+    assert kept["cached"]
+    down(mesh["dir"])
+    mesh["index"] = up(Path(mesh["dir"]), specs(), advert_interval_s=1.0)
+    s1 = sock(mesh, "c1")
+    wait_for(lambda: cache_stats(s1)["state"] == "ready", 180, "the semantic cache to load again")
+    assert cache_stats(s1)["entries"] >= 1
+    assert ask(s1, "What colour is the sky?", client="carol")["cached"]
