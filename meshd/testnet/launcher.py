@@ -222,6 +222,17 @@ def check_not_running(directory: Path) -> None:
                          f"stop it with `meshd testnet down --dir {directory}`")
 
 
+BOOT_WAIT_S = 30.0
+
+
+def _wait_listening(sock: Path, pid: int, timeout_s: float) -> None:
+    """Until the daemon's control socket exists (it binds its libp2p port before), it exits, or
+    ``timeout_s`` passes; never raises: ``wait_mesh`` reports a node that did not come up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not sock.exists() and _alive(pid):
+        time.sleep(0.05)
+
+
 def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0,
        wait: bool = True, env_for: dict[str, dict[str, str]] | None = None,
        extra_index: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -248,6 +259,10 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
         cfg = node_config(s, d, [] if i == 0 else boot, advert_interval_s=advert_interval_s)
         (d / "meshd.toml").write_text(write_toml(cfg))
         pid = start_process(d, netns=s.netns, env=(env_for or {}).get(s.name))
+        if i == 0 and len(specs) > 1 and wait:
+            # the others dial it at once: a dial that finds nothing listening costs a retry
+            # (seconds) where waiting for its control socket (it listens first) costs ~1 s
+            _wait_listening(d / "meshd.sock", pid, BOOT_WAIT_S)
         pids[s.name] = pid
         sockets[s.name] = d / "meshd.sock"
         dirs[s.name] = d
