@@ -28,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SCEN = ROOT / "testnet" / "scenarios"
-ALL = ("meshd", "round_robin", "random", "least_queue", "latency_only", "lwsq")  # fair round-robin
+ALL = ("meshd", "round_robin", "random", "least_queue", "latency_only", "lwsq", "least_ttft")
 
 # Issue 6's acceptance targets (meshd / round_robin) on mesh-512.
 TARGETS = {"ttft_p95_ms": 0.40, "ttft_p99_ms": 0.22, "cost_per_1k_tokens": 0.55}

@@ -127,7 +127,8 @@ def _sweep(args: argparse.Namespace, sc: Any, strategies: tuple[str, ...]) -> in
         f"scenario {sc.name}: {sc.node_count} nodes, {sc.run.duration_s:g} s, seed {sc.run.seed}, "
         f"capacity {cap.capacity_rps:.0f} req/s, loads {', '.join(f'{x:g}' for x in loads)} "
         f"({', '.join(f'{x * cap.capacity_rps:.0f}' for x in loads)} req/s), "
-        f"advert interval {sc.gossip.advert_interval_s:g} s"
+        f"advert interval {sc.gossip.advert_interval_s:g} s; loads below {cap.load:.2f} run "
+        f"longer, with as many requests as at {cap.load:.2f}"
     )
     floor = sweep.floor_ms(sc)
     if floor:

@@ -36,12 +36,12 @@ from meshd.core.snapshot import MeshSnapshot, NodeView, Policy, RouteRequest, Se
 from meshd.errors import ConfigError, QuotaError, RoutingError
 
 STRATEGIES = (
-    "meshd", "round_robin", "random", "least_queue", "latency_only", "lwsq",
+    "meshd", "round_robin", "random", "least_queue", "latency_only", "lwsq", "least_ttft",
     "round_robin_lockstep",
 )  # fmt: skip
 # The strategies compared by default (`meshd sim`, the benchmarks): every one but the herding
 # round-robin, which is there only to show what a round-robin whose counters all start at 0 does.
-BASELINE_STRATEGIES = STRATEGIES[:6]
+BASELINE_STRATEGIES = STRATEGIES[:7]
 LOCKSTEP = "round_robin_lockstep"
 
 # Hard constraints on single nodes, in the order they are checked (the first that applies is
@@ -661,16 +661,41 @@ def _scores(pr: _Predictions, policy: Policy) -> tuple[Vec, Vec]:
     return [k + w for k, w in zip(known_l, pr.wait, strict=True)], known_l
 
 
-def _weights(pr: _Predictions, known: Vec, policy: Policy) -> Vec:
+def _occupancy(idx: ModelIndex, e: Positions) -> float:
+    """Requests per slot over the eligible nodes, as advertised plus what we sent since: how
+    busy the mesh looks (0 idle, 1 every slot taken)."""
+    if isinstance(e, np.ndarray):
+        part = idx.cols().part(e)
+        slots = float(part.c.sum())
+        return (part.adv_sum + float(part.sent.sum())) / slots if slots > 0.0 else 1.0
+    slots_l = sum(idx.c[i] for i in e)
+    return sum(idx.adv[i] + idx.sent[i] for i in e) / slots_l if slots_l > 0.0 else 1.0
+
+
+def known_temperature_ms(policy: Policy, occupancy: float) -> float:
+    """The temperature of the known part (RTT, prefill, price) of meshd's sampling weights.
+
+    ``sample_temperature_ms`` scaled by how busy the mesh looks, at least
+    ``known_temperature_floor`` of it: on a mesh with free slots nearly everywhere the facts
+    that do not go stale decide (the fastest, nearest, cheapest nodes take the work, as a
+    global minimum would), and the busier it gets the more the draw spreads over near-equals.
+    """
+    f = min(max(occupancy, policy.known_temperature_floor), 1.0)
+    return policy.sample_temperature_ms * f if f == f else policy.sample_temperature_ms
+
+
+def _weights(pr: _Predictions, known: Vec, policy: Policy, tk: float | None = None) -> Vec:
     """Sampling weights: capacity times a Boltzmann factor (docs/routing.md, "Choosing").
 
-    ``rate * exp(-(known - min known) / T - (wait - min wait) / (T + k * sigma))`` with
-    ``T = sample_temperature_ms``, ``k = staleness_temperature`` and ``sigma`` the standard
+    ``rate * exp(-(known - min known) / Tk - (wait - min wait) / (T + k * sigma))`` with
+    ``T = sample_temperature_ms``, ``Tk = tk`` (``known_temperature_ms``; T when not given),
+    ``k = staleness_temperature`` and ``sigma`` the standard
     deviation, in ms of waiting, of the arrivals and completions a node may have seen since its
     advert: ``1000 * sqrt(age / rate)``. The wait of a node with old figures counts for little.
     """
     t0 = max(policy.sample_temperature_ms, 1e-9)
     kappa = policy.staleness_temperature * 1000.0
+    tk = t0 if tk is None else max(tk, 1e-9)
     if isinstance(known, np.ndarray):
         wait = np.asarray(pr.wait)
         rate = np.asarray(pr.rate)
@@ -687,7 +712,7 @@ def _weights(pr: _Predictions, known: Vec, policy: Policy) -> Vec:
         # -x computed as (kmin - known) / t0 - term: IEEE rounding is symmetric, so these are
         # the bits of -((known - kmin) / t0 + term); then exp and the rate, in place.
         out: Floats = known.min() - known
-        out /= t0
+        out /= tk
         out -= term
         np.exp(out, out=out)
         out *= rate
@@ -695,7 +720,7 @@ def _weights(pr: _Predictions, known: Vec, policy: Policy) -> Vec:
     kmin, wmin = min(known), min(pr.wait)
     exp, sqrt = math.exp, math.sqrt
     return [
-        r * exp(-(k - kmin) / t0 - (w - wmin) / (t0 + kappa * sqrt(g / r)))
+        r * exp(-(k - kmin) / tk - (w - wmin) / (t0 + kappa * sqrt(g / r)))
         for k, w, r, g in zip(known, pr.wait, pr.rate, pr.age, strict=True)
     ]
 
@@ -752,7 +777,10 @@ def _choose_meshd(
         w = [r * math.exp(-(float(s) - smin) / t) for r, s in zip(pr.rate, score, strict=True)]
         one = _pick(w, rng, set())
         return (one if one is not None else _argmin(score)), score
-    weights = _weights(pr, known, policy)
+    tk = None
+    if policy.known_temperature_floor < 1.0:
+        tk = known_temperature_ms(policy, _occupancy(idx, pr.e))
+    weights = _weights(pr, known, policy, tk)
     taken = set(picked)
     for _ in range(max(policy.sample_d, 1) - len(picked)):
         if len(taken) >= n:
@@ -857,6 +885,10 @@ def route(
                 score, then = q, rtt  # ties (frequent) go to the nearest
             elif strategy == "latency_only":
                 score = rtt
+            elif strategy == "least_ttft":
+                # Shortest expected delay with the network and prefill: the global minimum of
+                # the predicted TTFT (meshd's prediction without its sampling or price term).
+                score = pr.ttft
             else:
                 alpha, beta = policy.lwsq_alpha, policy.lwsq_beta
                 if isinstance(q, np.ndarray):

@@ -124,6 +124,10 @@ class Policy:
     # at most about the next candidate's predicted TTFT, else the server answers busy at once.
     wait_bound_attempts: int = 2  # attempts that carry a bound (0: never bound)
     wait_bound_min_ms: float = 50.0  # never bound a wait tighter than this
+    # meshd: the known part (RTT, prefill, price) of the sampling weights has the temperature
+    # sample_temperature_ms times the mesh's occupancy (requests per slot), at least this
+    # fraction of it (1: always sample_temperature_ms, as before issue 18).
+    known_temperature_floor: float = 0.1
 
 
 @dataclass(frozen=True, slots=True)

@@ -240,6 +240,8 @@ def test_random_is_seeded() -> None:
         ("latency_only", "bdcae"),
         # alpha * rtt + beta * queue with alpha 1, beta 50: d 8, a 30, c 70, e 150, b 155
         ("lwsq", "dacEb"),
+        # every node has a free slot (4 slots, queues of 3 at most): the nearest first
+        ("least_ttft", "bdcae"),
     ],
 )
 def test_scored_baselines(strategy: str, order: str) -> None:
@@ -609,3 +611,45 @@ def test_entry_nodes_in_step_herd_with_lockstep_and_spread_with_round_robin() ->
             picks[route(req(), view, Policy(strategy=strategy), random.Random(1), start).chosen] += 1
     assert chosen["round_robin_lockstep"] == Counter({ids[0]: 16})
     assert len(chosen["round_robin"]) >= 8 and max(chosen["round_robin"].values()) <= 4
+
+
+def test_least_ttft_is_the_global_minimum_of_the_predicted_ttft() -> None:
+    s = snap(
+        node("near-slow", rtt_ms=5.0, prefill_tps=100.0),  # 5 + 1000 ms of prefill
+        node("far-fast", rtt_ms=30.0),  # 30 + 100
+        node("near-full", rtt_ms=6.0, queue_depth=3, in_flight=4, service_rate_rps=2.0),  # 4 ahead
+    )
+    d = decide(s, "least_ttft")
+    assert d.order == ("far-fast", "near-slow", "near-full")  # 130, 1005, 6 + 2000 + 100 ms
+    assert [c.score for c in d.candidates] == [c.predicted_ttft_ms for c in d.candidates]
+
+
+@pytest.mark.parametrize(
+    ("occupancy", "floor", "want"),
+    [(0.0, 0.1, 10.0), (0.05, 0.1, 10.0), (0.5, 0.1, 50.0), (0.9, 0.1, 90.0), (3.0, 0.1, 100.0),
+     (0.5, 1.0, 100.0), (float("nan"), 0.1, 100.0)],
+)  # fmt: skip
+def test_known_temperature_follows_the_occupancy(occupancy: float, floor: float, want: float) -> None:
+    pol = Policy(sample_temperature_ms=100.0, known_temperature_floor=floor)
+    assert routing.known_temperature_ms(pol, occupancy) == pytest.approx(want)
+
+
+def _fast_share(floor: float, queue: int) -> float:
+    """Share of decisions an entry node (a slow box) sends to the fast half of 20 peers."""
+    peers = [node(f"f{i:02d}", prefill_tps=5000.0, max_concurrency=8, queue_depth=queue)
+             for i in range(10)]  # fmt: skip
+    peers += [node(f"m{i:02d}", prefill_tps=2500.0, max_concurrency=8, queue_depth=queue)
+              for i in range(10)]  # fmt: skip
+    peers.append(node("a", prefill_tps=200.0, rtt_ms=0.0, is_local=True, max_concurrency=8))
+    s = snap(*peers, local="a")
+    pol = Policy(known_temperature_floor=floor)
+    rng = random.Random(5)
+    picks = [route(req(prompt_tokens=256), s, pol, rng).chosen for _ in range(2000)]
+    return sum(p.startswith("f") for p in picks) / len(picks)
+
+
+def test_meshd_on_an_idle_mesh_sends_work_to_the_nodes_known_to_be_fastest() -> None:
+    idle = _fast_share(0.1, 0)
+    assert idle > 0.9
+    assert idle > _fast_share(1.0, 0) + 0.1  # the fixed temperature spread it more
+    assert _fast_share(0.1, 6) < idle - 0.1  # busy slots everywhere: spread over near-equals

@@ -67,6 +67,11 @@ def test_at_load_scales_the_arrival_rates_to_the_asked_fraction_of_capacity() ->
         scaled = sweep.at_load(sc, load)
         assert capacity(scaled).load == pytest.approx(load)
         assert capacity(scaled).capacity_rps == pytest.approx(capacity(sc).capacity_rps)
+    # Stretched, a load below the scenario's own runs longer: as many requests as at its own.
+    own = capacity(sc).load
+    light = sweep.at_load(sc, own / 4, stretch=True)
+    assert light.run.duration_s == pytest.approx(4 * sc.run.duration_s)
+    assert sweep.at_load(sc, own * 1.2, stretch=True).run.duration_s == sc.run.duration_s
     assert sweep.parse_loads("0.9, 0.1,0.5,0.1") == (0.1, 0.5, 0.9)
     for bad in ("", "0", "x", "-0.5", "7"):
         with pytest.raises(Exception, match="--sweep-load"):
