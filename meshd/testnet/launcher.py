@@ -223,6 +223,7 @@ def check_not_running(directory: Path) -> None:
 
 
 BOOT_WAIT_S = 30.0
+DEFAULT_API_PORT = 8080
 
 
 def _wait_listening(sock: Path, pid: int, timeout_s: float) -> None:
@@ -245,7 +246,9 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
         if not s.port:
             s.port = free_port(s.host)
         if not s.api_port:
-            s.api_port = free_port(s.host)
+            # a node in its own network namespace has its own ports (its address cannot be
+            # bound from here to find a free one)
+            s.api_port = DEFAULT_API_PORT if s.netns else free_port(s.host)
     ids = issue_keys(directory, specs)
     write_api_key(directory)
     first = specs[0]

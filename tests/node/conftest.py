@@ -28,3 +28,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MESHD_DEFAULT_MODEL", str(out))
         yield out
+
+
+@pytest.fixture(scope="module")
+def shipped_model() -> Iterator[None]:
+    """Daemons started while this is active serve the shipped tiny-en, even after another module
+    asked for ``tiny_model`` (a session fixture: its $MESHD_DEFAULT_MODEL stays set for the rest
+    of the session, and the daemons inherit it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("MESHD_DEFAULT_MODEL", raising=False)
+        yield

@@ -30,7 +30,7 @@ def specs() -> list[NodeSpec]:
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def mesh(tmp_path_factory: pytest.TempPathFactory, shipped_model: None) -> Iterator[dict[str, Any]]:
     d = tmp_path_factory.mktemp("cache")
     index = up(d, specs(), advert_interval_s=1.0)
     try:

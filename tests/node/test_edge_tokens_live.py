@@ -34,7 +34,7 @@ PROMPTS = ["In the beginning God created", "And Moses spake unto the children of
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def mesh(tmp_path_factory: pytest.TempPathFactory, shipped_model: None) -> Iterator[dict[str, Any]]:
     d = tmp_path_factory.mktemp("edgetok")
     specs = [NodeSpec(name="srv", models=[{"path": "default"}]),
              NodeSpec(name="entry", models=[]),

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def sock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def sock(tmp_path_factory: pytest.TempPathFactory, shipped_model: None) -> Iterator[str]:
     d = tmp_path_factory.mktemp("entry")
     # 8 tokens/s: a 40-token request stays in flight for about 5 s
     spec = NodeSpec(name="e1", models=[{"path": "default", "max_decode_tokens_per_s": 8.0}],
