@@ -16,7 +16,7 @@ control client is meshd's framed socket protocol. Both ask for greedy decoding w
 cache off. The model is a tiny random Llama (hidden 32, 4 layers) so that the doors, not the
 engine, dominate; pass ``--model DIR`` to use another.
 
-    .venv/bin/python benchmarks/bench_api.py [--requests 200] [--clients 32] [--seconds 20]
+    .venv/bin/python benchmarks/bench_api.py [--requests 200] [--clients 32] [--seconds 40] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+# the daemons this benchmark starts answer from a model, never from the semantic cache
+os.environ.setdefault("MESHD_TESTNET_CACHE", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -99,6 +102,7 @@ class HttpConn:
         self.host = host
         self.key = key
         self.on_bytes: Any = None  # called with raw bytes as they arrive, before parsing
+        self.on_send: Any = None  # called as the request's bytes, already built, are sent
 
     @classmethod
     async def open(cls, host: str, port: int, key: str) -> HttpConn:
@@ -119,9 +123,11 @@ class HttpConn:
                       on_data: Any = None) -> tuple[int, bytes]:
         headers = [("host", self.host), ("authorization", f"Bearer {self.key}"),
                    ("content-type", "application/json"), ("content-length", str(len(body)))]
-        await self.stream.send_all(self.conn.send(h11.Request(method=method, target=path,
-                                                              headers=headers))
-                                   + self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage()))
+        data = (self.conn.send(h11.Request(method=method, target=path, headers=headers))
+                + self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage()))
+        if self.on_send is not None:
+            self.on_send()
+        await self.stream.send_all(data)
         status = 0
         parts = []
         while True:
@@ -151,17 +157,21 @@ async def http_request(conn: HttpConn, model: str, max_tokens: int) -> tuple[flo
     first: list[float] = []
     t0 = time.perf_counter()
 
+    def on_send() -> None:  # timed from the request's bytes going out, as the control client's
+        nonlocal t0
+        t0 = time.perf_counter()
+
     def on_bytes(data: bytes) -> None:
         # the first token's bytes arriving (the role chunk's content is ""): timed as the bytes
         # land, like the control client's frame, so the client's HTTP parsing is not counted
         if not first and FIRST_TEXT.search(data):
             first.append((time.perf_counter() - t0) * 1000)
 
-    conn.on_bytes = on_bytes
+    conn.on_bytes, conn.on_send = on_bytes, on_send
     try:
         status, raw = await conn.request("POST", "/v1/chat/completions", body)
     finally:
-        conn.on_bytes = None
+        conn.on_bytes = conn.on_send = None
     if status != 200 or not raw.endswith(b"data: [DONE]\n\n"):
         raise RuntimeError(f"HTTP {status}: {raw[:300]!r}")
     usage = json.loads(raw.split(b"\n\n")[-3][len(b"data: "):])["usage"]
@@ -185,25 +195,56 @@ def pct(xs: list[float], q: float) -> float:
     return ys[min(len(ys) - 1, int(q * len(ys)))]
 
 
-async def ttft(sock: str, host: str, port: int, key: str, model: str, n: int) -> dict[str, Any]:
+async def ttft(sock: str, host: str, port: int, key: str, model: str, n: int,
+               pid: int) -> dict[str, Any]:
+    """First-token times through both doors, alternating request by request; and the daemon's
+    CPU per request of each door (clock ticks summed over the requests: a figure the machine's
+    other load changes little)."""
     conn = await HttpConn.open(host, port, key)
-    api: list[float] = []
-    ctl: list[float] = []
+    times: dict[str, list[float]] = {"api": [], "control": []}
+    cpu: dict[str, float] = {"api": 0.0, "control": 0.0}
+
+    async def one(door: str) -> None:
+        c0 = cpu_s(pid)
+        if door == "api":
+            times[door].append((await http_request(conn, model, 2))[0])
+        else:
+            times[door].append((await control_request(sock, 2))[0])
+        cpu[door] += cpu_s(pid) - c0
+
     for _ in range(5):  # warm both paths
         await control_request(sock, 2)
         await http_request(conn, model, 2)
     for i in range(n):
-        if i % 2:
-            api.append((await http_request(conn, model, 2))[0])
-            ctl.append((await control_request(sock, 2))[0])
-        else:
-            ctl.append((await control_request(sock, 2))[0])
-            api.append((await http_request(conn, model, 2))[0])
+        for door in (("api", "control") if i % 2 else ("control", "api")):
+            await one(door)
     await conn.aclose()
+    api, ctl = times["api"], times["control"]
     return {"requests_each": n, "api_p50_ms": round(statistics.median(api), 3),
             "api_p90_ms": round(pct(api, 0.9), 3), "control_p50_ms": round(statistics.median(ctl), 3),
             "control_p90_ms": round(pct(ctl, 0.9), 3),
-            "added_p50_ms": round(statistics.median(api) - statistics.median(ctl), 3)}
+            "added_p50_ms": round(statistics.median(api) - statistics.median(ctl), 3),
+            "daemon_cpu_ms_per_request": {d: round(cpu[d] * 1000 / n, 3) for d in cpu}}
+
+
+async def chain_ttft(host: str, port: int, key: str) -> dict[str, float]:
+    """Mean time from the entry chain taking a request in to its first token, by origin (the
+    node's own meshd_time_to_first_token_seconds): the part of the first-token time that is
+    the mesh's, the same for both doors when the doors cost the same."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn = await HttpConn.open(host, port, key)
+    _, raw = await conn.request("GET", "/metrics")
+    await conn.aclose()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(raw.decode()):
+        for sample in family.samples:
+            if sample.name == "meshd_time_to_first_token_seconds_sum":
+                sums[sample.labels["origin"]] = sample.value
+            elif sample.name == "meshd_time_to_first_token_seconds_count":
+                counts[sample.labels["origin"]] = sample.value
+    return {o: round(sums[o] / counts[o] * 1000, 3) for o in sums if counts.get(o)}
 
 
 def cpu_s(pid: int) -> float:
@@ -254,6 +295,16 @@ async def throughput(door: str, sock: str, host: str, port: int, key: str, model
             "first_errors": errors[:3]}
 
 
+def _total(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    tokens = sum(r["tokens"] for r in rs)
+    seconds = sum(r["seconds"] for r in rs)
+    return {"clients": rs[0]["clients"], "seconds": round(seconds, 2), "tokens": tokens,
+            "requests": sum(r["requests"] for r in rs), "tokens_per_s": round(tokens / seconds, 1),
+            "errors": sum(r["errors"] for r in rs),
+            "daemon_cpu_ms_per_token": round(sum(r["daemon_cpu_ms_per_token"] * r["tokens"]
+                                                 for r in rs) / max(tokens, 1), 4)}
+
+
 async def idle_connections(pid: int, host: str, port: int, key: str, n: int) -> dict[str, Any]:
     warm = [await HttpConn.open(host, port, key) for _ in range(4)]
     for c in warm:
@@ -280,7 +331,8 @@ def main() -> None:
     ap.add_argument("--model", help="model directory (default: a tiny random Llama)")
     ap.add_argument("--requests", type=int, default=200, help="first-token samples per door")
     ap.add_argument("--clients", type=int, default=32)
-    ap.add_argument("--seconds", type=float, default=20.0, help="per door, for throughput")
+    ap.add_argument("--seconds", type=float, default=40.0, help="per door, for throughput")
+    ap.add_argument("--rounds", type=int, default=4, help="alternating throughput rounds")
     ap.add_argument("--tokens", type=int, default=64, help="max_tokens of throughput requests")
     ap.add_argument("--idle", type=int, default=200, help="idle keep-alive connections")
     ap.add_argument("--out", help="write the figures as JSON here")
@@ -301,17 +353,39 @@ def main() -> None:
             status, raw = await conn.request("GET", "/v1/models")
             await conn.aclose()
             model_name = json.loads(raw)["data"][0]["id"]
-            res["ttft"] = await ttft(node["socket"], host, port, key, model_name, args.requests)
-            print(json.dumps(res["ttft"]), flush=True)
             pid = int(node["pid"])
-            tp_ctl = await throughput("control", node["socket"], host, port, key, model_name,
-                                      args.clients, args.seconds, args.tokens, pid)
-            print(json.dumps(tp_ctl), flush=True)
-            tp_api = await throughput("api", node["socket"], host, port, key, model_name,
-                                      args.clients, args.seconds, args.tokens, pid)
-            print(json.dumps(tp_api), flush=True)
-            res["throughput"] = {"control": tp_ctl, "api": tp_api,
-                                 "api_over_control": round(tp_api["tokens_per_s"] / tp_ctl["tokens_per_s"], 3)}
+            res["ttft"] = await ttft(node["socket"], host, port, key, model_name, args.requests, pid)
+            res["ttft"]["entry_chain_mean_ms"] = await chain_ttft(host, port, key)
+            print(json.dumps(res["ttft"]), flush=True)
+            rounds: dict[str, list[dict[str, Any]]] = {"control": [], "api": []}
+            for r in range(args.rounds):  # alternating, so load that drifts hits both doors
+                for door in (("control", "api") if r % 2 == 0 else ("api", "control")):
+                    tp = await throughput(door, node["socket"], host, port, key, model_name,
+                                          args.clients, args.seconds / args.rounds, args.tokens, pid)
+                    print(json.dumps(tp), flush=True)
+                    rounds[door].append(tp)
+            res["throughput"] = {door: _total(rs) for door, rs in rounds.items()}
+            res["throughput"]["rounds"] = rounds
+            res["throughput"]["api_over_control"] = round(
+                res["throughput"]["api"]["tokens_per_s"] / res["throughput"]["control"]["tokens_per_s"], 3)
+            # both doors at once, clients of each: the same machine state for both, whatever the
+            # rest of the box does (the ratio of what each door's clients receive)
+            mixed: dict[str, dict[str, Any]] = {}
+
+            async def door_run(door: str) -> None:
+                mixed[door] = await throughput(door, node["socket"], host, port, key, model_name,
+                                               args.clients, args.seconds / 2, args.tokens, pid)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(door_run, "control")
+                nursery.start_soon(door_run, "api")
+            for tp in mixed.values():
+                tp.pop("daemon_cpu_ms_per_token")  # shared by both doors: not theirs alone
+                tp.pop("client_cpu_ms_per_token")
+            mixed["api_over_control"] = {"ratio": round(
+                mixed["api"]["tokens_per_s"] / mixed["control"]["tokens_per_s"], 3)}
+            res["throughput_mixed"] = mixed
+            print(json.dumps(mixed), flush=True)
             res["idle"] = await idle_connections(int(node["pid"]), host, port, key, args.idle)
             print(json.dumps(res["idle"]), flush=True)
             return res

@@ -46,6 +46,9 @@ from loadgen import (
 
 from meshd.testnet.launcher import _alive, _reap, down, start_process, up
 
+# the daemons this benchmark starts answer from a model, never from the semantic cache
+os.environ.setdefault("MESHD_TESTNET_CACHE", "0")
+
 
 async def churn(index: dict[str, Any], victims: list[str], span_s: float, rng: random.Random,
                 events: list[dict[str, Any]], t0: float) -> None:

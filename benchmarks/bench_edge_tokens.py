@@ -41,6 +41,9 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+# the daemons this benchmark starts answer from a model, never from the semantic cache
+os.environ.setdefault("MESHD_TESTNET_CACHE", "0")
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -201,14 +204,23 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="meshd-bench-edgetok-"))
     try:
         model = stretched_model(source, base)
+        # a prefill of the longest prompts takes seconds on a small shared box: the first token
+        # may take longer than the default 20 s there without anything being wrong
+        slow = {"first_token_timeout_s": 120.0}
         specs = [launcher.NodeSpec(name="srv", models=[{"path": str(model), "max_concurrency": 1}]),
-                 launcher.NodeSpec(name="ids", models=[]),
+                 launcher.NodeSpec(name="ids", models=[], extra={"routing": slow}),
                  launcher.NodeSpec(name="text", models=[],
-                                   extra={"routing": {"edge_tokenize": False}})]
+                                   extra={"routing": {**slow, "edge_tokenize": False}})]
         index = launcher.up(base / "net", specs, advert_interval_s=2.0)
         try:
             socks = {n["name"]: n["socket"] for n in index["nodes"]}
             times = trio.run(ttft, socks, socks["srv"], corpus, args.repeats)
+        except BaseException:
+            for n in index["nodes"]:  # the daemons' own account, before their folder goes
+                log = Path(n["dir"]) / "meshd.log"
+                tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+                print(f"--- {n['name']} log tail\n" + "\n".join(tail), file=sys.stderr)
+            raise
         finally:
             launcher.down(base / "net")
     finally:

@@ -33,6 +33,9 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+# the daemons this benchmark starts answer from a model, never from the semantic cache
+os.environ.setdefault("MESHD_TESTNET_CACHE", "0")
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "engine"))

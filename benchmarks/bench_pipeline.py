@@ -54,6 +54,9 @@ from meshd.engine import GenerationConfig, default_model_path, load_model
 from meshd.errors import RemoteError
 from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, start_process, up
 
+# the daemons this benchmark starts answer from a model, never from the semantic cache
+os.environ.setdefault("MESHD_TESTNET_CACHE", "0")
+
 MODEL = str(default_model_path())
 PROMPT = "And Moses spake unto the children of Israel, saying"
 HIDDEN = 192

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -43,6 +44,9 @@ from loadgen import (
 )
 
 from meshd.testnet.launcher import down, up
+
+# the daemons this benchmark starts answer from a model, never from the semantic cache
+os.environ.setdefault("MESHD_TESTNET_CACHE", "0")
 
 GROWTH_LIMIT = 1.10
 FIRST_MINUTE_S = 60.0

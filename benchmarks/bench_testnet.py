@@ -39,6 +39,9 @@ from typing import Any
 
 import trio
 
+# the daemons this benchmark starts answer from a model, never from the semantic cache
+os.environ.setdefault("MESHD_TESTNET_CACHE", "0")
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 

@@ -244,7 +244,7 @@ class ApiApp:
                 return
             if kind == "tokens" and payload.get("text"):
                 sent_text.append(payload["text"])
-                data = sse.event(chunks.text(payload["text"]))
+                data = chunks.text_event(payload["text"])
                 if started:
                     await _body(send, data)
                 else:
@@ -259,14 +259,14 @@ class ApiApp:
                 err.headers.append(("x-request-id", rid))
                 return await send_error(send, err)
             await _body(send, sse.event(err.body()) + sse.DONE, more=False)
-            return err.status
+            return 200  # the status that went out; the error is in the stream
         assert stats is not None
         if not started:
             route.update({k: stats[k] for k in ("served_by", "route") if stats.get(k)})
             await start(b"")
         text = str(stats.get("text") or "")
         said = "".join(sent_text)
-        tail = sse.event(chunks.text(text[len(said):])) if len(text) > len(said) and text.startswith(said) else b""
+        tail = chunks.text_event(text[len(said):]) if len(text) > len(said) and text.startswith(said) else b""
         usage = chunks.usage(stats)
         await _body(send, tail + sse.event(chunks.last(stats))
                     + (sse.event(usage) if usage is not None else b"") + sse.DONE, more=False)

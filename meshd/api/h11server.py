@@ -26,6 +26,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import h11
 import trio
@@ -162,8 +163,6 @@ async def _drain(conn: h11.Connection, stream: trio.SocketStream) -> bool:
 def _scope(req: h11.Request, client: Any, server: Any) -> dict[str, Any]:
     target = bytes(req.target)
     path, _, query = target.partition(b"?")
-    from urllib.parse import unquote
-
     return {
         "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": req.http_version.decode(), "method": req.method.decode(),

@@ -8,8 +8,11 @@ takes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from meshd.api import sse
 
 
 def usage(stats: Mapping[str, Any]) -> dict[str, int]:
@@ -67,6 +70,7 @@ class Chunks:
     def __init__(self, kind: str, rid: str, created: int, model: str, include_usage: bool) -> None:
         self.kind = kind
         self.include_usage = include_usage
+        self._template: tuple[bytes, bytes] | None = None
         self.base: dict[str, Any] = {
             "id": response_id(kind, rid),
             "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
@@ -96,6 +100,18 @@ class Chunks:
 
     def text(self, text: str) -> dict[str, Any]:
         return self._chunk(self._choice(text, None))
+
+    def text_event(self, text: str) -> bytes:
+        """``sse.event(self.text(text))``, from a template made once per stream: the text is the
+        only part that changes, and a stream sends one of these per batch of tokens."""
+        if self._template is None:
+            marker = "\u0000meshd-text\u0000"
+            whole = sse.event(self.text(marker))
+            quoted = json.dumps(marker, ensure_ascii=False).encode()
+            head, _, tail = whole.partition(quoted)
+            self._template = (head, tail)
+        head, tail = self._template
+        return head + json.dumps(text, ensure_ascii=False).encode() + tail
 
     def last(self, stats: Mapping[str, Any]) -> dict[str, Any]:
         return self._chunk(self._choice(None, finish_reason(stats)))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from meshd.embed.arch import BertArch
-from meshd.engine.manifest import DTYPES, MANIFEST, TensorEntry
+from meshd.engine.manifest import DTYPES, MANIFEST, TensorEntry, read_manifest_json
 from meshd.errors import ModelError
 
 FORMAT = "meshd-embedding"
@@ -85,16 +85,7 @@ def is_embedding_dir(directory: Path) -> bool:
 
 
 def read_embed_manifest(directory: Path) -> EmbedManifest:
-    path = directory / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelError(f"{directory}: not a meshd model directory (no {MANIFEST})") from None
-    except OSError as err:
-        raise ModelError(f"{path}: cannot read ({err.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelError(f"{path}: not valid JSON ({err})") from None
-    return parse_embed_manifest(data, str(path))
+    return parse_embed_manifest(*read_manifest_json(directory))
 
 
 def parse_embed_manifest(data: Any, source: str = MANIFEST) -> EmbedManifest:

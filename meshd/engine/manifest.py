@@ -133,17 +133,22 @@ def dumps_manifest(data: dict[str, Any]) -> str:
     return text + "\n"
 
 
-def read_manifest(directory: Path) -> Manifest:
+def read_manifest_json(directory: Path) -> tuple[Any, str]:
+    """The parsed ``manifest.json`` of a model directory and its path, or ``ModelError`` saying
+    why not (no such file, unreadable, not JSON). Shared by the generation and embedding models."""
     path = directory / MANIFEST
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text()), str(path)
     except FileNotFoundError:
         raise ModelError(f"{directory}: not a meshd model directory (no {MANIFEST})") from None
     except OSError as err:
         raise ModelError(f"{path}: cannot read ({err.strerror})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelError(f"{path}: not valid JSON ({err})") from None
-    return parse_manifest(data, str(path))
+
+
+def read_manifest(directory: Path) -> Manifest:
+    return parse_manifest(*read_manifest_json(directory))
 
 
 def parse_manifest(data: Any, source: str = MANIFEST) -> Manifest:

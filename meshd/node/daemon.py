@@ -64,7 +64,9 @@ def load_runner(cfg: Config) -> Runner:
         if end > n:
             raise ModelError(f"[[models]][{i}].layers: [{start}, {end}) is outside the model's {n} layers")
         name = m.name or model.manifest.name
-        runner.add(Served(name=name, model=EngineModel(model), layer_start=start, layer_end=end,
+        adapted = EngineModel(model)
+        adapted.tokenizer_identity()  # hashed now, not on the event loop at the first advert
+        runner.add(Served(name=name, model=adapted, layer_start=start, layer_end=end,
                           num_layers=n, max_concurrency=m.max_concurrency, max_queue=m.max_queue,
                           max_decode_tps=m.max_decode_tokens_per_s))
         log.info("model loaded name=%s layers=%d-%d provider=%s", name, start, end,

@@ -1,9 +1,10 @@
 """The entry node's semantic cache as a daemon service: ``meshd.cache.SemanticCache`` with the
 embedding model, loaded off the event loop at start, used from worker threads.
 
-``run`` loads the embedder and opens the cache file in a worker thread; until then (and for
-good, if the ``meshd[edge]`` extra is missing or the file cannot be opened) every lookup is a
-``skip`` with the reason, said once in the log. ``lookup`` and ``insert`` run in worker threads
+The embedding model (about 90 MB, a few seconds of CPU) is loaded on the first request the cache
+could take part in, in a worker thread, so a node that never sees one stays light; until it is
+loaded (and for good, if the ``meshd[edge]`` extra is missing or the file cannot be opened)
+every lookup is a ``skip`` with the reason, said once in the log. ``lookup`` and ``insert`` run in worker threads
 (one at a time: the embedding takes most of a core). Inserting happens after the answer has
 gone to the client, in this service's own nursery, so it never delays a response.
 """
@@ -27,8 +28,8 @@ class EdgeCache:
         c = config.cache
         self.path = config.path(c.path) if c.path else config.path(config.node.data_dir) / "semantic-cache.db"
         self.cache: Any = None  # meshd.cache.SemanticCache once loaded
-        self.state = "off" if not c.enabled else "loading"
-        self.reason = "disabled in [cache]" if not c.enabled else "the embedding model is loading"
+        self.state = "off" if not c.enabled else "idle"
+        self.reason = "disabled in [cache]" if not c.enabled else "loads on the first cacheable request"
         self._limiter = trio.CapacityLimiter(1)
         self._nursery: trio.Nursery | None = None
         self.stats = {"hits": 0, "misses": 0, "skips": 0, "inserts": 0, "errors": 0}
@@ -37,15 +38,22 @@ class EdgeCache:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            if self.state == "loading":
-                try:
-                    self.cache = await trio.to_thread.run_sync(self._open)
-                    self.state, self.reason = "ready", ""
-                    log.info("semantic cache ready path=%s entries=%d", self.path, len(self.cache))
-                except Exception as e:  # the extra is missing, the model or file is unusable
-                    self.state, self.reason = "off", str(e).splitlines()[0][:300]
-                    log.warning("semantic cache off reason=%s", self.reason)
             await trio.sleep_forever()
+
+    def load(self) -> None:
+        """Start loading the model and the cache file (once); lookups skip until it is done."""
+        if self.state == "idle" and self._nursery is not None:
+            self.state, self.reason = "loading", "the embedding model is loading"
+            self._nursery.start_soon(self._load)
+
+    async def _load(self) -> None:
+        try:
+            self.cache = await trio.to_thread.run_sync(self._open)
+            self.state, self.reason = "ready", ""
+            log.info("semantic cache ready path=%s entries=%d", self.path, len(self.cache))
+        except Exception as e:  # the extra is missing, the model or file is unusable
+            self.state, self.reason = "off", str(e).splitlines()[0][:300]
+            log.warning("semantic cache off reason=%s", self.reason)
 
     def _open(self) -> Any:
         from meshd.cache import CacheLimits, FixedThreshold, SemanticCache
@@ -63,8 +71,10 @@ class EdgeCache:
         return self.cache is not None
 
     async def lookup(self, req: Any) -> Any:
-        """``Lookup`` of ``req`` (a ``meshd.cache.CacheRequest``); None when the cache is off."""
+        """``Lookup`` of ``req`` (a ``meshd.cache.CacheRequest``); None when the cache is off or
+        still loading (the first call starts the loading)."""
         if self.cache is None:
+            self.load()
             self.stats["skips"] += 1
             return None
         try:
@@ -101,6 +111,11 @@ class EdgeCache:
         """(model name, vectors, tokens read) with the cache's embedding model."""
         from meshd.errors import ErrorCode, RemoteError
 
+        if self.cache is None and self.state in ("idle", "loading"):
+            self.load()
+            with trio.move_on_after(120):
+                while self.state == "loading":
+                    await trio.sleep(0.05)
         if self.cache is None:
             raise RemoteError(f"this node has no embedding model: {self.reason}", ErrorCode.UNSUPPORTED)
         embedder = self.cache.embedder

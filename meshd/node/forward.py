@@ -74,6 +74,7 @@ class Outcome:
             "total_ms": round((end - self.started) * 1000, 3),
             "retries": len(self.retries),
             "hedges": len(self.hedges),
+            "hedge_won": any(h["target"] == self.served_by for h in self.hedges),
         }
 
 

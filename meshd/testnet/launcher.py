@@ -106,6 +106,8 @@ def node_config(spec: NodeSpec, node_dir: Path, bootstrap: list[str], *,
         # the testnet's one key (TESTNET_DIR/api-key) is in TESTNET_DIR/api-keys
         "api": {"listen": f"{spec.host}:{spec.api_port}", "keys_file": str(node_dir.parent / API_KEYS_FILE)},
     }
+    if os.environ.get("MESHD_TESTNET_CACHE", "1") == "0":  # the test suite: no embedding model
+        sections["cache"] = {"enabled": False}  # per daemon unless a spec turns it on
     for k, v in spec.extra.items():
         if isinstance(v, dict) and isinstance(sections.get(k), dict):
             sections[k] = {**sections[k], **v}

@@ -5,15 +5,16 @@ ids, a failover resumes from the prompt ids plus the ids already streamed). A mo
 OpenAI-compatible upstream has no tokenizer here, so its "token ids" are a reversible packing of
 text, opaque to every other part of meshd:
 
-- a prompt is a header id (kind and byte length) and its UTF-8 bytes four to an id, so a prompt
-  counts about one "token" per 4 bytes, the estimate entry nodes use for text they cannot
+- a prompt is a header id (kind and byte length) and its UTF-8 bytes three to an id, so a prompt
+  counts about one "token" per 3 bytes, near the estimate entry nodes use for text they cannot
   tokenize, and the speeds the runner measures in these units stay consistent for the router;
+  every prompt id is below 2**32, so prompts pack as u32 on the wire (meshd.core.packing);
 - the kind is plain text (``/v1/completions``) or chat messages as JSON (``/v1/chat/completions``);
 - each piece of text the upstream streams becomes one id per up to 7 UTF-8 bytes (cut at
   character boundaries), the bytes and their count packed below bit 62, so the ids streamed so
   far decode back to the text so far, on any node that serves the same upstream model.
 
-Every id is below 2**63, as msgpack and the wire's integer fields take them.
+Generated ids are below 2**63, as msgpack and the wire's id lists take them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-PROMPT_BASE = 1 << 40  # header ids: PROMPT_BASE + 2 * nbytes + kind
+PROMPT_BASE = 1 << 31  # header ids: PROMPT_BASE + 2 * nbytes + kind (prompt words are < 2**24)
+WORD_BYTES = 3
 TEXT, CHAT = 0, 1
 PIECE_FLAG = 1 << 62  # generated ids: flag | nbytes << 56 | bytes
 PIECE_MAX_BYTES = 7
@@ -37,8 +39,8 @@ def _pack_prompt(kind: int, data: bytes) -> list[int]:
     if len(data) > MAX_PROMPT_BYTES:
         raise CodecError(f"prompt of {len(data)} bytes; the limit is {MAX_PROMPT_BYTES}")
     ids = [PROMPT_BASE + 2 * len(data) + kind]
-    for i in range(0, len(data), 4):
-        ids.append(int.from_bytes(data[i:i + 4].ljust(4, b"\0"), "big"))
+    for i in range(0, len(data), WORD_BYTES):
+        ids.append(int.from_bytes(data[i:i + WORD_BYTES].ljust(WORD_BYTES, b"\0"), "big"))
     return ids
 
 
@@ -91,11 +93,11 @@ def decode(ids: list[int]) -> Decoded:
         raise CodecError("these token ids were not made for an upstream model")
     header = ids[0] - PROMPT_BASE
     kind, nbytes = header % 2, header // 2
-    words = (nbytes + 3) // 4
+    words = (nbytes + WORD_BYTES - 1) // WORD_BYTES
     body = ids[1:1 + words]
-    if len(body) != words or any(not 0 <= w < 1 << 32 for w in body):
+    if len(body) != words or any(not 0 <= w < 1 << (8 * WORD_BYTES) for w in body):
         raise CodecError("a truncated or corrupt upstream prompt")
-    data = b"".join(w.to_bytes(4, "big") for w in body)[:nbytes]
+    data = b"".join(w.to_bytes(WORD_BYTES, "big") for w in body)[:nbytes]
     gen = bytearray()
     for w in ids[1 + words:]:
         if not w & PIECE_FLAG or w >= 1 << 63:

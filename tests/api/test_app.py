@@ -286,3 +286,13 @@ def test_metrics_parse_and_move_as_requests_are_served(tmp_path: Path) -> None:
         assert after[("meshd_busy_answers_total", (("model", "tiny"), ("reason", "queue_full")))] == 2
 
     run(tmp_path, FakeNode(), body)
+
+
+def test_a_text_chunk_from_the_template_is_the_chunk_itself() -> None:
+    from meshd.api import replies, sse
+
+    for kind in ("chat", "completion"):
+        for usage in (False, True):
+            ch = replies.Chunks(kind, "r1", 1, "tiny", usage)
+            for text in (" w0", 'quote " and \\ back', "new\nline", "é ü 中", "\u0000"):
+                assert ch.text_event(text) == sse.event(ch.text(text))

@@ -37,8 +37,13 @@ def test_pieces_are_at_most_seven_bytes_and_join_to_the_text(text: str) -> None:
     assert all(0 < len(t.encode()) <= 7 for _, t in pieces)
 
 
-def test_a_prompt_counts_about_one_token_per_four_bytes() -> None:
-    assert len(codec.encode_text("x" * 400)) == 101
+def test_a_prompt_counts_about_one_token_per_three_bytes_and_packs_as_u32() -> None:
+    from meshd.core.packing import pack_ids, vocab_bound
+
+    ids = codec.encode_text("x" * 300) + codec.encode_chat([{"role": "user", "content": "é" * 99}])
+    assert len(codec.encode_text("x" * 300)) == 101
+    assert all(0 <= i < 2**32 for i in ids)
+    assert pack_ids(ids, vocab_bound(ids, 0))[0] == "u32"
 
 
 @pytest.mark.parametrize("ids", [[], [5, 6, 7], [codec.PROMPT_BASE + 2 * 8],

@@ -78,14 +78,17 @@ def test_a_chat_through_the_upstream_matches_the_backend(nets: dict[str, Any]) -
     u1 = node(nets["mesh"], "u1")
     b1 = node(nets["backend"], "b1")
     via = client(u1["api_url"], nets["key"]).chat.completions.create(
-        model="tiny-up", messages=HELLO, max_tokens=8, temperature=0)
+        model="tiny-up", messages=HELLO, max_tokens=8, temperature=0,
+        extra_body={"cache": False})
     direct = client(b1["api_url"], nets["backend_key"]).chat.completions.create(
-        model="tiny", messages=HELLO, max_tokens=8, temperature=0)
+        model="tiny", messages=HELLO, max_tokens=8, temperature=0,
+        extra_body={"cache": False})
     assert via.choices[0].message.content == direct.choices[0].message.content
     assert via.choices[0].message.content
     streamed = "".join(ch.choices[0].delta.content or "" for ch in client(
         u1["api_url"], nets["key"]).chat.completions.create(
-        model="tiny-up", messages=HELLO, max_tokens=8, temperature=0, stream=True) if ch.choices)
+        model="tiny-up", messages=HELLO, max_tokens=8, temperature=0, stream=True,
+        extra_body={"cache": False}) if ch.choices)
     assert streamed == direct.choices[0].message.content
 
 
@@ -96,11 +99,12 @@ def test_a_dead_upstream_is_failed_over_like_a_dead_peer(nets: dict[str, Any]) -
     c = client(e1["api_url"], nets["key"])
     b1 = node(nets["backend"], "b1")
     direct = client(b1["api_url"], nets["backend_key"]).completions.create(
-        model="tiny", prompt="Once upon a time", max_tokens=6, temperature=0).choices[0].text
+        model="tiny", prompt="Once upon a time", max_tokens=6, temperature=0,
+        extra_body={"cache": False}).choices[0].text
     for _ in range(4):  # round robin: every other request goes to u2 first
         raw = c.completions.with_raw_response.create(
             model="tiny-up", prompt="Once upon a time", max_tokens=6, temperature=0,
-            extra_body={"strategy": "round_robin"})
+            extra_body={"strategy": "round_robin", "cache": False})  # no answer from e1's cache
         assert raw.headers["x-meshd-served-by"] == "u1"
         assert raw.parse().choices[0].text == direct
     ups = json.loads(meshd("status", "--socket", u2["socket"], "--json").stdout)["services"]["upstreams"]

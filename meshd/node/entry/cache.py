@@ -53,7 +53,7 @@ def model_identity(host: EntryHost, model: str) -> str:
 
 
 async def edge_answer(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None:
-    if ctx.req.cache is False or not cache.ready:
+    if ctx.req.cache is False or cache.state == "off":
         return
     creq = cache_request(ctx, host, host.config.cache.tenant)
     got = await cache.lookup(creq)
