@@ -207,7 +207,7 @@ def sweep(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             sw.plot(got, str(out / f"{tag}.png"), f"{name}, adverts every {interval:g} s")
             print(data["header"])
             print(sw.table(got))
-            for line in sw.yardstick(got):
+            for line in sw.yardstick(got, floor=data.get("floor")):
                 print(line)
             print(f"  ({data['wall_s']:.0f} s wall)", flush=True)
             res[tag] = data
