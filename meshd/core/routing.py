@@ -675,12 +675,14 @@ def _occupancy(idx: ModelIndex, e: Positions) -> float:
 def known_temperature_ms(policy: Policy, occupancy: float) -> float:
     """The temperature of the known part (RTT, prefill, price) of meshd's sampling weights.
 
-    ``sample_temperature_ms`` scaled by how busy the mesh looks, at least
-    ``known_temperature_floor`` of it: on a mesh with free slots nearly everywhere the facts
-    that do not go stale decide (the fastest, nearest, cheapest nodes take the work, as a
-    global minimum would), and the busier it gets the more the draw spreads over near-equals.
+    ``sample_temperature_ms`` times ``occupancy / known_temperature_full_at``, at least
+    ``known_temperature_floor`` and at most 1 of it: on a mesh with free slots nearly everywhere
+    the facts that do not go stale decide (the fastest, nearest, cheapest nodes take the work,
+    as a global minimum would); from half busy on (the default) the draw spreads over
+    near-equals exactly as with a fixed temperature.
     """
-    f = min(max(occupancy, policy.known_temperature_floor), 1.0)
+    full = policy.known_temperature_full_at
+    f = min(max(occupancy / full if full > 0.0 else 1.0, policy.known_temperature_floor), 1.0)
     return policy.sample_temperature_ms * f if f == f else policy.sample_temperature_ms
 
 

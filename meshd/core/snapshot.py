@@ -125,9 +125,11 @@ class Policy:
     wait_bound_attempts: int = 2  # attempts that carry a bound (0: never bound)
     wait_bound_min_ms: float = 50.0  # never bound a wait tighter than this
     # meshd: the known part (RTT, prefill, price) of the sampling weights has the temperature
-    # sample_temperature_ms times the mesh's occupancy (requests per slot), at least this
-    # fraction of it (1: always sample_temperature_ms, as before issue 18).
+    # sample_temperature_ms times occupancy / known_temperature_full_at (occupancy: requests per
+    # slot over the eligible nodes), at least known_temperature_floor of it and at most all of
+    # it: sharper while the mesh is less than half busy (floor 1: as before issue 18).
     known_temperature_floor: float = 0.1
+    known_temperature_full_at: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)

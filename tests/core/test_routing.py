@@ -626,11 +626,12 @@ def test_least_ttft_is_the_global_minimum_of_the_predicted_ttft() -> None:
 
 @pytest.mark.parametrize(
     ("occupancy", "floor", "want"),
-    [(0.0, 0.1, 10.0), (0.05, 0.1, 10.0), (0.5, 0.1, 50.0), (0.9, 0.1, 90.0), (3.0, 0.1, 100.0),
-     (0.5, 1.0, 100.0), (float("nan"), 0.1, 100.0)],
+    [(0.0, 0.1, 10.0), (0.02, 0.1, 10.0), (0.1, 0.1, 20.0), (0.25, 0.1, 50.0), (0.45, 0.1, 90.0),
+     (0.5, 0.1, 100.0), (3.0, 0.1, 100.0), (0.1, 1.0, 100.0), (float("nan"), 0.1, 100.0)],
 )  # fmt: skip
 def test_known_temperature_follows_the_occupancy(occupancy: float, floor: float, want: float) -> None:
     pol = Policy(sample_temperature_ms=100.0, known_temperature_floor=floor)
+    assert pol.known_temperature_full_at == 0.5
     assert routing.known_temperature_ms(pol, occupancy) == pytest.approx(want)
 
 
