@@ -24,6 +24,7 @@ from meshd import __version__
 from meshd.embed.arch import bert_tensors, parse_bert_config
 from meshd.embed.graph import build_encoder_graph
 from meshd.embed.manifest import EmbedManifest
+from meshd.engine.importer import check_output_dir
 from meshd.engine.manifest import MANIFEST
 from meshd.engine.safetensors_io import Checkpoint
 from meshd.engine.weights import WeightsWriter
@@ -55,7 +56,7 @@ def import_bert(hf_dir: Path, out: Path, *, dtype: str = "fp32", name: str | Non
         raise LocalError(f"dtype={dtype!r} is not supported (fp32, fp16)")
     if not hf_dir.is_dir():
         raise ModelError(f"{hf_dir}: no such directory")
-    _check_out(out, force)
+    check_output_dir(out, force)
     cfg = read_json(hf_dir / "config.json")
     if not isinstance(cfg, dict):
         raise ModelError("config.json: expected a JSON object")
@@ -132,20 +133,6 @@ def _install(tmp: Path, out: Path, force: bool) -> None:
         if not (out / MANIFEST).is_file():
             raise
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _check_out(out: Path, force: bool) -> None:
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise LocalError(f"{out}: exists and is not a directory")
-    if not any(out.iterdir()):
-        out.rmdir()
-        return
-    if not force:
-        raise LocalError(f"{out}: already exists (use --force to replace a meshd model)")
-    if not (out / MANIFEST).is_file():
-        raise LocalError(f"{out}: refusing to replace a directory that is not a meshd model")
 
 
 def _check_tokenizer(path: Path, vocab_size: int) -> None:

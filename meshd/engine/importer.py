@@ -45,7 +45,7 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
         raise LocalError(f"dtype={dtype!r} is not supported (fp32, fp16)")
     if not hf_dir.is_dir():
         raise ModelError(f"{hf_dir}: no such directory")
-    _check_out(out, force)
+    check_output_dir(out, force)
     cfg = _read_json(hf_dir / "config.json")
     arch = parse_hf_config(cfg)
     ranges = plan_stages(arch.num_layers, stages)
@@ -109,7 +109,9 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
     return manifest
 
 
-def _check_out(out: Path, force: bool) -> None:
+def check_output_dir(out: Path, force: bool) -> None:
+    """Whether a model may be imported into ``out``: absent or empty, or (with ``force``) a
+    meshd model to replace; a ``LocalError`` otherwise. The embedding importer uses it too."""
     if not out.exists():
         return
     if not out.is_dir():
