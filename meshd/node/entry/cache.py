@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from meshd.engine.sampling import GenerationConfig
 from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry.context import EntryContext, EntryHost
 
-# the engine's defaults for what a request leaves unset (meshd.engine.sampling.GenerationConfig)
-_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.1}
+_ENGINE = GenerationConfig()  # what the engine uses for the settings a request leaves unset
 
 
 def cache_request(ctx: EntryContext, host: EntryHost, tenant: str) -> Any:
@@ -33,22 +33,27 @@ def cache_request(ctx: EntryContext, host: EntryHost, tenant: str) -> Any:
         prompt = req.prompt or ""
     return CacheRequest(
         model=model_identity(host, ctx.model), tenant=tenant, client=req.client, prompt=prompt,
-        temperature=s.temperature if s.temperature is not None else _DEFAULTS["temperature"],
-        top_k=s.top_k if s.top_k is not None else int(_DEFAULTS["top_k"]),
-        top_p=s.top_p if s.top_p is not None else _DEFAULTS["top_p"],
+        temperature=s.temperature if s.temperature is not None else _ENGINE.temperature,
+        top_k=s.top_k if s.top_k is not None else _ENGINE.top_k,
+        top_p=s.top_p if s.top_p is not None else _ENGINE.top_p,
         repetition_penalty=(s.repetition_penalty if s.repetition_penalty is not None
-                            else _DEFAULTS["repetition_penalty"]),
+                            else _ENGINE.repetition_penalty),
         max_tokens=ctx.max_tokens, seed=s.seed, stop=s.stop,
         chat=req.chat or req.messages is not None,
         cache_sampled=bool(req.cache),  # an explicit cache: true opts a sampled request in
     )
 
 
+def _manifest(host: EntryHost, model: str) -> Any:
+    """The engine manifest of ``model`` where this node serves it from local files, else None
+    (a peer's model, an upstream server, a fake in tests)."""
+    served = host.runner.get(model)
+    return getattr(getattr(getattr(served, "model", None), "model", None), "manifest", None)
+
+
 def model_identity(host: EntryHost, model: str) -> str:
     """``name@content hash`` where this node holds the model, else the name."""
-    served = host.runner.get(model)
-    manifest = getattr(getattr(getattr(served, "model", None), "model", None), "manifest", None)
-    digest = getattr(manifest, "content_hash", None)
+    digest = getattr(_manifest(host, model), "content_hash", None)
     return f"{model}@{str(digest)[:16]}" if digest else model
 
 
@@ -98,9 +103,7 @@ async def remember(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None
 
 
 def _bos(host: EntryHost, model: str) -> int | None:
-    served = host.runner.get(model)
-    manifest = getattr(getattr(getattr(served, "model", None), "model", None), "manifest", None)
-    tok = getattr(manifest, "tokenizer", None)
+    tok = getattr(_manifest(host, model), "tokenizer", None)
     bos = getattr(tok, "bos_token_id", None)
     return int(bos) if bos is not None else None
 
