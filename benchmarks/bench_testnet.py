@@ -107,6 +107,7 @@ class Result:
     hedges: int = 0
     retries: int = 0
     error: str = ""
+    rid: str = ""
 
 
 async def submit(sock: str, fields: dict[str, Any], res: Result) -> None:
@@ -225,7 +226,9 @@ async def run_strategy(strategy: str, arrivals: list[tuple[float, str]], socks: 
                 await trio.sleep_until(t0 + at)
                 res = Result(strategy, entry, t0 + at)
                 run.results.append(res)
-                reqs.start_soon(submit, socks[entry], fields_for(i, strategy, max_tokens, run_tag), res)
+                fields = fields_for(i, strategy, max_tokens, run_tag)
+                res.rid = fields["rid"]
+                reqs.start_soon(submit, socks[entry], fields, res)
             await trio.sleep_until(t0 + arrivals[-1][0] + 0.01)
             done_arrivals.set()  # sample the offered-load window only, not the drain
         run.wall_s = time.monotonic() - w0
@@ -284,7 +287,80 @@ def summarize(run: Run, slots: dict[str, int], region_of: dict[str, str]) -> dic
         "client_lag_ms_p99": round(percentile([r.lag_ms for r in run.results], 99), 1),
         "cpu_machine_cores": round(run.cpu_machine_cores, 2),
         "cpu_testnet_cores": round(run.cpu_testnet_cores, 2),
+        "_ttft": ttft,
     }
+
+
+def pooled(per_seed: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One summary per strategy over every seed: TTFT percentiles over all requests pooled, the
+    spread of each seed's p95/p99 (``ttft_seed_ms``: median, min, max over seeds), and the
+    counts and utilisations summed or averaged. With one seed it is that seed's summary."""
+    out = []
+    for i, first in enumerate(per_seed[0]):
+        runs = [seed_runs[i] for seed_runs in per_seed]
+        ttft = [x for r in runs for x in r["_ttft"]]
+        merged = {k: v for k, v in first.items() if not k.startswith("_") and k not in ("seed", "slowest")}
+        merged["submitted"] = sum(r["submitted"] for r in runs)
+        merged["completed"] = sum(r["completed"] for r in runs)
+        merged["failed"] = sum(r["failed"] for r in runs)
+        merged["hedged"] = sum(r["hedged"] for r in runs)
+        merged["retried"] = sum(r["retried"] for r in runs)
+        errors: dict[str, int] = {}
+        for r in runs:
+            for k, v in r["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+        merged["errors"] = errors
+        merged["ttft_ms"] = {q: round(percentile(ttft, q), 1) for q in (50, 95, 99)} if ttft else first["ttft_ms"]
+        merged["ttft_seed_ms"] = {
+            q: {"median": round(statistics.median(r["ttft_ms"][q] for r in runs), 1),
+                "min": round(min(r["ttft_ms"][q] for r in runs), 1),
+                "max": round(max(r["ttft_ms"][q] for r in runs), 1)} for q in (95, 99)}
+        merged["served"] = {n: sum(r["served"][n] for r in runs) for n in first["served"]}
+        for key in ("mean_queue", "utilisation"):
+            merged[key] = {n: round(statistics.fmean(r[key][n] for r in runs), 3) for n in first[key]}
+        slow = [x for r in runs for x in r.get("slowest", [])]
+        if slow:
+            merged["slowest"] = sorted(slow, key=lambda x: -x["ttft_ms"])
+        out.append(merged)
+    return out
+
+
+def slow_line(x: dict[str, Any]) -> str:
+    """One slow request in a line: where it entered, where it went, predicted vs seen, events."""
+    rec = x.get("record") or {}
+    dec = rec.get("decision") or {}
+    chosen = dec.get("chosen")
+    pred = next((c.get("predicted_ttft_ms") for c in dec.get("candidates") or []
+                 if c.get("peer_id") == chosen or c.get("name") == chosen), None)
+    kinds: dict[str, int] = {}
+    for e in rec.get("events") or []:
+        kinds[str(e.get("kind"))] = kinds.get(str(e.get("kind")), 0) + 1
+    ev = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(kinds.items())) or "no events"
+    pred_s = f"{pred:.0f} ms" if isinstance(pred, int | float) else "?"
+    return (f"{x['rid']}: {x['ttft_ms']:.0f} ms, entry {x['entry']} -> {x['served_by'] or '?'}, predicted {pred_s}, "
+            f"client lag {x['lag_ms']:.0f} ms, hedges {x['hedges']}, retries {x['retries']}; {ev}")
+
+
+def strip(per_seed: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    return [[{k: v for k, v in r.items() if not k.startswith("_")} for r in runs] for runs in per_seed]
+
+
+async def slowest(run: Run, socks: dict[str, str], k: int) -> list[dict[str, Any]]:
+    """The k slowest requests (by TTFT) of a run with their explain records from the entry node:
+    the evidence for what makes a tail (busy refusals, stale adverts, late hedges, failovers)."""
+    ok = sorted((r for r in run.results if r.ttft_ms is not None), key=lambda r: -(r.ttft_ms or 0.0))
+    out = []
+    for r in ok[:k]:
+        reply = None
+        try:
+            with trio.fail_after(5.0):
+                reply = await call(socks[r.entry], MessageType.EXPLAIN_REQ, {"rid": r.rid})
+        except (trio.TooSlowError, MeshdError, OSError):
+            pass
+        out.append({"rid": r.rid, "entry": r.entry, "ttft_ms": round(r.ttft_ms or 0.0, 1),
+                    "lag_ms": round(r.lag_ms, 1), "served_by": r.served_by, "hedges": r.hedges,
+                    "retries": r.retries, "record": (reply or {}).get("record")})
+    return out
 
 
 async def vivaldi_errors(socks: dict[str, str], scenario: Scenario) -> dict[str, Any]:
@@ -454,25 +530,34 @@ async def bench(args: argparse.Namespace, scenario: Scenario, index: dict[str, A
     loads = []
     for li, load in enumerate(args.loads):
         rate = load * base
-        arrivals = arrivals_for(rate, args.duration, entries, args.seed + li)
-        runs = []
-        tag = f"b{int(time.time()) % 100000}"
-        for strategy in args.strategies:
-            log(f"load {load:.0%}, strategy {strategy}: {len(arrivals)} requests over {args.duration:.0f} s "
-                f"({rate:.2f} rps)")
-            run = await run_strategy(strategy, arrivals, socks, args.max_tokens, pids, tag)
-            s = summarize(run, slots, region_of)
-            log(f"  done {s['completed']}/{s['submitted']} ttft p50/p95/p99 {s['ttft_ms'][50]}/{s['ttft_ms'][95]}/"
-                f"{s['ttft_ms'][99]} ms; cpu {s['cpu_machine_cores']} cores (testnet {s['cpu_testnet_cores']})")
-            runs.append(s)
-            if not await drain(socks):
-                log(f"  warning: the mesh did not drain within {DRAIN_TIMEOUT_S:.0f} s")
-            dead = [n["name"] for n in index["nodes"] if not _alive(n["pid"])]
-            if dead:
-                s["nodes_down_after"] = dead
-                log(f"  warning: daemons no longer running: {', '.join(dead)}")
-        loads.append({"load": load, "offered_rps": round(rate, 3), "requests_per_strategy": len(arrivals),
-                      "runs": runs})
+        duration = args.requests / rate if args.requests else args.duration
+        per_seed: list[list[dict[str, Any]]] = []
+        for seed in args.seeds:
+            arrivals = arrivals_for(rate, duration, entries, seed + li)
+            runs = []
+            tag = f"b{int(time.time()) % 100000}s{seed}"
+            for strategy in args.strategies:
+                log(f"load {load:.0%}, seed {seed}, strategy {strategy}: {len(arrivals)} requests over "
+                    f"{duration:.0f} s ({rate:.2f} rps)")
+                run = await run_strategy(strategy, arrivals, socks, args.max_tokens, pids, tag)
+                s = summarize(run, slots, region_of)
+                s["seed"] = seed
+                log(f"  done {s['completed']}/{s['submitted']} ttft p50/p95/p99 {s['ttft_ms'][50]}/"
+                    f"{s['ttft_ms'][95]}/{s['ttft_ms'][99]} ms; cpu {s['cpu_machine_cores']} cores "
+                    f"(testnet {s['cpu_testnet_cores']})")
+                if strategy == "meshd" and args.slowest:
+                    s["slowest"] = await slowest(run, socks, args.slowest)
+                runs.append(s)
+                if not await drain(socks):
+                    log(f"  warning: the mesh did not drain within {DRAIN_TIMEOUT_S:.0f} s")
+                dead = [n["name"] for n in index["nodes"] if not _alive(n["pid"])]
+                if dead:
+                    s["nodes_down_after"] = dead
+                    log(f"  warning: daemons no longer running: {', '.join(dead)}")
+            per_seed.append(runs)
+        loads.append({"load": load, "offered_rps": round(rate, 3), "duration_s": round(duration, 1),
+                      "requests_per_strategy": sum(r["submitted"] for r in per_seed[0]) // len(per_seed[0]),
+                      "seeds": list(args.seeds), "runs": pooled(per_seed), "per_seed": strip(per_seed)})
     viv_load = await vivaldi_errors(socks, scenario)
     viv_load["after_s"] = round(time.monotonic() - t_mesh, 1)
     return {"loads": loads, "runs": loads[-1]["runs"], "vivaldi": viv, "vivaldi_after_load": viv_load,
@@ -508,7 +593,8 @@ def report_load(args: argparse.Namespace, scenario: Scenario, out: dict[str, Any
     lines = []
     lines.append(f"offered load: {at['offered_rps']} requests/s = {at['load']:.0%} of measured capacity "
                  f"{out['capacity_measured_rps']} rps (configured caps: {out['capacity_configured_rps']} rps); "
-                 f"{at['requests_per_strategy']} requests per strategy over {args.duration:.0f} s, "
+                 f"{at['requests_per_strategy']} requests per strategy and seed over {at['duration_s']:.0f} s, "
+                 f"seeds {', '.join(map(str, at['seeds']))}, "
                  f"max_tokens {args.max_tokens}, entries {', '.join(out['entries'])}")
     rows = []
     for r in runs:
@@ -525,6 +611,13 @@ def report_load(args: argparse.Namespace, scenario: Scenario, out: dict[str, Any
                             if r.get("nodes_down_after") else ""))
     lines.append(f"idle mesh (before the runs): the testnet's processes use {out['idle_testnet_cores']} "
                  f"cores, the whole machine {out['idle_machine_cores']} of {os.cpu_count()}")
+    if len(at["seeds"]) > 1:
+        rows = [[r["strategy"], r["completed"],
+                 *(f"{r['ttft_seed_ms'][q]['median']} [{r['ttft_seed_ms'][q]['min']}-{r['ttft_seed_ms'][q]['max']}]"
+                   for q in (95, 99))] for r in runs]
+        lines.append("")
+        lines.append("TTFT percentiles above are pooled over all seeds' requests; per seed, median [min-max]:")
+        lines.append(fmt_table(rows, ["strategy", "done (all seeds)", "p95 per seed", "p99 per seed"]))
     lines.append("(times in ms at the client; maxQ/meanQ = the busiest node's mean queue (waiting + "
                  "running) over the mesh mean; CPU = machine-wide / the testnet's processes)")
     names = [n.name for n in scenario.nodes]
@@ -539,6 +632,12 @@ def report_load(args: argparse.Namespace, scenario: Scenario, out: dict[str, Any
     lines.append(fmt_table(rows, ["node (decode cap)"] + [r["strategy"] for r in runs]))
     by = {r["strategy"]: r for r in runs}
     lines.append("")
+    if by.get("meshd", {}).get("slowest"):
+        lines.append("meshd's slowest requests (TTFT at the client; the entry node's predicted TTFT for its "
+                     "choice; what its journal recorded):")
+        for x in by["meshd"]["slowest"][:8]:
+            lines.append("  " + slow_line(x))
+        lines.append("")
     if "meshd" in by:
         for q in (95, 99):
             other, v = best_other(by, q)
@@ -583,7 +682,14 @@ def main() -> int:
     p.add_argument("--load", default="0.7", help="offered load(s) as a fraction of capacity, e.g. 0.4,0.7,0.9")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--entries", type=int, default=6, help="entry nodes, spread over the regions")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="arrival seed (one run per strategy)")
+    p.add_argument("--seeds", default=None,
+                   help="several arrival seeds, e.g. 1,7,13: every strategy runs once per seed and each "
+                        "table reports the pooled percentiles and the spread of the seeds' p95/p99")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests per strategy and seed (sets the duration from the offered rate)")
+    p.add_argument("--slowest", type=int, default=5,
+                   help="keep the explain records of meshd's N slowest requests per seed in the JSON")
     p.add_argument("--strategies", default=",".join(BASELINE_STRATEGIES))
     p.add_argument("--isolation", default="auto", choices=("auto", "netns", "loopback"))
     p.add_argument("--dir", help="testnet directory (default: a fresh temporary one)")
@@ -596,6 +702,12 @@ def main() -> int:
         p.error(f"--load: not a list of numbers: {args.load!r}")
     if not args.loads or not all(0.0 < x <= 2.0 for x in args.loads):
         p.error("--load: each load must be above 0 and at most 2")
+    try:
+        args.seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else [args.seed]
+    except ValueError:
+        p.error(f"--seeds: not a list of integers: {args.seeds!r}")
+    if args.requests is not None and args.requests < 20:
+        p.error("--requests: at least 20")
     args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for s in args.strategies:
         if s not in STRATEGIES:
