@@ -3,7 +3,7 @@ daemon's memory and open file descriptors.
 
     .venv/bin/python benchmarks/bench_soak.py [--nodes 5] [--duration 600] [--load 0.6]
         [--cap 10] [--max-tokens 16] [--sample-every 10] [--seed 1]
-        [--out soak.json] [--plot docs/img/soak.png]
+        [--out soak.json] [--plot docs/img/soak.png] [--memtrace DIR]
 
 It starts ``--nodes`` daemons on loopback (``meshd.testnet.launcher``, the shipped model, each
 node capped at ``--cap`` decode tokens/s with 2 slots, so the mesh's capacity is
@@ -13,6 +13,11 @@ uniformly chosen entry node. Every ``--sample-every`` seconds it reads each daem
 number of open file descriptors from /proc. Goals (issue 13): no daemon grows beyond its first
 minute's level + 10% (the first minute's level: the largest sample taken in the first 60 s), and
 zero failed requests. Prints one summary, writes every sample as JSON and plots them.
+
+``--memtrace DIR`` (for hunting growth, not for the figures: tracemalloc costs memory and CPU)
+starts every daemon with tracemalloc (benchmarks/memtrace/sitecustomize.py), snapshots each one
+at the end of the first minute and at the end of the run, and prints the source lines whose
+live memory grew most in between, summed over the daemons.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import time
@@ -63,6 +69,44 @@ async def sample(pids: dict[str, int], every_s: float, t0: float,
             await stop.wait()
 
 
+def snapshot_all(pids: dict[str, int]) -> None:
+    """Ask every daemon started under --memtrace to write a tracemalloc snapshot (SIGUSR1)."""
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
+
+async def memtrace_first_minute(pids: dict[str, int], t0: float) -> None:
+    await trio.sleep_until(t0 + FIRST_MINUTE_S)
+    snapshot_all(pids)
+
+
+def memtrace_report(directory: Path, pids: dict[str, int], top: int = 15) -> list[str]:
+    """The source lines whose traced memory grew most between each daemon's first and last
+    snapshot, summed over the daemons."""
+    import tracemalloc
+
+    growth: dict[str, list[int]] = {}
+    for pid in pids.values():
+        snaps = sorted(directory.glob(f"{pid}-*.snap"))
+        if len(snaps) < 2:
+            continue
+        first, last = (tracemalloc.Snapshot.load(str(x)) for x in (snaps[0], snaps[-1]))
+        for st in last.compare_to(first, "lineno"):
+            frame = st.traceback[0]
+            key = f"{frame.filename}:{frame.lineno}"
+            g = growth.setdefault(key, [0, 0])
+            g[0] += st.size_diff
+            g[1] += st.count_diff
+    rows = sorted(growth.items(), key=lambda kv: -kv[1][0])[:top]
+    lines = [f"tracemalloc: growth between the end of the first minute and the end, summed over "
+             f"{len(pids)} daemons (KiB, blocks, line):"]
+    lines += [f"  {size / 1024:>9.1f} {count:>8}  {key}" for key, (size, count) in rows]
+    return lines
+
+
 async def drive(index: dict[str, Any], args: argparse.Namespace, rate: float) -> dict[str, Any]:
     socks = {n["name"]: n["socket"] for n in index["nodes"]}
     pids = {n["name"]: n["pid"] for n in index["nodes"]}
@@ -78,13 +122,24 @@ async def drive(index: dict[str, Any], args: argparse.Namespace, rate: float) ->
 
     async with trio.open_nursery() as outer:
         outer.start_soon(sample, pids, args.sample_every, t0, samples, stop)
+        if args.memtrace:
+            outer.start_soon(memtrace_first_minute, pids, t0)
         async with trio.open_nursery() as n:
             for i, (at, entry) in enumerate(plan):
                 n.start_soon(one, i, at, entry)
         samples_end = trio.current_time() - t0
         stop.set()
+    if args.memtrace:
+        snapshot_all(pids)
+        await wait_for_snapshots(args.memtrace, pids)
     log(f"{len(plan)} requests in {samples_end:.0f} s")
     return {"results": results, "samples": samples, "wall_s": samples_end}
+
+
+async def wait_for_snapshots(directory: Path, pids: dict[str, int], timeout_s: float = 120.0) -> None:
+    with trio.move_on_after(timeout_s):
+        while not all(len(list(directory.glob(f"{pid}-*.snap"))) >= 2 for pid in pids.values()):
+            await trio.sleep(0.5)
 
 
 def growth(samples: list[dict[str, Any]], key: str, name: str) -> dict[str, Any]:
@@ -182,7 +237,14 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path)
     p.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "soak.png")
+    p.add_argument("--memtrace", type=Path, metavar="DIR",
+                   help="run the daemons under tracemalloc, snapshots in DIR; print the lines that grew")
     args = p.parse_args()
+    if args.memtrace:
+        args.memtrace.mkdir(parents=True, exist_ok=True)
+        os.environ["MESHD_MEMTRACE_DIR"] = str(args.memtrace.resolve())
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            x for x in (str(ROOT / "benchmarks" / "memtrace"), os.environ.get("PYTHONPATH")) if x)
     cap = capacity_rps(args.nodes, args.cap, args.max_tokens)
     rate = args.load * cap
     with tempfile.TemporaryDirectory(prefix="meshd-soak-") as tmp:
@@ -196,6 +258,8 @@ def main() -> int:
             down(d)
     summary = summarize(run, args, rate, cap)
     print(report(summary))
+    if args.memtrace:
+        print("\n".join(memtrace_report(args.memtrace, {n["name"]: n["pid"] for n in index["nodes"]})))
     if args.out:
         args.out.write_text(json.dumps(summary, indent=1))
     plot(summary, args.plot)
