@@ -243,9 +243,10 @@ def _core_hashes() -> dict[str, str]:
     import hashlib
 
     core = ROOT / "meshd" / "core"
+    routing = sorted(str(p.relative_to(core)) for p in (core / "routing").glob("*.py"))
     return {
         f: hashlib.sha256((core / f).read_bytes()).hexdigest()[:16]
-        for f in ("routing.py", "planner.py", "snapshot.py", "predict.py")
+        for f in ("routing.py", *routing, "planner.py", "snapshot.py", "predict.py")
         if (core / f).exists()
     }
 

@@ -178,7 +178,7 @@ def _units(
             )
             rate = n.service_rate_rps
             if rate <= 0.0:
-                rate = max(n.max_concurrency, 1) * 1000.0 / svc if svc > 0.0 else float("inf")
+                rate = predict.rate_from_service_ms(n.max_concurrency, svc)
             load = predict.load(n.queue_depth, n.in_flight, n.sent_since_advert)
             wait = predict.queue_wait_ms(load, n.max_concurrency, rate)
             units.append(_Unit(n, start, end, pl, dl, wait))

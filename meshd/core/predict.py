@@ -9,6 +9,11 @@ The queue model: a node has ``max_concurrency`` slots. A request arriving when `
 queued or running starts at once if ``n < slots``; otherwise it waits for ``n - slots + 1``
 completions, which come at the node's service rate, so the expected wait is
 ``(n - slots + 1) / service_rate``. See docs/routing.md.
+
+This is the one place these formulas are written: the router evaluates them in batch over its
+column cache (``meshd.core.routing.prediction``, checked against these in the tests), the
+planner, the simulator (its nodes' service times, its capacity estimate, its admission) and the
+daemon's runner (its slot time) call them here.
 """
 
 from __future__ import annotations
@@ -25,6 +30,23 @@ def prefill_ms(prompt_tokens: int, prefill_tps: float) -> float:
     if prefill_tps <= 0.0:
         return math.inf
     return prompt_tokens / prefill_tps * MS_PER_S
+
+
+def prefill_s(prompt_tokens: float, prefill_tps: float) -> float:
+    """Seconds to process ``prompt_tokens`` at a known, positive ``prefill_tps``."""
+    return prompt_tokens / prefill_tps
+
+
+def decode_s(tokens_after_first: float, decode_tps: float) -> float:
+    """Seconds to generate the tokens after the first at a known, positive ``decode_tps``."""
+    return tokens_after_first / decode_tps
+
+
+def slot_s(prompt_tokens: float, tokens_after_first: float, prefill_tps: float,
+           decode_tps: float) -> float:  # fmt: skip
+    """Seconds one slot is busy with a request (known speeds): prefill, then the tokens after
+    the first. ``service_time_ms`` is the same in ms, with unknown speeds handled."""
+    return prefill_s(prompt_tokens, prefill_tps) + decode_s(tokens_after_first, decode_tps)
 
 
 def decode_ms_per_token(decode_tps: float) -> float:
@@ -53,9 +75,15 @@ def service_rate_rps(
 ) -> float:
     """Requests per second a node completes when saturated, from its speeds (if not measured)."""
     t = service_time_ms(prompt_tokens, output_tokens, prefill_tps, decode_tps)
-    if t <= 0.0:
+    return rate_from_service_ms(max_concurrency, t)
+
+
+def rate_from_service_ms(max_concurrency: int, service_ms: float) -> float:
+    """Requests per second ``max_concurrency`` slots complete, each busy ``service_ms`` per
+    request (infinite when a request takes no time)."""
+    if not service_ms > 0.0:
         return math.inf
-    return max(max_concurrency, 1) * MS_PER_S / t
+    return max(max_concurrency, 1) * MS_PER_S / service_ms
 
 
 def load(queue_depth: int, in_flight: int, sent_since_advert: int) -> int:

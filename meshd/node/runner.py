@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import trio
 
+from meshd.core import predict
 from meshd.core.admission import slot_wait_ms
 from meshd.errors import BusyError, ErrorCode, ModelError, RemoteError
 
@@ -84,8 +85,8 @@ class Served:
         rate = self.decode_rate()
         if rate <= 0:
             return math.inf
-        pre = prompt_tokens / self.prefill_tps if self.prefill_tps > 0 else 0.0
-        return pre + max(max_tokens - 1, 0) / rate
+        pre = predict.prefill_s(prompt_tokens, self.prefill_tps) if self.prefill_tps > 0 else 0.0
+        return pre + predict.decode_s(max(max_tokens - 1, 0), rate)
 
     def wait_ms(self, now: float, prompt_tokens: int, max_tokens: int) -> float:
         """How long a request arriving now would wait for a slot (meshd.core.admission)."""
@@ -236,7 +237,7 @@ class Runner:
                 n += 1
                 rate = s.decode_rate()
                 if rate > 0:  # the end of this request, as it stands
-                    s.ends[key] = trio.current_time() + max(max_tokens - n, 0) / rate
+                    s.ends[key] = trio.current_time() + predict.decode_s(max(max_tokens - n, 0), rate)
                 yield Token(int(ev.token_id), ev.text)
             end = time.perf_counter()
             if first is not None and n > 1:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from meshd.core import predict
 from meshd.core.admission import back_to_refuser, slot_wait_ms
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def refused_wait_ms(t: SimNode, r: SimRequest, now: float) -> float | None:
     bound = r.bounds.get(r.server)
     if bound is None:
         return None
-    service_ms = (r.effective_prompt / t.prefill_tps + (r.remaining_output - 1) / t.decode_tps) * 1e3
+    service_ms = predict.slot_s(r.effective_prompt, r.remaining_output - 1, t.prefill_tps, t.decode_tps) * 1e3
     wait = slot_wait_ms(now, [a.end_s for a in t.active], len(t.queue), t.slots, service_ms)
     return wait if wait > bound else None
 

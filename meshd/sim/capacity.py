@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshd.core import predict
 from meshd.sim.scenario import Scenario
 from meshd.sim.workload import mean_length
 
@@ -40,7 +41,7 @@ def capacity(sc: Scenario) -> Capacity:
                        s.layer_end == sc.models[s.model].num_layers for s in g.serve):  # fmt: skip
                 continue
             hw = sc.hardware[g.hardware]
-            service_s = prompt / hw.prefill_tps + max(output - 1.0, 0.0) / hw.decode_tps
+            service_s = predict.slot_s(prompt, max(output - 1.0, 0.0), hw.prefill_tps, hw.decode_tps)
             c = g.count * hw.concurrency / service_s
             n, prev = by_hw.get(hw.name, (0, 0.0))
             by_hw[hw.name] = (n + g.count, prev + c)

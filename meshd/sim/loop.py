@@ -22,6 +22,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from meshd.core import predict
 from meshd.core.advert import significant_load_change
 from meshd.core.decide import decide
 from meshd.core.routing import LOCKSTEP
@@ -329,8 +330,8 @@ class Engine:
             self.push(now + r.rtt_s / 2.0, BUSY, r, r.gen)
 
     def _serve(self, t: SimNode, r: SimRequest, now: float) -> None:
-        prefill = r.effective_prompt / t.prefill_tps
-        decode = (r.remaining_output - 1) / t.decode_tps
+        prefill = predict.prefill_s(r.effective_prompt, t.prefill_tps)
+        decode = predict.decode_s(r.remaining_output - 1, t.decode_tps)
         r.start_s = now
         r.first_s = now + prefill
         r.end_s = now + prefill + decode

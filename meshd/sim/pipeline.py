@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from meshd.core import predict
+
 if TYPE_CHECKING:
     from meshd.core.planner import Plan
     from meshd.sim.loop import Engine
@@ -92,7 +94,7 @@ def slot_granted(eng: Engine, t: SimNode, r: SimRequest, now: float) -> None:
     r.held.append((t.idx, now))
     eng.load_changed(t, now)
     frac = r.stages[r.stage_i][1]
-    prefill = r.effective_prompt * frac / t.prefill_tps
+    prefill = predict.prefill_s(r.effective_prompt * frac, t.prefill_tps)
     r.stage_i += 1
     if r.stage_i < len(r.stages):
         nxt = r.stages[r.stage_i][0]

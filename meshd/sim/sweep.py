@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from meshd.core import predict
 from meshd.core.routing import LOCKSTEP
 from meshd.errors import ConfigError, LocalError
 from meshd.sim.capacity import capacity
@@ -94,7 +95,8 @@ def floor_ms(sc: Scenario, samples: int = 50_000, seed: int = 7) -> dict[str, fl
         if a.model not in fastest:
             continue
         n = max(1, round(samples * a.rate_per_s / total))
-        ms.extend(sample_length(a.prompt_tokens, rng) / fastest[a.model] * 1000.0 for _ in range(n))
+        ms.extend(predict.prefill_ms(sample_length(a.prompt_tokens, rng), fastest[a.model])
+                  for _ in range(n))
     v = np.asarray(ms)
     return {f"ttft_p{q}_ms": float(np.percentile(v, q)) for q in (50, 95, 99)}
 

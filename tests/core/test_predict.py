@@ -107,3 +107,32 @@ def test_cost_per_1k_tokens(cph: float, tps: float, want: float) -> None:
 )
 def test_request_cost(cph: float, ms: float, slots: int, want: float) -> None:
     assert predict.request_cost(cph, ms, slots) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "after_first", "pf", "dc", "want_s"),
+    [
+        (100, 10, 1000.0, 50.0, 0.3),  # 0.1 s of prefill + 10 decode steps of 20 ms
+        (100, 0, 1000.0, 50.0, 0.1),  # one token: the prefill only
+        (0, 4, 1000.0, 40.0, 0.1),
+        (37.5, 2.5, 250.0, 5.0, 0.65),  # the simulator's mean lengths are fractional
+    ],
+)
+def test_slot_s_is_prefill_plus_the_tokens_after_the_first(
+    prompt: float, after_first: float, pf: float, dc: float, want_s: float
+) -> None:
+    got = predict.slot_s(prompt, after_first, pf, dc)
+    assert got == pytest.approx(want_s)
+    assert got == predict.prefill_s(prompt, pf) + predict.decode_s(after_first, dc)
+    # the same slot time as service_time_ms, in seconds, for whole token counts
+    if after_first == int(after_first) and prompt == int(prompt):
+        ms = predict.service_time_ms(int(prompt), int(after_first) + 1, pf, dc)
+        assert got * 1000.0 == pytest.approx(ms)
+
+
+@pytest.mark.parametrize(
+    ("slots", "service_ms", "want"),
+    [(4, 500.0, 8.0), (0, 500.0, 2.0), (1, 0.0, math.inf), (2, -1.0, math.inf), (1, math.nan, math.inf)],
+)
+def test_rate_from_service_ms(slots: int, service_ms: float, want: float) -> None:
+    assert predict.rate_from_service_ms(slots, service_ms) == want

@@ -451,7 +451,7 @@ def test_vectorised_path_agrees_with_the_loop(
         r = req(prompt_tokens=rng.randint(8, 900), max_tokens=rng.randint(2, 200),
                 residency="eu" if trial % 3 == 0 else None, exclude=frozenset({"p0010", "p0011"}))  # fmt: skip
         big = decide(s, strategy, seed=trial, request=r)
-        monkeypatch.setattr(routing, "NUMPY_MIN_NODES", 10**9)
+        monkeypatch.setattr(routing.constraints, "NUMPY_MIN_NODES", 10**9)
         small = decide(dataclasses.replace(s), strategy, seed=trial, request=r)
         monkeypatch.undo()
         assert big.order == small.order
@@ -460,6 +460,28 @@ def test_vectorised_path_agrees_with_the_loop(
             for x, y in ((a.predicted_ttft_ms, b.predicted_ttft_ms), (a.score, b.score),
                          (a.queue_wait_ms, b.queue_wait_ms)):  # fmt: skip
                 assert (x is None and y is None) or x == pytest.approx(y, rel=1e-9, abs=1e-9)
+
+
+
+@pytest.mark.parametrize("n", [40, 300])  # the loop and the numpy forms of the eligible set
+def test_the_eligible_set_is_the_nodes_no_node_constraint_excludes(n: int) -> None:
+    """``constraints.eligible`` (the fast form) must keep exactly the nodes for which every one
+    of ``NODE_CONSTRAINTS`` says None: a constraint added to the list but not to the fast form
+    (or the other way round) fails here."""
+    rng = random.Random(n)
+    for trial in range(10):
+        s = _random_snapshot(rng, n)
+        r = req(prompt_tokens=rng.randint(8, 900), max_tokens=rng.randint(2, 200),
+                residency="eu" if trial % 2 else None, hops=4 if trial % 5 == 0 else 0,
+                exclude=frozenset({"p0010", "p0011"}) if trial % 3 else frozenset())  # fmt: skip
+        pol = Policy(max_hops=4)
+        idx = routing.model_index(s, M)
+        fast = [idx.ids[i] for i in list(routing.constraints.eligible(r, idx, pol))]
+        slow = [v.peer_id for v in idx.nodes if routing.exclusion_reason(r, v, pol) is None]
+        assert fast == slow
+        for v in idx.nodes:  # the reason is the first constraint of the list that applies
+            said = [c(r, v, pol) for c in routing.NODE_CONSTRAINTS]
+            assert routing.exclusion_reason(r, v, pol) == next((w for w in said if w), None)
 
 
 # --- hedging ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The router's vectorised path and what it hoists out of each decision.
 
-Terms that do not depend on the request are computed once per snapshot (``routing._Columns``),
+Terms that do not depend on the request are computed once per snapshot (``routing.index._Columns``),
 some arithmetic runs in place, and the k best come from a cheaper threshold than a partition of
 everything. None of that may change a decision by a single bit: these tests compare each short
 cut with the plain computation, exactly (``==`` on floats), not approximately.
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from meshd.core import routing
-from meshd.core.routing import RouteDecision, route
+from meshd.core.routing import RouteDecision, constraints, index, route, strategies
 from meshd.core.snapshot import MeshSnapshot, NodeView, Policy, RouteRequest, Serving
 
 M = "m"
@@ -71,7 +71,7 @@ def test_hoisted_queue_terms_give_the_same_bits(
     reqs = _requests(2, 24)
     fast = [_decide(s, r, strategy, k) for k, r in enumerate(reqs)]
     assert routing.model_index(s, M).cols().part(routing.model_index(s, M).cols().free)._fixed
-    init = routing._Part.__init__
+    init = index._Part.__init__
     hoisted: list[int] = []
 
     def general(self: Any, cols: Any, ix: Any) -> None:
@@ -79,8 +79,8 @@ def test_hoisted_queue_terms_give_the_same_bits(
         hoisted.append(int(self.all_measured))
         self.all_measured = False  # as if some rate were not measured: compute it all
 
-    monkeypatch.setattr(routing._Part, "__init__", general)
-    monkeypatch.setattr(routing._Part, "fixed", _no_fixed)
+    monkeypatch.setattr(index._Part, "__init__", general)
+    monkeypatch.setattr(index._Part, "fixed", _no_fixed)
     plain = [_decide(dataclasses.replace(s), r, strategy, k) for k, r in enumerate(reqs)]
     assert hoisted and all(hoisted)  # each of them would have taken the short cut
     assert fast == plain
@@ -116,14 +116,14 @@ def test_the_k_lowest_match_a_full_sort(n: int, k: int) -> None:
             score[rng.integers(0, n, 3)] = np.inf
         then = rng.integers(0, 4, n).astype(np.float64) if trial % 3 == 0 else None
         if n > 4 * k:
-            assert routing._lowest_np(score, k, then) == _lowest_reference(score, k, then)
-        assert routing._ranked(score, k, then) == _lowest_reference(score, k, then)
+            assert strategies._lowest_np(score, k, then) == _lowest_reference(score, k, then)
+        assert strategies._ranked(score, k, then) == _lowest_reference(score, k, then)
 
 
 def test_a_nan_score_falls_back_to_the_full_partition() -> None:
     score = np.arange(1000, dtype=np.float64)[::-1].copy()
     score[[5, 500, 999]] = np.nan  # every block minimum near them would be NaN
-    assert routing._lowest_np(score, 18, None) == _lowest_reference(score, 18, None)
+    assert strategies._lowest_np(score, 18, None) == _lowest_reference(score, 18, None)
 
 
 def test_busy_nodes_are_listed_as_the_loop_lists_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,8 +136,8 @@ def test_busy_nodes_are_listed_as_the_loop_lists_them(monkeypatch: pytest.Monkey
     ))  # fmt: skip
     reqs = [RouteRequest(f"r{k}", M, 50 + 37 * k, 20) for k in range(8)]
     fast = [_decide(s, r, "meshd", k)[0] for k, r in enumerate(reqs)]
-    assert routing.model_index(s, M).cols()._busy  # the kept listing was used
-    monkeypatch.setattr(routing, "NUMPY_MIN_NODES", 10**9)
+    assert routing.model_index(s, M).cols().busy_memo  # the kept listing was used
+    monkeypatch.setattr(constraints, "NUMPY_MIN_NODES", 10**9)
     loop = [_decide(dataclasses.replace(s), r, "meshd", k)[0] for k, r in enumerate(reqs)]
     for a, b in zip(fast, loop, strict=True):
         assert a.order == b.order and a.omitted == b.omitted
