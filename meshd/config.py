@@ -145,6 +145,17 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class RagConfig:
+    """Retrieval-augmented generation at the entry node (docs/rag.md): collections that
+    `meshd rag add` indexes and requests with ``rag = "COLLECTION"`` retrieve from. Needs the
+    ``meshd[edge]`` extra (the embedding model)."""
+
+    path: str = ""  # the store; default: data_dir/rag.db (vector graphs in data_dir/rag.db.idx/)
+    top_k: int = 4  # chunks retrieved per request (the lowest-scoring go first if they do not fit)
+    remote_timeout_s: float = 10.0  # a retrieval forwarded to the nearest node holding the collection
+
+
+@dataclass(frozen=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     keys: KeysConfig = field(default_factory=KeysConfig)
@@ -155,11 +166,16 @@ class Config:
     api: ApiConfig = field(default_factory=ApiConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    rag: RagConfig = field(default_factory=RagConfig)
     base_dir: str = ""  # where relative paths resolve (the config file's folder)
 
     def path(self, p: str) -> Path:
         q = Path(p).expanduser()
         return q if q.is_absolute() or not self.base_dir else Path(self.base_dir) / q
+
+    def rag_path(self) -> Path:
+        """The node's retrieval store (``[rag] path``, else ``data_dir/rag.db``)."""
+        return self.path(self.rag.path) if self.rag.path else self.path(self.node.data_dir) / "rag.db"
 
 
 _SECTIONS: dict[str, type] = {
@@ -171,6 +187,7 @@ _SECTIONS: dict[str, type] = {
     "api": ApiConfig,
     "store": StoreConfig,
     "cache": CacheConfig,
+    "rag": RagConfig,
 }
 
 
@@ -280,6 +297,10 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[cache]", "max_entries must be >= 1, max_size_mb and ttl_s > 0")
     if not 0 < c.threshold <= 1:
         raise bad("[cache] threshold", "must be in (0, 1]")
+    if not 1 <= cfg.rag.top_k <= 64:
+        raise bad("[rag] top_k", "must be in [1, 64]")
+    if cfg.rag.remote_timeout_s <= 0:
+        raise bad("[rag] remote_timeout_s", "must be > 0")
     for key in ("max_age_days", "max_size_mb", "prune_interval_s"):
         if getattr(cfg.store, key) <= 0:
             raise bad(f"[store] {key}", "must be > 0")

@@ -35,6 +35,7 @@ class ErrorCode(enum.StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     DUPLICATE_REQUEST = "duplicate_request"
     UNAUTHORIZED = "unauthorized"
+    NO_COLLECTION = "no_collection"
 
 
 class MeshdError(Exception):

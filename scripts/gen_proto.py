@@ -39,6 +39,12 @@ GOLDEN = {
     "tok_req": (MessageType.TOK_REQ, {"rid": "tok-1", "tok": "ab" * 32}),
     "tok_part": (MessageType.TOK_PART, {"rid": "tok-1", "offset": 0, "total": 4,
                                         "data": b"\x81\xa1v\x01"}),
+    "rag_req": (MessageType.RAG_REQ, {"rid": "rag-1", "collection": "docs",
+                                      "query": "How is a route chosen?", "k": 4,
+                                      "deadline_ms": 10000}),
+    "rag_part": (MessageType.RAG_PART, {"rid": "rag-1", "chunks": [
+        {"source": "docs/routing.md:1-12", "score": 0.71, "text": "Routing picks..."}],
+        "embed_ms": 9.5, "search_ms": 0.4}),
 }
 
 

@@ -23,6 +23,7 @@ _STATUS: dict[str, tuple[int, str, str | None]] = {
     ErrorCode.UNAUTHORIZED: (401, "invalid_request_error", "invalid_api_key"),
     ErrorCode.UNATTESTED: (403, "invalid_request_error", "unattested"),
     ErrorCode.NO_MODEL: (404, "invalid_request_error", "model_not_found"),
+    ErrorCode.NO_COLLECTION: (404, "invalid_request_error", "collection_not_found"),
     ErrorCode.DUPLICATE_REQUEST: (409, "invalid_request_error", "duplicate_request"),
     ErrorCode.QUOTA: (429, "requests", "rate_limit_exceeded"),
     ErrorCode.BUSY: (429, "requests", "mesh_busy"),

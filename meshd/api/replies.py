@@ -45,7 +45,14 @@ def chat_completion(rid: str, created: int, model: str, stats: Mapping[str, Any]
             "finish_reason": finish_reason(stats),
         }],
         "usage": usage(stats),
+        **retrieval(stats),
     }
+
+
+def retrieval(stats: Mapping[str, Any]) -> dict[str, Any]:
+    """meshd's extension of a non-streamed answer to a request with ``rag`` (docs/rag.md): the
+    ``sources`` used (``[{source, score}]``) and the ``rag`` summary (trimmed, where retrieved)."""
+    return {k: stats[k] for k in ("sources", "rag") if k in stats}
 
 
 def text_completion(rid: str, created: int, model: str, stats: Mapping[str, Any]) -> dict[str, Any]:
@@ -58,6 +65,7 @@ def text_completion(rid: str, created: int, model: str, stats: Mapping[str, Any]
         "choices": [{"text": stats.get("text", ""), "index": 0, "logprobs": None,
                      "finish_reason": finish_reason(stats)}],
         "usage": usage(stats),
+        **retrieval(stats),
     }
 
 

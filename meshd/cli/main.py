@@ -30,6 +30,7 @@ SUBCOMMANDS = (
     "explain",
     "audit",
     "cache",
+    "rag",
     "keys",
     "model",
     "embed",

@@ -43,6 +43,10 @@ def register(sub: Any) -> None:
                    help="never answer from (or store in) the node's semantic cache")
     p.add_argument("--cache", dest="cache", action="store_true",
                    help="take part in the semantic cache even when sampling (temperature > 0)")
+    p.add_argument("--rag", metavar="COLLECTION",
+                   help="put the chunks of this retrieval collection nearest the prompt into it, "
+                   "with their sources (`meshd rag add`; docs/rag.md); --json lists them under "
+                   "sources")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--residency", help="only nodes whose certificate labels carry this tag may serve")
     p.add_argument("--strategy", help="routing strategy for this request (default: the node's)")
@@ -67,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     fields: dict[str, Any] = {"rid": uuid.uuid4().hex[:16], "prompt": prompt, "chat": args.chat,
                               "temperature": args.temperature}
     for k in ("cache", "max_tokens", "model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy",
-              "pipeline", "client"):
+              "pipeline", "client", "rag"):
         v = getattr(args, k)
         if v is not None:
             fields[k] = v
@@ -88,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
             + (f"{tps:.1f} tokens/s" if tps else f"{result['tokens']} tokens"),
             file=sys.stderr if not sys.stdout.isatty() else sys.stdout,
         )
+        for src in result.get("sources") or ():
+            print(f"-- source: {src['source']} (score {src['score']:.3f})", file=sys.stderr)
         for note in result.get("notes") or ():
             print(f"-- note: {note}", file=sys.stderr)
     return Exit.OK

@@ -21,6 +21,8 @@ ADVERT_VERSION = 1
 MAX_MODELS = 32
 MAX_ADDRS = 8
 MAX_GPUS = 16
+MAX_COLLECTIONS = 32  # retrieval collections named in one advert (docs/rag.md)
+MAX_COLLECTION_CHARS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,9 @@ class Advert:
     coord_height: float = 0.0
     coord_error: float = 1.0
     coord_adjustment: float = 0.0
+    # the retrieval collections this node holds (docs/rag.md): a request naming one of them
+    # that enters a node without it is retrieved here (RAG_REQ); optional, "rag" on the wire
+    collections: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +117,7 @@ class Advert:
                 "e": self.coord_error,
                 "a": self.coord_adjustment,
             },
+            **({"rag": list(self.collections)} if self.collections else {}),
         }
 
     def encode(self) -> bytes:
@@ -211,6 +217,11 @@ def decode_advert(body: bytes) -> Advert:
         isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in vec
     ):
         raise ProtocolError("advert coordinate must be a short list of finite numbers")
+    rag = _get(d, "rag", list, [])
+    if len(rag) > MAX_COLLECTIONS or not all(
+        isinstance(c, str) and 0 < len(c) <= MAX_COLLECTION_CHARS for c in rag
+    ):
+        raise ProtocolError("advert rag must be a short list of collection names")
     seq = _get(d, "seq", int)
     if not 0 <= seq <= 1 << 62:
         raise ProtocolError("advert field 'seq' is out of range")
@@ -238,6 +249,7 @@ def decode_advert(body: bytes) -> Advert:
         coord_height=_num(coord, "h", 0.0),
         coord_error=_num(coord, "e", 1.0),
         coord_adjustment=_num(coord, "a", 0.0, lo=-1e6),
+        collections=tuple(rag),
     )
 
 

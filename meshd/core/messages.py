@@ -53,6 +53,8 @@ class MessageType(enum.IntEnum):
     SYNC = 25
     TOK_REQ = 26
     TOK_PART = 27
+    RAG_REQ = 28
+    RAG_PART = 29
     # Stage protocol (layer-wise pipelines)
     STAGE_OPEN = 30
     STAGE_STEP = 31
@@ -181,6 +183,8 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("pipeline", F.STR),
         *_GEN,
         _opt("cache", F.BOOL),  # false keeps the request out of the semantic cache
+        # a retrieval collection to put context from into the prompt (docs/rag.md)
+        Field("rag", F.STR, required=False, nullable=True, since=2),
     ),
     _m(
         MessageType.TOKENS,
@@ -328,6 +332,24 @@ SPECS: tuple[MessageSpec, ...] = (
         Field("total", F.INT, since=2),
         Field("data", F.BIN, since=2),
     ),
+    _m(
+        MessageType.RAG_REQ,
+        "ask a peer holding a retrieval collection for the chunks nearest a question; "
+        "answered by one RAG_PART or ERROR",
+        Field("rid", F.STR, since=2),
+        Field("collection", F.STR, since=2),
+        Field("query", F.STR, since=2),
+        Field("k", F.INT, since=2),
+        Field("deadline_ms", F.INT, since=2),
+    ),
+    _m(
+        MessageType.RAG_PART,
+        "the chunks a RAG_REQ retrieved, best first: maps of source, score, text",
+        Field("rid", F.STR, since=2),
+        Field("chunks", F.LIST, since=2),
+        Field("embed_ms", F.NUM, required=False, since=2),
+        Field("search_ms", F.NUM, required=False, since=2),
+    ),
 )
 
 REGISTRY: dict[int, MessageSpec] = {s.type_id: s for s in SPECS}
@@ -375,6 +397,8 @@ REQUEST_TYPES = frozenset(
         MessageType.SYNC,
         MessageType.TOK_REQ,
         MessageType.TOK_PART,
+        MessageType.RAG_REQ,
+        MessageType.RAG_PART,
     )
 )
 STAGE_TYPES = frozenset(
@@ -411,4 +435,5 @@ ERROR_CODES = {
     "context_length_exceeded": "the prompt plus max_tokens do not fit the model's context",
     "duplicate_request": "a request with this id is already in flight at the entry node",
     "unauthorized": "no API key, or one this node does not know",
+    "no_collection": "no node of the mesh holds the retrieval collection the request names",
 }

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import trio
 
 from meshd.config import Config
-from meshd.core.advert import Advert, ModelAdvert, significant_load_change
+from meshd.core.advert import MAX_COLLECTIONS, Advert, ModelAdvert, significant_load_change
 from meshd.core.advert_check import MALFORMED, REPLAY, AdvertChecker, Rejected, read_claim, seal
 from meshd.core.messages import ADVERT_TOPIC
 from meshd.core.peertable import PeerTable, Verdict
@@ -110,6 +110,8 @@ class Membership:
         self.coord = Coord.origin()
         self.seq = int(time.time() * 1000)
         self.addrs: tuple[str, ...] = ()  # what the advert tells peers to dial (set by run)
+        # the retrieval collections held here, for the advert (the node sets its RagService's)
+        self.collections: Callable[[], Sequence[str]] = tuple
         self.revoked_peer_ids: set[str] = set()
         # set once a bootstrap peer's SYNC answered (or there is none): the first advert waits
         self.joined = trio.Event()
@@ -201,6 +203,7 @@ class Membership:
             coord_height=self.coord.height,
             coord_error=self.coord.error,
             coord_adjustment=self.coord.adjustment,
+            collections=tuple(sorted(self.collections()))[:MAX_COLLECTIONS],
         )
 
     def sign_advert(self) -> bytes:

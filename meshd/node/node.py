@@ -10,6 +10,7 @@
     placer        layers = "auto"                                      (meshd.node.autoplace)
     tokenizers    tokenizers of models served elsewhere (edge tokenization) (meshd.node.tokenizers)
     edge_cache    the semantic cache                                   (meshd.node.edge_cache)
+    rag           retrieval collections, here and on peers                    (meshd.node.rag)
     control       the control socket's answers                           (meshd.node.control)
 """
 
@@ -42,6 +43,7 @@ from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry import EntryChain
 from meshd.node.links import Links
 from meshd.node.membership import Membership
+from meshd.node.rag import RagService
 from meshd.node.revocations import Revocations
 from meshd.node.runner import Runner
 from meshd.node.serve import RequestServer
@@ -81,16 +83,19 @@ class Node:
                                      rng=self.rng, hardware=hardware)
         self.revocations = Revocations(self.attestor, self.membership, crl=revocation,
                                        data_dir=config.path(config.node.data_dir))
+        self.edge_cache = EdgeCache(config)  # the semantic cache (docs/cache.md)
+        self.rag = RagService(self, self.edge_cache)  # retrieval collections (docs/rag.md)
+        self.membership.collections = lambda: self.rag.names
         self.server = RequestServer(runner, self.node_name, max_hops=config.routing.max_hops,
                                     adverts=self.membership.signed_adverts,
-                                    accept_adverts=self.membership.accept_synced)
+                                    accept_adverts=self.membership.accept_synced,
+                                    retrieve=self.rag.serve)
         self.stage_links = StageLinks(self, self.stage_server, self.membership.table)
         self.stage_server.links = self.stage_links
         self.placer = AutoPlacer(config, runner, self.membership, self.stage_server)
         self.tokenizers = TokenizerService(self)  # edge tokenization: docs/edge-tokenization.md
         # what this node does with a request a client gave it; a round-robin counter that starts
         # where this node's identity says, so independent entry nodes do not walk in step
-        self.edge_cache = EdgeCache(config)  # the semantic cache (docs/cache.md)
         self.entry = EntryChain(self, rr_offset=round_robin_offset(self.peer_id, config.routing.strategy),
                                 cache=self.edge_cache)
         self.control = ControlService(self.entry, self.revocations, self.edge_cache,
@@ -144,6 +149,7 @@ class Node:
                     await nursery.start(self.stage_links.run)
                     await nursery.start(self.placer.run)
                     await nursery.start(self.edge_cache.run)
+                    await nursery.start(self.rag.run)
                     await nursery.start(self.tokenizers.run)
                     self.host.set_stream_handler(STAGE_PROTOCOL, self._guarded(self.stage_links.on_stream))
                     links.join()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+from meshd.core.augment import Passage, passages_to_wire
 from meshd.core.messages import MessageType
 from meshd.core.packing import unpack_ids
 from meshd.core.tokident import chunks, names
@@ -30,6 +31,8 @@ from meshd.node.runner import Runner
 log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 0.01
+Retrieve = Callable[[str, str, int], Awaitable[tuple[list[Passage], float, float]]]
+"""``await retrieve(collection, question, k)``: (chunks, embedding ms, search ms)."""
 
 
 class RequestServer:
@@ -41,7 +44,9 @@ class RequestServer:
         max_hops: int,
         adverts: Callable[[], list[bytes]] | None = None,
         accept_adverts: Callable[[list[Any]], int] | None = None,
+        retrieve: Retrieve | None = None,
     ) -> None:
+        self.retrieve = retrieve  # a peer's RAG_REQ: this node's RagService.serve
         self.runner = runner
         self._adverts = adverts
         self._accept_adverts = accept_adverts
@@ -51,7 +56,7 @@ class RequestServer:
                       "token_writes": 0, "token_frames": 0, "tokens_sent": 0,
                       # how REQs carried their prompt: packed ids, a list of ids, or text
                       "prompts_packed": 0, "prompts_ids": 0, "prompts_text": 0,
-                      "tokenizers_served": 0, "tokenizer_bytes_sent": 0}
+                      "tokenizers_served": 0, "tokenizer_bytes_sent": 0, "retrievals_served": 0}
 
     async def serve_stream(self, framed: FramedStream, peer_id: str) -> None:
         """Read frames until the stream ends; never raises (a peer cannot crash the node)."""
@@ -92,6 +97,14 @@ class RequestServer:
                             scope = trio.CancelScope()
                             scopes[rid] = scope
                             nursery.start_soon(self._serve_tokenizer, framed, msg, scope, scopes)
+                        elif t == MessageType.RAG_REQ:
+                            rid = msg["rid"]
+                            if rid in scopes:
+                                await _error(framed, rid, ErrorCode.MALFORMED, "duplicate request id")
+                                continue
+                            scope = trio.CancelScope()
+                            scopes[rid] = scope
+                            nursery.start_soon(self._serve_retrieval, framed, msg, scope, scopes)
                         elif t == MessageType.CANCEL:
                             s = scopes.get(msg["rid"])
                             if s is not None:
@@ -161,6 +174,39 @@ class RequestServer:
         except Exception:
             self.stats["errors"] += 1
             log.exception("serving a tokenizer failed rid=%s", rid)
+            await _error(framed, rid, ErrorCode.INTERNAL, "internal error on the serving node")
+        finally:
+            scopes.pop(rid, None)
+
+    async def _serve_retrieval(self, framed: FramedStream, msg: Message, scope: trio.CancelScope,
+                               scopes: dict[str, trio.CancelScope]) -> None:
+        """Answer RAG_REQ: the chunks of a collection held here nearest the question, in one
+        RAG_PART (capped: meshd.core.augment), or ERROR (``no_collection``, ``deadline``)."""
+        rid = msg["rid"]
+        try:
+            with scope:
+                scope.deadline = trio.current_time() + max(msg["deadline_ms"], 0) / 1000.0
+                if self.retrieve is None:
+                    await _error(framed, rid, ErrorCode.NO_COLLECTION,
+                                 f"{self.node_name} holds no retrieval collections")
+                    return
+                passages, embed_ms, search_ms = await self.retrieve(
+                    msg["collection"], msg["query"], msg["k"])
+                await framed.send(MessageType.RAG_PART, {
+                    "rid": rid, "chunks": passages_to_wire(passages),
+                    "embed_ms": round(embed_ms, 3), "search_ms": round(search_ms, 3)})
+                self.stats["retrievals_served"] += 1
+            if scope.cancelled_caught and trio.current_time() >= scope.deadline:
+                await _error(framed, rid, ErrorCode.DEADLINE, "retrieval deadline passed")
+        except RemoteError as e:
+            await _error(framed, rid, e.code, str(e))
+        except PeerGoneError:
+            pass
+        except MeshdError as e:  # the store or the embedding model on this node
+            await _error(framed, rid, ErrorCode.INTERNAL, str(e))
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("serving a retrieval failed rid=%s", rid)
             await _error(framed, rid, ErrorCode.INTERNAL, "internal error on the serving node")
         finally:
             scopes.pop(rid, None)

@@ -58,8 +58,8 @@ def model_identity(host: EntryHost, model: str) -> str:
 
 
 async def edge_answer(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None:
-    if ctx.req.cache is False or cache.state == "off":
-        return
+    if ctx.req.cache is False or ctx.req.rag or cache.state == "off":
+        return  # a retrieval request's answer depends on context the cache key does not hold
     creq = cache_request(ctx, host, host.config.cache.tenant)
     got = await cache.lookup(creq)
     if got is None:

@@ -7,6 +7,8 @@
     prepare      model, token ids, token budget and context check    (meshd.node.entry.prepare)
     edge_answer  a prompt that means what an answered one meant: answered from this node's
                  semantic cache, no model run                          (meshd.node.entry.cache)
+    augment      a request naming a retrieval collection (rag) gets the nearest chunks put
+                 into its prompt, trimmed to the context               (meshd.node.entry.augment)
     route        the pure decision: one node with fallbacks, or a pipeline
                                                                         (meshd.node.entry.route)
     execute      serve here, forward with hedging/failover, or drive the pipeline
@@ -39,6 +41,7 @@ import trio
 from meshd.core.request import EntryRequest
 from meshd.errors import ErrorCode, MeshdError, RemoteError
 from meshd.node.edge_cache import EdgeCache
+from meshd.node.entry.augment import augment
 from meshd.node.entry.cache import edge_answer, remember
 from meshd.node.entry.context import Emit, EntryContext, EntryHost
 from meshd.node.entry.execute import execute
@@ -77,6 +80,7 @@ async def _remember(ctx: EntryContext, chain: EntryChain) -> None:
 STEPS: tuple[tuple[str, Step, bool], ...] = (
     ("prepare", _prepare, False),
     ("edge_answer", _edge_answer, False),
+    ("augment", augment, False),
     ("route", _route, False),
     ("execute", _execute, False),
     ("remember", _remember, True),

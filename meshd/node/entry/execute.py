@@ -64,6 +64,7 @@ def answer_fields(ctx: EntryContext, outcome: Outcome) -> dict[str, Any]:
         **({"notes": list(ctx.notes)} if ctx.notes else {}),
         **({"pipeline": ctx.extra["pipeline"], "replans": ctx.extra["replans"]}
            if "pipeline" in ctx.extra else {}),
+        **ctx.extra.get("answer", {}),  # what earlier steps add (augment: sources, rag)
     }
 
 
