@@ -365,11 +365,13 @@ class RagStore:
                 rep.files_added += 1
             if progress is not None:
                 progress(f"{source}: {len(chunks)} chunks")
-        with self._lock:
+        with self._lock:  # readers (the daemon) load the graph instead of building it again
             col = self._collection(collection)
             held = self._indexes.get(collection)
             if held is not None and held[0] == col["version"]:
                 self._save_graph(collection, col["version"], held[1])
+            else:
+                self._index(collection, col)
         rep.seconds = time.perf_counter() - t0
         return rep
 

@@ -76,3 +76,16 @@ def test_measured_service_rate_travels_and_an_older_advert_without_it_reads_as_u
     d = a.to_dict()
     del d["svc_rps"]  # an advert from before the field
     assert decode_advert(pack(d)).service_rate_rps == 0.0
+
+
+def test_collections_travel_and_an_advert_without_them_reads_as_none() -> None:
+    from meshd.core.advert import MAX_COLLECTIONS
+
+    a = make(collections=("docs", "kjv"))
+    assert decode_advert(a.encode()).collections == ("docs", "kjv")
+    d = make().to_dict()
+    assert "rag" not in d  # optional: older nodes never see the key
+    assert decode_advert(make().encode()).collections == ()
+    for bad in (["x" * 65], [""], [1], ["c"] * (MAX_COLLECTIONS + 1), "docs"):
+        with pytest.raises(ProtocolError, match="rag"):
+            decode_advert(pack({**d, "rag": bad}))
