@@ -138,6 +138,7 @@ def peers_listing(table: PeerTable, coord: Coord, now: float) -> list[dict[str, 
                 "rtt_measured_ms": round(e.rtt_ms, 3) if e.rtt_ms is not None else None,
                 "rtt_estimated_ms": round(est, 3) if est is not None else None,
                 "stalled": e.stalled,
+                "collections": list(a.collections),  # retrieval collections (docs/rag.md)
             }
         )
     return rows
