@@ -375,6 +375,16 @@ class RagStore:
         rep.seconds = time.perf_counter() - t0
         return rep
 
+    def put_chunks(self, collection: str, source: str, chunks: Sequence[Any], vectors: np.ndarray,
+                   *, digest: str = "", size: int = 0) -> int:
+        """Store already-embedded chunks as the whole content of ``source`` (benchmarks, and
+        importers that embed elsewhere); returns how many old chunks it replaced."""
+        check_name(collection)
+        with self._lock, self.db.conn:
+            self._ensure(collection, self.embedder, MAX_CHARS, OVERLAP_CHARS)
+        return self._replace(collection, source, digest, size, chunks,
+                             np.asarray(vectors, np.float32))
+
     def _ensure(self, name: str, emb: EmbedderLike, max_chars: int,
                 overlap_chars: int) -> dict[str, Any]:
         try:
