@@ -140,6 +140,12 @@ class RagService:
                                                 limiter=self._limiter)
         except NoCollection as e:
             raise RemoteError(str(e), ErrorCode.NO_COLLECTION) from None
+        except MeshdError:
+            raise
+        except Exception as e:  # the meshd[edge] extra is missing, the model cannot load
+            why = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+            raise RemoteError(f"retrieval is unavailable on this node: {why}",
+                              ErrorCode.UNSUPPORTED) from None
         self.stats["last_embed_ms"] = round(got.embed_ms, 3)
         self.stats["last_search_ms"] = round(got.search_ms, 3)
         return ([Passage(f"{h.source}:{h.start_line}-{h.end_line}", h.score, h.text)
