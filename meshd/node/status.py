@@ -100,10 +100,10 @@ def node_status(node: StatusSource) -> dict[str, Any]:
             "placement": node.placer.statistics(),
             "entry": node.entry.statistics(),
             "cache": node.edge_cache.statistics(),
-            "rag": rag.statistics() if (rag := getattr(node, "rag", None)) is not None else {},
             "upstreams": {s.name: s.model.statistics() for s in node.runner.models.values()
                           if hasattr(s.model, "base_url")},  # [[models]] upstream
             "tokenizers": node.tokenizers.statistics(),
+            "rag": rag.statistics() if (rag := getattr(node, "rag", None)) is not None else {},
         },
     }
 
