@@ -94,19 +94,26 @@ def quality(store: RagStore, corpus: Path, qs: list[dict[str, Any]]) -> dict[str
                 "mrr_at_10": round(sum(m for _, m in v) / len(v), 3)} for k, v in per_kind.items()}
 
 
-def latency(store: RagStore, qs: list[dict[str, Any]], n: int) -> dict[str, Any]:
-    total, embed, search = [], [], []
+def latency(stores: dict[str, RagStore], qs: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Each question asked of every store in turn (so they share the box's load), ``n`` each."""
+    times: dict[str, tuple[list[float], list[float], list[float]]] = {k: ([], [], []) for k in stores}
     for i in range(n):
-        t0 = time.perf_counter()
-        got = store.query("big", qs[i % len(qs)]["question"], 5)
-        total.append((time.perf_counter() - t0) * 1e3)
-        embed.append(got.embed_ms)
-        search.append(got.search_ms)
-    return {"queries": n, "p50_ms": round(pct(total, 50), 2), "p99_ms": round(pct(total, 99), 2),
+        for name, store in stores.items():
+            t0 = time.perf_counter()
+            got = store.query("big", qs[i % len(qs)]["question"], 5)
+            total, embed, search = times[name]
+            total.append((time.perf_counter() - t0) * 1e3)
+            embed.append(got.embed_ms)
+            search.append(got.search_ms)
+    out = {}
+    for name, (total, embed, search) in times.items():
+        out[name] = {
+            "queries": n, "p50_ms": round(pct(total, 50), 2), "p99_ms": round(pct(total, 99), 2),
             "embed_p50_ms": round(pct(embed, 50), 2), "embed_p99_ms": round(pct(embed, 99), 2),
             "search_p50_ms": round(pct(search, 50), 3), "search_p99_ms": round(pct(search, 99), 3),
             "rest_p50_ms": round(statistics.median(t - e - s for t, e, s in
                                                    zip(total, embed, search, strict=True)), 3)}
+    return out
 
 
 def main() -> None:
@@ -117,12 +124,16 @@ def main() -> None:
     ap.add_argument("--embed-all", action="store_true",
                     help="embed every generated chunk instead of composing its vector")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--quick", action="store_true", help="skip the no_headings variant")
+    ap.add_argument("--keep", type=Path, help="keep the stores in this folder (default: a temporary one)")
     args = ap.parse_args()
     qs = questions()
     emb = load_embedder()
     result: dict[str, Any] = {"questions": len(qs), "embedder": emb.identity,
                               "threads": emb.threads, "load_avg_start": os.getloadavg()}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = str(args.keep or scratch)
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         # -- quality and indexing rate ------------------------------------------------------
         store = RagStore(Path(tmp) / "docs.db", emb)
         rep = store.add("docs", [CORPUS])
@@ -135,13 +146,14 @@ def main() -> None:
               "embedding)", flush=True)
         result["quality"] = quality(store, CORPUS, qs)
         print("quality (headings kept):", json.dumps(result["quality"]), flush=True)
-        bare = Path(tmp) / "bare"
-        blank_headings(CORPUS, bare)
-        plain = RagStore(Path(tmp) / "bare.db", emb)
-        plain.add("docs", [bare])
-        result["quality_no_headings"] = quality(plain, bare, qs)
-        print("quality (no headings):  ", json.dumps(result["quality_no_headings"]), flush=True)
-        plain.close()
+        if not args.quick:
+            bare = Path(tmp) / "bare"
+            blank_headings(CORPUS, bare)
+            plain = RagStore(Path(tmp) / "bare.db", emb)
+            plain.add("docs", [bare])
+            result["quality_no_headings"] = quality(plain, bare, qs)
+            print("quality (no headings):  ", json.dumps(result["quality_no_headings"]), flush=True)
+            plain.close()
         # -- latency over --chunks chunks ----------------------------------------------------
         rows = store.db.execute("SELECT text, vector FROM chunks WHERE collection = 'docs'").fetchall()
         texts = [r[0] for r in rows]
@@ -181,14 +193,14 @@ def main() -> None:
                          "hnsw_build_s": round(build_s, 2)}
         print(f"{n} chunks: sqlite {write_s:.1f} s, first query (builds the HNSW graph) "
               f"{build_s:.1f} s", flush=True)
-        result["hnsw"] = latency(store, qs, args.queries)
-        print("hnsw: ", json.dumps(result["hnsw"]), flush=True)
         exact = RagStore(Path(tmp) / "docs.db", emb, exact_max=10**9)
         exact.query("big", "warm up", 5)
-        result["exact"] = latency(exact, qs, args.queries)
+        both = latency({"hnsw": store, "exact": exact}, qs, args.queries)
+        result.update(both)
+        print("hnsw: ", json.dumps(result["hnsw"]), flush=True)
         print("exact:", json.dumps(result["exact"]), flush=True)
         agree = []
-        for q in qs[:200]:
+        for q in qs[:100]:
             got = {h.chunk_id for h in store.query("big", q["question"], 5).hits}
             want = {h.chunk_id for h in exact.query("big", q["question"], 5).hits}
             agree.append(len(got & want) / max(1, len(want)))

@@ -288,7 +288,9 @@ class RagStore:
             return held[1]
         index = PartitionIndex(int(col["dim"]), exact_max=self._exact_max)
         graph = self._graph_path(collection, col["version"])
-        if graph.exists():
+        count = self.db.execute("SELECT count(*) FROM chunks WHERE collection = ?",
+                                [collection]).fetchone()[0]
+        if count > self._exact_max and graph.exists():  # else this store searches exactly
             try:
                 index.load(str(graph))
                 self._indexes[collection] = (col["version"], index)
