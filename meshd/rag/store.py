@@ -340,6 +340,8 @@ class RagStore:
         emb = self.embedder
         with self._lock, self.db.conn:
             col = self._ensure(collection, emb, max_chars, overlap_chars)
+        with self._lock:  # hold the index (the saved graph, if any) so changes update it in place
+            self._index(collection, col)
         known = {f["source"]: f["sha256"] for f in self.files(collection)}
         for path in files:
             data, text, why = _read_text(path)

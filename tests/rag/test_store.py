@@ -120,6 +120,15 @@ def test_the_hnsw_graph_is_saved_and_a_second_reader_loads_it(tmp_path: Path, co
         # the reader's graph is a version behind: it loads the new one
         assert [Path(h.source).name for h in reader.query("kb", "rivers of ice", 1).hits] == ["tides.txt"]
         assert len(list((tmp_path / "rag.db.idx").glob("kb.*.usearch"))) == 1
+        # a new writer (the next `meshd rag add`) updates the saved graph instead of rebuilding
+        again = RagStore(tmp_path / "rag.db", embedder, exact_max=2)
+        try:
+            (corpus / "rust.md").write_text("Deserts get little rain and hold cacti.\n")
+            again.add("kb", [corpus])
+        finally:
+            again.close()
+        assert [Path(h.source).name for h in reader.query("kb", "dry land with cactus", 1).hits] == ["rust.md"]
+        assert len(reader.query("kb", "anything", 10).hits) == 4  # no stale keys left behind
     finally:
         writer.close()
         reader.close()
