@@ -22,7 +22,8 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 # fields every endpoint passes on to SUBMIT under the same name
 _SAMPLING = ("temperature", "top_p", "seed")
 # extensions other OpenAI-compatible servers (vLLM) accept too, and meshd's own
-_EXTENSIONS = ("top_k", "repetition_penalty", "strategy", "residency", "pipeline", "cache")
+_EXTENSIONS = ("top_k", "repetition_penalty", "strategy", "residency", "pipeline", "cache",
+               "allow_lower_tier")
 # accepted, and not used: they cannot change the answer ("user" is an end-user id for abuse
 # monitoring at OpenAI)
 _INERT = ("user",)

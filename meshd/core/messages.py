@@ -181,6 +181,8 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("pipeline", F.STR),
         *_GEN,
         _opt("cache", F.BOOL),  # false keeps the request out of the semantic cache
+        # model "auto": a lower tier than the prompt needs may serve it (docs/tiers.md)
+        Field("allow_lower_tier", F.BOOL, required=False, since=2),
     ),
     _m(
         MessageType.TOKENS,
