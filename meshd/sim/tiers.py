@@ -79,17 +79,16 @@ class TierSim:
             try:
                 model = choose_tier(req, self.catalogue, snap, self.policy, self.route_policy).model
             except RoutingError:
-                return None
+                model = None
         if measured:
-            tier = self.catalogue[model].tier
             kind = "complex" if is_complex else "simple"
             self.tally[kind] += 1
-            self.tally[f"{kind}_{tier}"] += 1
+            self.tally[f"{kind}_{self.catalogue[model].tier if model else 'unrouted'}"] += 1
         return model
 
     def summary(self) -> dict[str, Any]:
         n_c = self.tally["complex"]
-        down = sum(self.tally[f"complex_{t}"] for t in TIERS if t != "large")
+        down = sum(self.tally[f"complex_{t}"] for t in TIERS if t != "large")  # below large
         return {"mode": self.mode, "counts": dict(sorted(self.tally.items())),
                 "complex_sent_down": down / n_c if n_c else 0.0,
                 "threshold": self.policy.threshold}
