@@ -89,6 +89,7 @@ def test_auto_sends_simple_to_micro_and_complex_to_large(mesh: dict[str, Any]) -
     simple = submit(mesh, "edge", SIMPLE)  # the first auto request loads the classifier
     assert simple["stats"]["model"] == "micro-m", simple["stats"]
     assert simple["served"] == ["edge"]
+    assert any(n.startswith("model auto: micro-m (tier micro; score ") for n in simple["stats"]["notes"])
     rec = explain(mesh, "edge", simple["stats"]["request_id"])
     tier = rec["tier"]
     assert (tier["tier"], tier["wanted"], tier["model"]) == ("micro", "micro", "micro-m")
@@ -120,5 +121,6 @@ def test_escalates_to_large_when_the_micro_tier_is_gone(mesh: dict[str, Any]) ->
     assert got["stats"]["model"] == "large-m" and got["served"] == ["gpu"]
     tier = explain(mesh, "gpu", got["stats"]["request_id"])["tier"]
     assert (tier["wanted"], tier["tier"], tier["escalated"]) == ("micro", "large", True)
+    assert "model auto: large-m (tier large, escalated from micro;" in got["stats"]["notes"][0]
     assert any(r.startswith("micro: no model of this tier") or r.startswith("micro: no node")
                for r in tier["reasons"]), tier["reasons"]

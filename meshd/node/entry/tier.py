@@ -73,6 +73,10 @@ async def choose_model(ctx: EntryContext, host: EntryHost, tiering: Tiering) -> 
     })
     ctx.extra["tier"] = record
     ctx.journal("tier", record)
+    moved = (f", escalated from {choice.wanted}" if choice.escalated
+             else f", lowered from {choice.wanted}" if choice.lowered else "")
+    said = f"score {treq.score:.2f}" if treq.score is not None else f"no score: {why_unscored}"
+    ctx.notes.append(f"model auto: {choice.model} (tier {choice.tier}{moved}; {said})")
 
 
 def prompt_text(req: Any) -> str:
