@@ -105,6 +105,9 @@ def test_auto_sends_simple_to_micro_and_complex_to_large(mesh: dict[str, Any]) -
 
     text = meshd("explain", hard["stats"]["request_id"], "--socket", node(mesh, "edge")["socket"]).stdout
     assert "Model auto: large-m (tier large" in text
+    status = json.loads(meshd("status", "--json", "--socket", node(mesh, "edge")["socket"]).stdout)
+    tiers = status["services"]["tiers"]
+    assert tiers["state"] == "ready" and tiers["scored"] == 2, tiers
 
 
 def test_a_request_naming_a_model_has_no_tier(mesh: dict[str, Any]) -> None:
