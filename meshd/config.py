@@ -75,6 +75,10 @@ class ModelConfig:
     upstream_key_file: str = ""
     upstream_timeout_s: float = 30.0  # connect and first-token deadline of one upstream call
     context_length: int = 0
+    # the model's tier for model = "auto" requests (docs/tiers.md): "micro", "small" or "large";
+    # "" takes the manifest's (if any); quality: its relative quality figure (0: the manifest's)
+    tier: str = ""
+    quality: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,17 @@ class RagConfig:
     path: str = ""  # the store; default: data_dir/rag.db (vector graphs in data_dir/rag.db.idx/)
     top_k: int = 4  # chunks retrieved per request (the lowest-scoring go first if they do not fit)
     remote_timeout_s: float = 10.0  # a retrieval forwarded to the nearest node holding the collection
+class TiersConfig:
+    """Model tiers and the complexity classifier (docs/tiers.md): how the entry node picks a
+    model for a request whose model is "auto"."""
+
+    default_auto: bool = False  # a request that names no model is treated as model = "auto"
+    classifier: str = ""  # an ONNX tier classifier file; "" = the one shipped with meshd
+    threshold: float = 0.0  # P(complex) from which micro is not enough; 0 = the classifier's own
+    small_below: float = 0.0  # P(complex) below which the small tier is enough (0: no small band)
+    max_ttft_ms: float = 5000.0  # a tier predicted slower than this to first token is skipped
+    pin_clients: dict[str, str] = field(default_factory=dict)  # client -> tier, always
+    pin_classes: dict[str, str] = field(default_factory=dict)  # "code"/"math"/"text" -> tier
 
 
 @dataclass(frozen=True)
@@ -167,6 +182,7 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     rag: RagConfig = field(default_factory=RagConfig)
+    tiers: TiersConfig = field(default_factory=TiersConfig)
     base_dir: str = ""  # where relative paths resolve (the config file's folder)
 
     def path(self, p: str) -> Path:
@@ -188,6 +204,7 @@ _SECTIONS: dict[str, type] = {
     "store": StoreConfig,
     "cache": CacheConfig,
     "rag": RagConfig,
+    "tiers": TiersConfig,
 }
 
 
@@ -280,6 +297,10 @@ def _validate(cfg: Config, src: str) -> None:
             raise bad(f"[[models]][{i}].context_length", "must be >= 0 (0 = unknown)")
         if m.upstream or m.upstream_model:
             _validate_upstream(m, f"[[models]][{i}]", bad)
+        if m.tier and m.tier not in _tiers():
+            raise bad(f"[[models]][{i}].tier", f"must be one of {', '.join(_tiers())} (or left out)")
+        if m.quality < 0:
+            raise bad(f"[[models]][{i}].quality", "must be >= 0")
     if cfg.routing.sample_d < 1:
         raise bad("[routing] sample_d", "must be >= 1")
     if cfg.routing.wait_bound_attempts < 0:
@@ -305,6 +326,30 @@ def _validate(cfg: Config, src: str) -> None:
         if getattr(cfg.store, key) <= 0:
             raise bad(f"[store] {key}", "must be > 0")
     _validate_api(cfg.api, bad)
+    _validate_tiers(cfg.tiers, bad)
+
+
+def _tiers() -> tuple[str, ...]:
+    from meshd.core.tiers import TIERS
+
+    return TIERS
+
+
+def _validate_tiers(t: TiersConfig, bad: Any) -> None:
+    from meshd.core.prompt_features import PROMPT_CLASSES
+
+    TIERS = _tiers()
+
+    if not 0 <= t.threshold < 1 or not 0 <= t.small_below < 1:
+        raise bad("[tiers]", "threshold and small_below must be in [0, 1) (0 = default)")
+    if t.max_ttft_ms <= 0:
+        raise bad("[tiers] max_ttft_ms", "must be > 0")
+    for key, pins in (("pin_clients", t.pin_clients), ("pin_classes", t.pin_classes)):
+        for k, tier in pins.items():
+            if tier not in TIERS:
+                raise bad(f"[tiers] {key}.{k}", f"must be one of {', '.join(TIERS)}, not {tier!r}")
+            if key == "pin_classes" and k not in PROMPT_CLASSES:
+                raise bad(f"[tiers] pin_classes.{k}", f"is not a prompt class ({', '.join(PROMPT_CLASSES)})")
 
 
 def _validate_upstream(m: ModelConfig, where: str, bad: Any) -> None:

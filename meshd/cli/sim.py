@@ -57,6 +57,10 @@ def register(sub: Any) -> None:
     p.add_argument("--csv", metavar="FILE", help="also write the figures as CSV")
     p.add_argument("--plot", metavar="FILE.png", help="also draw a PNG comparing strategies")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--tiers", action="store_true",
+                   help="model tiers (docs/tiers.md): run the scenario's model = \"auto\" "
+                   "requests all-to-large, all-to-micro and tiered (meshd strategy) and print the "
+                   "TTFT, cost and complex-sent-down table side by side")
     p.set_defaults(func=run)
 
 
@@ -83,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         fail_fraction=args.fail_fraction,
     )
     strategies = check_strategies((args.strategies or ",".join(BASELINE_STRATEGIES)).split(","))
+    if args.tiers:
+        return _tiers(args, sc)
     if args.sweep_load is not None:
         return _sweep(args, sc, strategies)
     cap = capacity(sc)
@@ -154,4 +160,24 @@ def _sweep(args: argparse.Namespace, sc: Any, strategies: tuple[str, ...]) -> in
     print(sweep.table(res))
     for line in sweep.yardstick(res, floor=floor):
         print(line)
+    return Exit.OK
+
+
+def _tiers(args: argparse.Namespace, sc: Any) -> int:
+    import json
+
+    from meshd.sim.tiers import compare, table
+
+    if not any(a.model == "auto" for a in sc.arrivals):
+        from meshd.errors import ConfigError
+
+        raise ConfigError(f"{sc.file}: --tiers needs [[arrivals]] with model = \"auto\"")
+    if not args.no_progress:
+        print(f"scenario {sc.name}: {sc.node_count} nodes, {sc.run.duration_s:g} s, seed "
+              f"{sc.run.seed}; three runs (all_large, all_micro, tiered)", file=sys.stderr)
+    results = compare(sc, seed=args.seed)
+    if args.json:
+        print(json.dumps(results, indent=1, default=str))
+    else:
+        print(table(results))
     return Exit.OK

@@ -31,7 +31,12 @@ def register(sub: Any) -> None:
     p = sub.add_parser("submit", help="submit a prompt to the mesh", description=HELP,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt", nargs="?", default="-", help="the prompt (default: read stdin)")
-    p.add_argument("--model", "-m", help="model name (default: the node's default model)")
+    p.add_argument("--model", "-m", help="model name, or auto: the entry node picks the cheapest "
+                   "model tier the prompt needs (docs/tiers.md); default: the node's default "
+                   "model ([tiers] default_auto makes it auto)")
+    p.add_argument("--allow-lower-tier", action="store_true", default=None,
+                   help="with --model auto: a lower tier than the prompt needs may serve it when "
+                   "no node of that tier or above can")
     p.add_argument("--max-tokens", "-n", type=int,
                    help="tokens to generate at most (default 64, or what the model's context leaves)")
     p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 is greedy (default)")
@@ -71,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     fields: dict[str, Any] = {"rid": uuid.uuid4().hex[:16], "prompt": prompt, "chat": args.chat,
                               "temperature": args.temperature}
     for k in ("cache", "max_tokens", "model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy",
-              "pipeline", "client", "rag"):
+              "pipeline", "client", "rag", "allow_lower_tier"):
         v = getattr(args, k)
         if v is not None:
             fields[k] = v

@@ -42,6 +42,10 @@ class ModelAdvert:
     # the identity of its tokenizer (meshd.core.tokident; "": not advertised): any node can ask
     # this node for it (TOK_REQ) and tokenize requests for the model at the edge
     tokenizer: str = ""
+    # its tier for ``model = "auto"`` (meshd.core.tiers: "micro", "small", "large"; "": none)
+    # and relative quality figure; wire keys "tier" and "q", both optional
+    tier: str = ""
+    quality: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,7 @@ class Advert:
                        if m.prefill_ms_per_layer_token or m.decode_ms_per_layer else {}),
                     **({"ctx": m.context_length} if m.context_length else {}),
                     **({"tok": m.tokenizer} if m.tokenizer else {}),
+                    **({"tier": m.tier, "q": m.quality} if m.tier else {}),
                 }
                 for m in self.models
             ],
@@ -184,6 +189,8 @@ def _model(d: Any) -> ModelAdvert:
         decode_ms_per_layer=_num(d, "decode_ms_layer"),
         context_length=_count(d, "ctx") if "ctx" in d else 0,
         tokenizer=_str(d, "tok", "", cap=128),
+        tier=_str(d, "tier", "", cap=16),  # a tier this node does not know is ignored by it
+        quality=_num(d, "q"),
     )
 
 

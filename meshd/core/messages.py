@@ -185,6 +185,8 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("cache", F.BOOL),  # false keeps the request out of the semantic cache
         # a retrieval collection to put context from into the prompt (docs/rag.md)
         Field("rag", F.STR, required=False, nullable=True, since=2),
+        # model "auto": a lower tier than the prompt needs may serve it (docs/tiers.md)
+        Field("allow_lower_tier", F.BOOL, required=False, since=2),
     ),
     _m(
         MessageType.TOKENS,

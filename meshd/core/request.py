@@ -78,6 +78,7 @@ class EntryRequest:
     pipeline: str | None = None
     cache: bool | None = None  # None: the node's default (greedy requests cached)
     rag: str | None = None  # a collection to retrieve context from
+    allow_lower_tier: bool = False  # model "auto": a lower tier may serve it (docs/tiers.md)
     origin: str = "control"  # "control" or "http": where the request came in
 
     @property
@@ -154,6 +155,9 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
     chat = fields.get("chat", False)
     if not isinstance(chat, bool):
         raise ProtocolError("chat must be true or false")
+    allow_lower = fields.get("allow_lower_tier", False)
+    if not isinstance(allow_lower, bool):
+        raise ProtocolError("allow_lower_tier must be true or false")
     return EntryRequest(
         request_id=rid,
         prompt=prompt if messages is None else None,
@@ -168,6 +172,7 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
         pipeline=pipeline,
         cache=cache,
         rag=_text(fields, "rag", MAX_NAME_CHARS),
+        allow_lower_tier=allow_lower,
         origin=str(fields.get("origin") or "control"),
     )
 

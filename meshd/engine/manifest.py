@@ -81,6 +81,10 @@ class Manifest:
     stages: tuple[StageEntry, ...] = ()
     source: dict[str, Any] = field(default_factory=dict)
     created_by: str = ""
+    # the model's tier for ``model = "auto"`` requests (docs/tiers.md): "micro", "small" or
+    # "large" ("" = none: only requests naming the model get it), and a relative quality figure
+    tier: str = ""
+    quality: float = 0.0
 
     @property
     def content_hash(self) -> str:
@@ -108,6 +112,7 @@ class Manifest:
                         "tensors": [t.to_json() for t in self.tensors]},
             "tokenizer": self.tokenizer.to_json(),
             "stages": [s.to_json() for s in self.stages],
+            **({"tier": {"tier": self.tier, "quality": self.quality}} if self.tier else {}),
         }
 
     def write(self, directory: Path) -> None:
@@ -193,6 +198,7 @@ def parse_manifest(data: Any, source: str = MANIFEST) -> Manifest:
             stages=stages,
             source=dict(data.get("source", {})),
             created_by=str(data.get("created_by", "")),
+            **_tier(data.get("tier"), source),
         )
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise ModelError(f"{source}: malformed manifest ({type(err).__name__}: {err})") from None
@@ -205,3 +211,18 @@ def parse_manifest(data: Any, source: str = MANIFEST) -> Manifest:
         if "/" in name or "\\" in name or name.startswith("."):
             raise ModelError(f"{source}: file name {name!r} must be a plain name in the directory")
     return manifest
+
+
+def _tier(raw: Any, source: str) -> dict[str, Any]:
+    """The manifest's optional ``tier`` object, checked: ``{"tier": "micro"|"small"|"large",
+    "quality": number >= 0}``."""
+    from meshd.core.tiers import TIERS
+
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or raw.get("tier") not in TIERS:
+        raise ModelError(f"{source}: tier must be {{\"tier\": one of {', '.join(TIERS)}, \"quality\": number}}")
+    q = raw.get("quality", 0.0)
+    if isinstance(q, bool) or not isinstance(q, int | float) or not 0 <= q < 1e6:
+        raise ModelError(f"{source}: tier.quality must be a number >= 0")
+    return {"tier": str(raw["tier"]), "quality": float(q)}

@@ -68,7 +68,9 @@ def load_runner(cfg: Config) -> Runner:
         adapted.tokenizer_identity()  # hashed now, not on the event loop at the first advert
         runner.add(Served(name=name, model=adapted, layer_start=start, layer_end=end,
                           num_layers=n, max_concurrency=m.max_concurrency, max_queue=m.max_queue,
-                          max_decode_tps=m.max_decode_tokens_per_s))
+                          max_decode_tps=m.max_decode_tokens_per_s,
+                          tier=m.tier or model.manifest.tier,
+                          quality=m.quality or model.manifest.quality))
         log.info("model loaded name=%s layers=%d-%d provider=%s", name, start, end,
                  getattr(model, "provider", "?"))
     return runner
@@ -82,7 +84,7 @@ def upstream_served(cfg: Config, m: Any) -> Served:
     log.info("upstream model name=%s url=%s upstream_model=%s", m.name, m.upstream, m.upstream_model)
     return Served(name=m.name, model=model, layer_start=0, layer_end=1, num_layers=1,
                   max_concurrency=m.max_concurrency, max_queue=m.max_queue,
-                  max_decode_tps=m.max_decode_tokens_per_s)
+                  max_decode_tps=m.max_decode_tokens_per_s, tier=m.tier, quality=m.quality)
 
 
 

@@ -176,6 +176,8 @@ class Membership:
                     decode_ms_per_layer=round(speed.decode_ms_per_layer, 4),
                     context_length=runner.context_length(s.name) or 0,
                     tokenizer=runner.tokenizer_identity(s.name),
+                    tier=s.tier,
+                    quality=s.quality,
                 )
             )
         prefill = max((s.prefill_tps for s in served), default=0.0)

@@ -53,6 +53,8 @@ class Served:
     num_layers: int
     max_concurrency: int
     max_queue: int
+    tier: str = ""  # meshd.core.tiers: "micro", "small", "large" ("" = no tier)
+    quality: float = 0.0
     limiter: trio.CapacityLimiter = field(init=False)
     waiting: int = 0
     running: int = 0

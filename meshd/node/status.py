@@ -100,6 +100,7 @@ def node_status(node: StatusSource) -> dict[str, Any]:
             "placement": node.placer.statistics(),
             "entry": node.entry.statistics(),
             "cache": node.edge_cache.statistics(),
+            "tiers": node.entry.tiering.statistics(),  # model = "auto" (docs/tiers.md)
             "upstreams": {s.name: s.model.statistics() for s in node.runner.models.values()
                           if hasattr(s.model, "base_url")},  # [[models]] upstream
             "tokenizers": node.tokenizers.statistics(),

@@ -33,6 +33,8 @@ def capacity(sc: Scenario) -> Capacity:
     prompt = sum(a.rate_per_s * mean_length(a.prompt_tokens) for a in sc.arrivals) / total
     output = sum(a.rate_per_s * mean_length(a.output_tokens) for a in sc.arrivals) / total
     models = {a.model for a in sc.arrivals}
+    if "auto" in models:  # model tiers (docs/tiers.md): any tiered model may serve
+        models |= {m.name for m in sc.models.values() if m.tier}
     by_hw: dict[str, tuple[int, float]] = {}
     cap = 0.0
     for region in sc.regions:

@@ -33,6 +33,7 @@ from meshd.sim import admission, hedging, pipeline
 from meshd.sim.metrics import Metrics, summarise
 from meshd.sim.request import SimRequest
 from meshd.sim.scenario import Scenario
+from meshd.sim.tiers import TierSim
 from meshd.sim.views import Views, stats
 from meshd.sim.workload import ArrivalStream, mean_length
 from meshd.sim.world import VIVALDI, SimNode, World, note_dead
@@ -60,7 +61,8 @@ Progress = Callable[[float], None]
 class Engine:
     """One run of one strategy over one scenario."""
 
-    def __init__(self, scenario: Scenario, strategy: str, *, seed: int | None = None) -> None:
+    def __init__(self, scenario: Scenario, strategy: str, *, seed: int | None = None,
+                 tier_mode: str = "tiered") -> None:
         sc = scenario
         self.sc = sc
         self.seed = sc.run.seed if seed is None else seed
@@ -80,6 +82,8 @@ class Engine:
             sc.policy, strategy=strategy, explain_limit=0,
             max_fallbacks=min(sc.policy.max_fallbacks, sc.run.max_attempts + 1),
         )  # fmt: skip
+        # model = "auto" arrivals (docs/tiers.md): meshd.core.tiers.choose_tier, or a baseline
+        self.tiers = TierSim(sc, tier_mode, self.policy)
         self.route_rng = random.Random(self.seed * 7 + 1)
         self.net_rng = random.Random(self.seed * 13 + 2)
         self.event_rng = random.Random(self.seed * 19 + 4)
@@ -262,12 +266,23 @@ class Engine:
         prompt, output = s.sizes()
         self.rid += 1
         measured = t >= self.sc.run.warmup_s
-        r = SimRequest(self.rid, t, entry, spec.model, prompt, output, spec.residency, measured)
+        model = spec.model
+        if model == "auto":
+            is_complex, score = self.tiers.draw(spec.complex_share, s.rng)
+            if entry >= 0:
+                e = self.world.nodes[entry]
+                snaps = {m: self.views.snapshot(e, t, m) for m in self.tiers.models}
+                model = self.tiers.choose(self.rid, snaps, is_complex, score, prompt, output,
+                                          spec.residency, measured) or "auto"
+        r = SimRequest(self.rid, t, entry, model, prompt, output, spec.residency, measured)
         if measured:
             self.m.arrived += 1
         self.outstanding += 1
         if entry < 0:
             self._fail(r, "no_entry")
+            return
+        if model == "auto":
+            self._fail(r, "no_route")
             return
         self._decide(r, t)
 
@@ -504,7 +519,8 @@ class Engine:
             util.append(min(n.busy_s / alive_slot_s, 1.0))
             cost += n.busy_s * n.cost_per_hour / n.slots / 3600.0
         window = self.sc.run.duration_s - self.sc.run.warmup_s
-        extra = {"events": self.events, "nodes": len(w.nodes), "cells": len(w.cells)}
+        extra = {"events": self.events, "nodes": len(w.nodes), "cells": len(w.cells),
+                 "tiers": self.tiers.summary()}
         extra.update(stats(self.views))
         return summarise(self.m, window_s=window, total_cost=cost, utilisation=util, extra=extra)
 

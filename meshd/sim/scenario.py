@@ -88,6 +88,21 @@ class Hardware:
 class ModelSpec:
     name: str
     num_layers: int
+    tier: str = ""  # meshd.core.tiers: "micro", "small", "large" ("": none; docs/tiers.md)
+    quality: float = 0.0
+    context_length: int = 0
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """``[tiers]``: how ``model = "auto"`` arrivals are classified and routed (docs/tiers.md)."""
+
+    threshold: float = 0.0  # 0: the shipped classifier's own threshold
+    small_below: float = 0.0
+    max_ttft_ms: float = 5000.0
+    # "shipped": each request's score is drawn from the shipped classifier's held-out scores
+    # of its true class (so the measured error rate); "perfect": 0 for simple, 1 for complex
+    scores: str = "shipped"
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,7 @@ class ArrivalSpec:
     prompt_tokens: LengthDist
     output_tokens: LengthDist
     residency: str | None = None
+    complex_share: float = 0.0  # model "auto": the share of these requests that are complex
     burst_factor: float = 4.0
     burst_mean_s: float = 5.0
     calm_mean_s: float = 30.0
@@ -162,6 +178,7 @@ class Scenario:
     regions: tuple[RegionSpec, ...]
     arrivals: tuple[ArrivalSpec, ...]
     events: tuple[EventSpec, ...] = ()
+    tiers: TierSettings = field(default_factory=TierSettings)
 
     @property
     def node_count(self) -> int:

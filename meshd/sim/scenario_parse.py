@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from meshd.core.snapshot import Policy
+from meshd.core.tiers import AUTO, TIERS
 from meshd.errors import ConfigError
 from meshd.sim.scenario import (
     ArrivalSpec,
@@ -20,6 +21,7 @@ from meshd.sim.scenario import (
     RunSettings,
     Scenario,
     ServeSpec,
+    TierSettings,
     VivaldiSettings,
     policy_fields,
 )
@@ -49,6 +51,7 @@ def parse_scenario(root: Table, path: Path) -> Scenario:
     if not arrivals:
         raise ConfigError(f"{path}: a scenario needs at least one [[arrivals]] stream")
     events = tuple(_event(t, set(region_names), hardware, models) for t in root.tables("events"))
+    tiers = _tiers(root.table("tiers"))
     root.done()
     return Scenario(
         name=name,
@@ -63,7 +66,22 @@ def parse_scenario(root: Table, path: Path) -> Scenario:
         regions=regions,
         arrivals=arrivals,
         events=events,
+        tiers=tiers,
     )
+
+
+def _tiers(t: Table) -> TierSettings:
+    d = TierSettings()
+    s = TierSettings(
+        threshold=t.number("threshold", d.threshold, min_value=0.0),
+        small_below=t.number("small_below", d.small_below, min_value=0.0),
+        max_ttft_ms=t.number("max_ttft_ms", d.max_ttft_ms, min_value=0.001),
+        scores=t.text("scores", d.scores),
+    )
+    if s.scores not in ("shipped", "perfect"):
+        raise t.error("scores", "must be shipped or perfect")
+    t.done()
+    return s
 
 
 def _run(t: Table) -> RunSettings:
@@ -194,7 +212,11 @@ def _hardware(tables: list[Table]) -> dict[str, Hardware]:
 def _models(tables: list[Table]) -> dict[str, ModelSpec]:
     out: dict[str, ModelSpec] = {}
     for t in tables:
-        m = ModelSpec(name=t.text("name"), num_layers=t.integer("num_layers", min_value=1))
+        m = ModelSpec(name=t.text("name"), num_layers=t.integer("num_layers", min_value=1),
+                      tier=t.text("tier", ""), quality=t.number("quality", 0.0, min_value=0.0),
+                      context_length=t.integer("context_length", 0, min_value=0))
+        if m.tier and m.tier not in TIERS:
+            raise t.error("tier", f"must be one of {', '.join(TIERS)}, not {m.tier!r}")
         if m.name in out:
             raise t.error("name", f"repeats model {m.name!r}")
         t.done()
@@ -270,7 +292,9 @@ def _arrival(t: Table, regions: set[str], models: dict[str, ModelSpec]) -> Arriv
     if region != "*" and region not in regions:
         raise t.error("region", f"names unknown region {region!r}")
     model = t.text("model")
-    if model not in models:
+    if model == AUTO and not any(m.tier for m in models.values()):
+        raise t.error("model", "is auto, but no [[model]] has a tier")
+    if model not in models and model != AUTO:
         raise t.error("model", f"names unknown model {model!r}")
     process = t.text("process", "poisson")
     if process not in PROCESSES:
@@ -283,6 +307,7 @@ def _arrival(t: Table, regions: set[str], models: dict[str, ModelSpec]) -> Arriv
         prompt_tokens=_length(t.table("prompt_tokens")),
         output_tokens=_length(t.table("output_tokens")),
         residency=t.text("residency", None),
+        complex_share=t.number("complex_share", 0.0, min_value=0.0),
         burst_factor=t.number("burst_factor", d.burst_factor, min_value=1.0),
         burst_mean_s=t.number("burst_mean_s", d.burst_mean_s, min_value=0.001),
         calm_mean_s=t.number("calm_mean_s", d.calm_mean_s, min_value=0.001),

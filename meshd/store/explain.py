@@ -312,6 +312,22 @@ def _headline(rid: str, outcome: Mapping[str, Any] | None, names: _Names) -> str
     return f"Request {rid} was served by {served}{via}: {', '.join(figures)}."
 
 
+def _tier_lines(tier: Mapping[str, Any]) -> list[str]:
+    """model = "auto": the classifier's score and features, the tier and why (docs/tiers.md)."""
+    if not tier:
+        return []
+    score = _num(tier.get("score"))
+    said = f"score {score:.3f}" if score is not None else "no score"
+    lines = [f"Model auto: {_text(tier.get('model'))} (tier {_text(tier.get('tier'))}; wanted "
+             f"{_text(tier.get('wanted'))}, {said}, threshold {_num(tier.get('threshold')) or 0:.3f}, "
+             f"prompt class {_text(tier.get('prompt_class'))})."]
+    lines.extend(f"  {_text(r)}" for r in _list(tier.get("reasons")))
+    feats = _map(tier.get("features"))
+    if feats:
+        lines.append("  features: " + ", ".join(f"{k}={v}" for k, v in feats.items()))
+    return lines
+
+
 def explain_text(record: Mapping[str, Any]) -> str:
     """The story of one request: outcome, why this route, what else happened."""
     record = _map(record)
@@ -321,6 +337,7 @@ def explain_text(record: Mapping[str, Any]) -> str:
     names = _Names([_map(c) for c in _list(decision.get("candidates"))])
     rid = _text(record.get("request_id")) or "?"
     lines = [_headline(rid, _map(outcome) if isinstance(outcome, Mapping) else None, names)]
+    lines.extend(_tier_lines(_map(record.get("tier"))))
     if decision:
         strategy = _text(decision.get("strategy"))
         if strategy:

@@ -25,6 +25,7 @@ from meshd.errors import LocalError
 EVENT_KINDS = frozenset(
     {
         "received",
+        "tier",  # model = "auto": the tier decision (docs/tiers.md)
         "routed",
         "forwarded",
         "first_token",

@@ -109,9 +109,10 @@ class Store(Recorder):
             {"request_id", "decision": {ts, strategy, candidates, constraints, chosen,
              order, plan} | None, "outcome": {ts, ttft_ms, tokens, tokens_per_s, served_by,
              route, error, retries, hedges} | None, "events": [{id, ts, kind, node,
-             payload}], "retries", "hedges"}
+             payload}], "retries", "hedges", "tier": {...} | None}
 
-        ``retries``/``hedges`` come from the outcome, else from counting events.
+        ``retries``/``hedges`` come from the outcome, else from counting events; ``tier`` is
+        the payload of the request's "tier" event (model = "auto": docs/tiers.md), if any.
         """
         cols = ", ".join(f'"{c}"' for c in _DECISION_COLS)
         found = self._query(f"SELECT {cols} FROM decisions WHERE request_id = ?", [request_id])
@@ -140,6 +141,7 @@ class Store(Recorder):
             "events": events,
             "retries": outcome["retries"] if outcome else kinds.count("retry"),
             "hedges": outcome["hedges"] if outcome else kinds.count("hedge"),
+            "tier": next((e["payload"] for e in events if e["kind"] == "tier"), None),
         }
 
     def recent_requests(self, n: int = 20) -> list[dict[str, Any]]:

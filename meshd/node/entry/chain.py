@@ -4,6 +4,8 @@
                  client's message into an ``EntryRequest`` (meshd.core.request.parse_submit:
                  every field checked once) and name the client (socket owner, or API key)
     admit        a request id already in flight here is refused at once        (this module)
+    tier         model = "auto": the classifier's score and the pure tier decision choose
+                 the model                                              (meshd.node.entry.tier)
     prepare      model, token ids, token budget and context check    (meshd.node.entry.prepare)
     edge_answer  a prompt that means what an answered one meant: answered from this node's
                  semantic cache, no model run                          (meshd.node.entry.cache)
@@ -48,10 +50,16 @@ from meshd.node.entry.execute import execute
 from meshd.node.entry.prepare import models_heard, prepare
 from meshd.node.entry.record import Observer, record
 from meshd.node.entry.route import route
+from meshd.node.entry.tier import choose_model
+from meshd.node.tiering import Tiering
 
 log = logging.getLogger(__name__)
 
 Step = Callable[[EntryContext, "EntryChain"], Awaitable[None]]
+
+
+async def _tier(ctx: EntryContext, chain: EntryChain) -> None:
+    await choose_model(ctx, chain.host, chain.tiering)
 
 
 async def _prepare(ctx: EntryContext, chain: EntryChain) -> None:
@@ -78,6 +86,7 @@ async def _remember(ctx: EntryContext, chain: EntryChain) -> None:
 
 # (name, step, after_answer): in order; once ctx.answer is set only after_answer steps run
 STEPS: tuple[tuple[str, Step, bool], ...] = (
+    ("tier", _tier, False),
     ("prepare", _prepare, False),
     ("edge_answer", _edge_answer, False),
     ("augment", augment, False),
@@ -90,9 +99,11 @@ STEPS: tuple[tuple[str, Step, bool], ...] = (
 class EntryChain:
     """The entry node's service: ``submit`` runs one request through ``STEPS``."""
 
-    def __init__(self, host: EntryHost, *, rr_offset: int = 0, cache: EdgeCache | None = None) -> None:
+    def __init__(self, host: EntryHost, *, rr_offset: int = 0, cache: EdgeCache | None = None,
+                 tiering: Tiering | None = None) -> None:
         self.host = host
         self.cache = cache  # the semantic cache service, when the node runs one
+        self.tiering = tiering or Tiering(host.config, cache)  # model = "auto" (docs/tiers.md)
         self.client_in_flight: dict[str, int] = {}  # requests running here, per client
         self.in_flight: set[str] = set()  # request ids entered here and not yet answered
         self.observers: list[Observer] = []

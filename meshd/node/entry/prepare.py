@@ -28,7 +28,7 @@ LONG_PROMPT_CHARS = 16_384  # a longer prompt is tokenized in a worker thread
 
 async def prepare(ctx: EntryContext, host: EntryHost) -> None:
     req = ctx.req
-    ctx.model = pick_model(host, req.model)
+    ctx.model = ctx.model or pick_model(host, req.model)  # "tier" may have chosen it
     served = host.runner.get(ctx.model)
     context = context_length(host, ctx.model)
     tokenized, why = "here", ""
