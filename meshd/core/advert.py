@@ -40,6 +40,10 @@ class ModelAdvert:
     # the identity of its tokenizer (meshd.core.tokident; "": not advertised): any node can ask
     # this node for it (TOK_REQ) and tokenize requests for the model at the edge
     tokenizer: str = ""
+    # bytes of KV cache one token of context takes in this layer range (0: not advertised);
+    # with the node's free memory (its hardware map) routers skip a node that cannot hold a
+    # request's KV cache (docs/telemetry.md)
+    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,7 @@ class Advert:
                        if m.prefill_ms_per_layer_token or m.decode_ms_per_layer else {}),
                     **({"ctx": m.context_length} if m.context_length else {}),
                     **({"tok": m.tokenizer} if m.tokenizer else {}),
+                    **({"kvb": m.kv_bytes_per_token} if m.kv_bytes_per_token else {}),
                 }
                 for m in self.models
             ],
@@ -178,6 +183,7 @@ def _model(d: Any) -> ModelAdvert:
         decode_ms_per_layer=_num(d, "decode_ms_layer"),
         context_length=_count(d, "ctx") if "ctx" in d else 0,
         tokenizer=_str(d, "tok", "", cap=128),
+        kv_bytes_per_token=_count(d, "kvb") if "kvb" in d else 0,
     )
 
 
