@@ -137,6 +137,9 @@ class Policy:
     # it: sharper while the mesh is less than half busy (floor 1: as before issue 18).
     known_temperature_floor: float = 0.1
     known_temperature_full_at: float = 0.5
+    # meshd: ms of predicted TTFT worth one joule per generated token, from nodes' measured
+    # power (meshd.core.energy, docs/telemetry.md); 0 = energy is not weighed
+    energy_weight: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -229,4 +229,5 @@ def policy_of(config: Config) -> Policy:
         max_hops=r.max_hops,
         wait_bound_attempts=r.wait_bound_attempts,
         wait_bound_min_ms=r.wait_bound_min_ms,
+        energy_weight=r.energy_weight,
     )
