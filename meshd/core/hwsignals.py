@@ -101,13 +101,13 @@ def read_signals(hw: Mapping[str, Any] | object) -> HwSignals:
     if board is not None:
         power = board if power is None else power + board
     host = _strs(hw.get("throttle")) if host_ok else ()
+    gpu = _strs(dedicated[0].get("throttle")) if dedicated and gpu_ok else ()
     # what slows the device the models run on: the first GPU's reasons, or the host's
     device, ratio = host, _num(hw.get("cpu_clock_ratio"))
     if on_gpu:
-        first = dedicated[0]
-        device = _strs(first.get("throttle")) if gpu_ok else ()
-        ratio = _num(first.get("clock_ratio")) if gpu_ok else None
-    throttle = device + tuple(r for r in host if r not in device)
+        device = gpu
+        ratio = _num(dedicated[0].get("clock_ratio")) if gpu_ok else None
+    throttle = device + tuple(r for r in gpu + host if r not in device)
     return HwSignals(
         free_memory_bytes=int(free) if free is not None else None,
         power_w=round(power, 3) if power is not None else None,
