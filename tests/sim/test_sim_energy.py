@@ -20,8 +20,9 @@ def with_power(gpu_w: float, cpu_w: float, **policy: float):
 
 
 def test_energy_is_accounted_like_cost():
-    # power in watts = price per hour x 3600: then joules and dollars are the same numbers
-    r = Engine(with_power(0.5 * 3600, 0.05 * 3600), "round_robin").run()
+    # a slot-second costs price / 3600 dollars and power joules: with power = price / 3600
+    # joules and dollars are the same numbers
+    r = Engine(with_power(0.5 / 3600, 0.05 / 3600), "round_robin").run()
     assert r["energy_per_1k_tokens_j"] == pytest.approx(r["cost_per_1k_tokens"], rel=1e-9)
     assert "J/1K tok" in table({"round_robin": r})
     none = Engine(scenario(sim={"duration_s": 6.0}), "round_robin").run()
