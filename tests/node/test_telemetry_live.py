@@ -35,7 +35,8 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     specs = [NodeSpec(name="n1", models=[]), NodeSpec(name="n2")]
     index = up(d, specs, advert_interval_s=0.5, env_for={"n2": env})
     try:
-        yield {"n1": index["nodes"][0]["socket"], "tree": tree, "nvml": nvml,
+        yield {"n1": index["nodes"][0]["socket"], "n2": index["nodes"][1]["socket"],
+               "tree": tree, "nvml": nvml,
                "log": Path(index["nodes"][1]["dir"]) / "meshd.log"}
     finally:
         down(d)
@@ -84,6 +85,10 @@ def test_a_changing_reading_reaches_peers_and_changes_the_route(net):
     assert p["signals"]["throttle"] == ["thermal:x86_pkg_temp"]
     assert p["signals"]["speed_factor"] == 0.4 and p["signals"]["power_w"] == 250.0
     assert p["hardware"]["cpu_load_1m"] == 7.5
+    listing = meshd("peers", "--socket", net["n1"]).stdout
+    assert "0.0G" in listing and "250W" in listing and "thermal:x86_pkg_temp x0.40" in listing
+    status = meshd("status", "--socket", net["n2"]).stdout
+    assert "load 7.50" in status and "250 W" in status and "throttled: thermal:x86_pkg_temp" in status
     refused = submit(net)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "not enough free memory" in refused.stderr, refused.stderr
