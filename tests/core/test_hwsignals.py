@@ -134,3 +134,4 @@ def test_energy_per_token_and_terms():
     assert energy_terms_ms([2.0, 0.5, None], 100.0) == [150.0, 0.0, 150.0]  # unknown: the worst
     assert energy_terms_ms([2.0, 0.5], 0.0) == [0.0, 0.0]
     assert energy_terms_ms([None, None], 50.0) == [0.0, 0.0]
+

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import threading
 
+import pytest
 import trio
 
 from meshd.node.hwmon import HardwareMonitor, kv_memory_of, read_deadline_s
@@ -80,3 +81,15 @@ def test_readings_reach_the_node_and_failures_are_reported_once(caplog):
     trio.run(main)
     assert sum("reading recovered source=reading" in r.getMessage() for r in caplog.records) == 2
     assert mon.statistics()["readings"] == len(seen)
+
+
+def test_energy_weight_config_key():
+    from meshd.config import parse_config
+    from meshd.errors import ConfigError
+    from meshd.node.node import policy_of
+
+    assert parse_config({}).routing.energy_weight == 0.0  # off by default
+    cfg = parse_config({"routing": {"energy_weight": 150.0}}, "meshd.toml")
+    assert policy_of(cfg).energy_weight == 150.0
+    with pytest.raises(ConfigError, match=r"meshd.toml: \[routing\] energy_weight must be >= 0"):
+        parse_config({"routing": {"energy_weight": -1.0}}, "meshd.toml")
