@@ -131,10 +131,20 @@ class Membership:
         self._dropped_seq: dict[str, int] = {}  # seq of the advert of a peer dropped on link loss
         self._own_signed: bytes | None = None
         self._rtt_samples: dict[str, deque[float]] = {}
+        self._hw_map: tuple[Hardware | None, dict[str, Any]] = (None, {})
 
     def set_hardware(self, hardware: Hardware) -> None:
         """A new hardware reading (node/hwmon.py): the next advert carries it."""
         self.hardware = hardware
+
+    def _hardware_map(self) -> dict[str, Any]:
+        """The reading as adverts carry it, made once per reading (each snapshot asks)."""
+        hw = self.hardware
+        if hw is None:
+            return {}
+        if self._hw_map[0] is not hw:
+            self._hw_map = (hw, hw.to_dict())
+        return self._hw_map[1]
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -193,7 +203,7 @@ class Membership:
             labels=self.labels,
             roles=tuple(self.identity.certificate.roles),
             addrs=self.addrs[:8],
-            hardware=self.hardware.to_dict() if self.hardware is not None else {},
+            hardware=self._hardware_map(),
             models=tuple(models),
             queue_depth=runner.queue_depth(),
             in_flight=runner.in_flight() + len(stages.sessions),
