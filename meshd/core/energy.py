@@ -18,7 +18,7 @@ from collections.abc import Sequence
 MS_PER_S = 1000.0
 
 
-def request_energy_j(power_w: float | None, service_ms: float, max_concurrency: int) -> float | None:
+def request_energy_j(power_w: float | None, service_ms: float, max_concurrency: float) -> float | None:
     """Joules a request holding one slot for ``service_ms`` costs (None: power not measured)."""
     if power_w is None or power_w < 0.0 or not math.isfinite(power_w):
         return None
@@ -26,7 +26,7 @@ def request_energy_j(power_w: float | None, service_ms: float, max_concurrency: 
 
 
 def joules_per_token(
-    power_w: float | None, service_ms: float, max_concurrency: int, output_tokens: int
+    power_w: float | None, service_ms: float, max_concurrency: float, output_tokens: int
 ) -> float | None:
     """Joules per generated token of such a request (None: power not measured)."""
     e = request_energy_j(power_w, service_ms, max_concurrency)

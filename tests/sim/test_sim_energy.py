@@ -34,5 +34,7 @@ def test_energy_weight_moves_work_to_the_efficient_nodes():
     # slow but frugal (20 W, 8 tok/s: 2.5 J/token)
     off = Engine(with_power(1500.0, 20.0), "meshd").run()
     on = Engine(with_power(1500.0, 20.0, energy_weight=200.0), "meshd").run()
-    assert on["energy_per_1k_tokens_j"] < 0.8 * off["energy_per_1k_tokens_j"], (on, off)
+    # the CPUs are few and slow (5 of 16 nodes, one slot each), so only part of the work can move
+    assert on["energy_per_1k_tokens_j"] < 0.95 * off["energy_per_1k_tokens_j"], (on, off)
+    assert on["ttft_p95_ms"] > off["ttft_p95_ms"]  # paid for in time to first token
     assert on["served_by_hardware"].get("cpu", 0) > off["served_by_hardware"].get("cpu", 0)
