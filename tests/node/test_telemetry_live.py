@@ -75,6 +75,20 @@ def test_a_changing_reading_reaches_peers_and_changes_the_route(net):
     first = submit(net)
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["served_by"] == "n2"
+    # meshd explain reports the energy per token from n2's measured power (72 W)
+    rid = json.loads(first.stdout)["request_id"]
+
+    def n2_candidate() -> dict[str, Any] | None:
+        out = meshd("explain", rid, "--json", "--socket", net["n1"], check=False)
+        if out.returncode != 0:
+            return None
+        cands = json.loads(out.stdout).get("decision", {}).get("candidates", [])
+        return next((c for c in cands if c["name"] == "n2"), None)
+
+    cand = wait_for(n2_candidate, 30, "n1's journal of the first request")
+    assert cand["joules_per_token"] > 0
+    text = meshd("explain", rid, "--socket", net["n1"]).stdout
+    assert "Energy per generated token (measured power): n2 " in text
 
     # n2 runs hot and out of memory: 16 KiB free cannot hold a request's KV cache
     build_host_tree(net["tree"], mem_available_kb=16, load_1m=7.5,
