@@ -115,9 +115,11 @@ class ModelIndex:
                 else min(k, kv_tokens_in_memory(n.free_memory_bytes, kv_bytes_per_token(n, model)))
                 for k, n in zip(self.kv, nodes, strict=True)
             ]
-        self.pw: list[float] = [
-            p if p is not None and 0.0 <= p <= 1e9 else -1.0 for p in (n.power_w for n in nodes)
-        ]
+        self.pw: list[float] = []  # empty when no node measures its power (the usual case)
+        if any(n.power_w is not None for n in nodes):
+            self.pw = [
+                p if p is not None and 0.0 <= p <= 1e9 else -1.0 for p in (n.power_w for n in nodes)
+            ]
         self.has_power = any(p >= 0.0 for p in self.pw)
         self.local: list[bool] = list(local)
         self.pos = {pid: i for i, pid in enumerate(self.ids)}
@@ -160,7 +162,7 @@ class _Columns:
         self.kv = np.array(idx.kv, dtype=np.int64)
         self.kv_min = int(self.kv.min()) if self.n else 0
         self.local = np.array(idx.local, dtype=np.bool_)
-        self.pw = np.array(idx.pw, dtype=f64)  # -1: not measured
+        self.pw = np.array(idx.pw, dtype=f64)  # -1: not measured (empty: nobody measures)
         self.pw.flags.writeable = False
         _read_only(self.rtt, self.adv, self.sent, self.c, self.rate, self.inv_pf, self.inv_dc,
                    self.age, self.cph, self.not_busy, self.kv, self.local)  # fmt: skip
