@@ -103,6 +103,9 @@ class RoutingConfig:
     # (else its text is forwarded, as with edge_tokenize = false)
     edge_tokenize: bool = True
     tokenizer_wait_s: float = 2.0
+    # strategy meshd: ms of predicted time to first token worth one joule per generated token,
+    # from peers' measured power draw (docs/telemetry.md); 0 = off
+    energy_weight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -282,6 +285,8 @@ def _validate(cfg: Config, src: str) -> None:
     if g.stream_idle_timeout_s < 3 * g.ping_interval_s:
         raise bad("[gossip] stream_idle_timeout_s", "must be at least 3 x ping_interval_s "
                   "(a live peer pings every ping_interval_s)")
+    if not cfg.routing.energy_weight >= 0:
+        raise bad("[routing] energy_weight", "must be >= 0 (0 = off)")
     for i, m in enumerate(cfg.models):
         if isinstance(m.layers, str) and m.layers not in ("all", "auto"):
             raise bad(f"[[models]][{i}].layers", "must be \"all\", \"auto\" or [start, end]")

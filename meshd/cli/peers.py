@@ -16,8 +16,12 @@ from meshd.exitcodes import Exit
 def register(sub: Any) -> None:
     p = sub.add_parser("peers", help="list the peers this node knows",
                        description="List every attested peer in this node's table: name, short "
-                       "peer id, region, hardware, models/layers, queue depth, advert age, and "
-                       "the RTT (measured by pings, and estimated from Vivaldi coordinates).")
+                       "peer id, region, hardware, models/layers, queue depth, advert age, "
+                       "the RTT (measured by pings, and estimated from Vivaldi coordinates), and "
+                       "the live hardware signals routing reads: free memory for KV cache, "
+                       "measured power and throttling (docs/telemetry.md). --json gives each "
+                       "peer's whole hardware reading under 'hardware' and those signals under "
+                       "'signals'.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_socket_arg(p)
     p.set_defaults(func=run)
@@ -25,6 +29,21 @@ def register(sub: Any) -> None:
 
 def _fmt_ms(v: Any) -> str:
     return "-" if v is None else f"{v:.1f}"
+
+
+def _fmt_gib(v: Any) -> str:
+    return "-" if v is None else f"{v / (1 << 30):.1f}G"
+
+
+def _fmt_w(v: Any) -> str:
+    return "-" if v is None else f"{v:.0f}W"
+
+
+def _fmt_throttle(sig: dict[str, Any]) -> str:
+    reasons = sig.get("throttle") or []
+    if not reasons:
+        return "-"
+    return f"{','.join(reasons)} x{sig.get('speed_factor', 1.0):.2f}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,9 +61,11 @@ def run(args: argparse.Namespace) -> int:
         gpus = hw.get("gpus") or []
         hwtxt = f"{hw.get('kind', '?')}/{hw.get('cpu_cores', '?')}c" + (f"+{len(gpus)}gpu" if gpus else "")
         models = ",".join(f"{m['name']}[{m['layers'][0]}-{m['layers'][1]}]" for m in p["models"]) or "-"
+        sig = p.get("signals") or {}
         rows.append([p["name"], p["peer_id"][-10:], p.get("region") or "-", hwtxt, models,
                      p["queue_depth"], f"{p['advert_age_s']:.1f}s", _fmt_ms(p.get("rtt_measured_ms")),
-                     _fmt_ms(p.get("rtt_estimated_ms"))])
+                     _fmt_ms(p.get("rtt_estimated_ms")), _fmt_gib(sig.get("free_memory_bytes")),
+                     _fmt_w(sig.get("power_w")), _fmt_throttle(sig)])
     print(table(rows, ["NAME", "PEER", "REGION", "HARDWARE", "MODELS", "QUEUE", "AGE",
-                       "RTT(ms)", "EST(ms)"]))
+                       "RTT(ms)", "EST(ms)", "FREE", "POWER", "THROTTLE"]))
     return Exit.OK

@@ -22,6 +22,29 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _live(hw: dict[str, Any]) -> str:
+    """The live figures of the latest reading, as ``, load 0.52, 11.8 GiB free, 72 W``."""
+    parts = []
+    if isinstance(hw.get("cpu_load_1m"), int | float):
+        parts.append(f"load {hw['cpu_load_1m']:.2f}")
+    if isinstance(hw.get("memory_available_bytes"), int) and hw["memory_available_bytes"]:
+        parts.append(f"{hw['memory_available_bytes'] / (1 << 30):.1f} GiB free")
+    for g in hw.get("gpus") or []:
+        if isinstance(g, dict) and not g.get("shared_memory"):
+            parts.append(f"gpu{g.get('index')} {g.get('memory_free_bytes', 0) / (1 << 30):.1f} GiB free")
+    watts = sum(g.get("power_draw_w") or 0 for g in hw.get("gpus") or [] if isinstance(g, dict))
+    watts += hw.get("power_w") or 0
+    if watts:
+        parts.append(f"{watts:.0f} W")
+    throttle = [*(hw.get("throttle") or []),
+                *(r for g in hw.get("gpus") or [] if isinstance(g, dict) for r in g.get("throttle") or [])]
+    if throttle:
+        parts.append("throttled: " + ",".join(map(str, throttle)))
+    if hw.get("stale"):
+        parts.append("failing: " + ",".join(map(str, hw["stale"])))
+    return "".join(f", {p}" for p in parts)
+
+
 def run(args: argparse.Namespace) -> int:
     reply = trio.run(call, args.socket, MessageType.STATUS_REQ, {})
     data = reply["data"]
@@ -33,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"uptime    {data['uptime_s']:.0f} s   peers {data['peers']}   strategy {data['strategy']}")
     print(f"queue     {data['queue_depth']} waiting, {data['in_flight']} running")
     hw = data.get("hardware") or {}
-    print(f"hardware  {hw.get('kind', '?')}, {hw.get('cpu_cores', '?')} cores")
+    print(f"hardware  {hw.get('kind', '?')}, {hw.get('cpu_cores', '?')} cores{_live(hw)}")
     for m in data["models"]:
         print(f"model     {m['model']} layers {m['layers'][0]}-{m['layers'][1]} of {m['num_layers']}: "
               f"served {m['served']}, failed {m['failed']}, busy {m['busy_refusals']}, "

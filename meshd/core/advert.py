@@ -46,6 +46,10 @@ class ModelAdvert:
     # and relative quality figure; wire keys "tier" and "q", both optional
     tier: str = ""
     quality: float = 0.0
+    # bytes of KV cache one token of context takes in this layer range (0: not advertised);
+    # with the node's free memory (its hardware map) routers skip a node that cannot hold a
+    # request's KV cache (docs/telemetry.md)
+    kv_bytes_per_token: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +109,7 @@ class Advert:
                     **({"ctx": m.context_length} if m.context_length else {}),
                     **({"tok": m.tokenizer} if m.tokenizer else {}),
                     **({"tier": m.tier, "q": m.quality} if m.tier else {}),
+                    **({"kvb": m.kv_bytes_per_token} if m.kv_bytes_per_token else {}),
                 }
                 for m in self.models
             ],
@@ -191,6 +196,7 @@ def _model(d: Any) -> ModelAdvert:
         tokenizer=_str(d, "tok", "", cap=128),
         tier=_str(d, "tier", "", cap=16),  # a tier this node does not know is ignored by it
         quality=_num(d, "q"),
+        kv_bytes_per_token=_count(d, "kvb") if "kvb" in d else 0,
     )
 
 

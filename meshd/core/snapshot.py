@@ -31,6 +31,7 @@ class Serving:
     # derived from the node's whole-model speeds as 1000 / (tps * num_layers)).
     prefill_ms_per_layer_token: float = 0.0  # ms to run one prompt token through one layer
     decode_ms_per_layer: float = 0.0  # ms to run one generated token through one layer
+    kv_bytes_per_token: int = 0  # KV cache bytes per token of context in this range (0: unknown)
 
     @property
     def whole(self) -> bool:
@@ -70,6 +71,12 @@ class NodeView:
     service_rate_rps: float = 0.0
     # The node's gossiped Vivaldi coordinate; the planner estimates hop-to-hop RTTs from these.
     coord: Coord | None = None
+    # Live hardware signals (meshd.core.hwsignals, docs/telemetry.md); None: unknown. The
+    # speeds above are already multiplied by speed_factor (kept here to explain decisions).
+    free_memory_bytes: int | None = None  # free memory where the node keeps its KV cache
+    power_w: float | None = None  # measured power draw
+    speed_factor: float = 1.0  # < 1 while throttled
+    throttle: tuple[str, ...] = ()  # why (NVML reasons, "thermal:<zone>")
 
     def serves(self, model: str) -> Serving | None:
         """The whole-model serving entry for ``model``, if this node has one."""
@@ -130,6 +137,9 @@ class Policy:
     # it: sharper while the mesh is less than half busy (floor 1: as before issue 18).
     known_temperature_floor: float = 0.1
     known_temperature_full_at: float = 0.5
+    # meshd: ms of predicted TTFT worth one joule per generated token, from nodes' measured
+    # power (meshd.core.energy, docs/telemetry.md); 0 = energy is not weighed
+    energy_weight: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -26,10 +27,12 @@ from meshd.net.listen import (
 from meshd.node.audit import record_start, store_sink
 from meshd.node.autoplace import initial_range
 from meshd.node.engine_model import EngineModel, default_model_dir, load_engine_model
+from meshd.node.hwmon import HardwareMonitor, build_monitor, host_source, kv_memory_of
 from meshd.node.node import Node
 from meshd.node.runner import Runner, Served
 from meshd.node.sdnotify import notify
 from meshd.paths import control_socket_path
+from meshd.telemetry.report import FailureReport
 
 log = logging.getLogger(__name__)
 
@@ -123,14 +126,23 @@ def build_node(cfg: Config, config_file: str | Path | None = None) -> Node:
     except OSError as e:
         raise KeyFileError(f"cannot create data_dir {data_dir}: {e.strerror}") from None
     runner = load_runner(cfg)
-    from meshd.telemetry import read_hardware
-
-    hardware = read_hardware()
+    monitor = hardware_monitor(cfg, runner)
     store = open_store(data_dir / "meshd.db")
-    node = Node(cfg, identity, runner, store=store, hardware=hardware, revocation=revocation)
+    node = Node(cfg, identity, runner, store=store, revocation=revocation, monitor=monitor)
     node.attestor.audit = store_sink(store)  # refusals, revocations: the audit table
     record_start(node.attestor.audit, cfg, identity, config_file, node.attestor.revocation_list)
     return node
+
+
+def hardware_monitor(cfg: Config, runner: Runner) -> HardwareMonitor:
+    """The hardware monitor with its first reading taken (docs/telemetry.md)."""
+    report = FailureReport()
+    source, root = host_source(report)
+    providers = [str(getattr(getattr(s.model, "model", None), "provider", "")) for s in runner.models.values()]
+    monitor = build_monitor(report, source, root, interval_s=cfg.gossip.advert_interval_s,
+                            on_reading=lambda hw: None, kv_memory=kv_memory_of(providers))
+    monitor.first = dataclasses.replace(source.read(), kv_memory=monitor.kv_memory)
+    return monitor
 
 
 def open_store(path: Path) -> Any:

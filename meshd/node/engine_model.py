@@ -84,6 +84,12 @@ class EngineModel:
         return list(self.model.tokenizer.encode_chat(messages))
 
     @property
+    def kv_bytes_per_layer_token(self) -> int:
+        """KV cache bytes per token per layer: float32 keys and values of every KV head."""
+        arch = self.model.manifest.arch
+        return 2 * int(arch.num_kv_heads) * int(arch.head_dim) * 4
+
+    @property
     def context_length(self) -> int:
         return int(self.model.context_length)
 

@@ -37,6 +37,7 @@ from meshd.net.attest import Attestor
 from meshd.net.identity import NodeIdentity
 from meshd.node.runner import Runner
 from meshd.node.view import build_snapshot, coord_of
+from meshd.telemetry import Hardware
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class Membership:
         stages: StageLoad,
         *,
         rng: random.Random | None = None,
-        hardware: Any = None,
+        hardware: Hardware | None = None,
     ) -> None:
         self.config = config
         self.identity = identity
@@ -132,6 +133,20 @@ class Membership:
         self._dropped_seq: dict[str, int] = {}  # seq of the advert of a peer dropped on link loss
         self._own_signed: bytes | None = None
         self._rtt_samples: dict[str, deque[float]] = {}
+        self._hw_map: tuple[Hardware | None, dict[str, Any]] = (None, {})
+
+    def set_hardware(self, hardware: Hardware) -> None:
+        """A new hardware reading (node/hwmon.py): the next advert carries it."""
+        self.hardware = hardware
+
+    def _hardware_map(self) -> dict[str, Any]:
+        """The reading as adverts carry it, made once per reading (each snapshot asks)."""
+        hw = self.hardware
+        if hw is None:
+            return {}
+        if self._hw_map[0] is not hw:
+            self._hw_map = (hw, hw.to_dict())
+        return self._hw_map[1]
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -178,6 +193,7 @@ class Membership:
                     tokenizer=runner.tokenizer_identity(s.name),
                     tier=s.tier,
                     quality=s.quality,
+                    kv_bytes_per_token=kv_bytes_per_layer_token(s.model) * (s.layer_end - s.layer_start),
                 )
             )
         prefill = max((s.prefill_tps for s in served), default=0.0)
@@ -191,7 +207,7 @@ class Membership:
             labels=self.labels,
             roles=tuple(self.identity.certificate.roles),
             addrs=self.addrs[:8],
-            hardware=self.hardware.to_dict() if self.hardware is not None else {},
+            hardware=self._hardware_map(),
             models=tuple(models),
             queue_depth=runner.queue_depth(),
             in_flight=runner.in_flight() + len(stages.sessions),
@@ -409,6 +425,12 @@ class Membership:
     def snapshot(self) -> MeshSnapshot:
         """The routing snapshot: this node and the live peers, now."""
         return build_snapshot(self.local_advert(), self.table.live(), self.coord, trio.current_time())
+
+
+def kv_bytes_per_layer_token(model: object) -> int:
+    """KV cache bytes one token takes in one layer of ``model`` (0: the model does not say)."""
+    v = getattr(model, "kv_bytes_per_layer_token", 0)
+    return v if isinstance(v, int) and v > 0 else 0
 
 
 def delay_summary(samples: Any, total: int) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from meshd.node.autoplace import AutoPlacer
 from meshd.node.control import ControlService
 from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry import EntryChain
+from meshd.node.hwmon import HardwareMonitor
 from meshd.node.links import Links
 from meshd.node.membership import Membership
 from meshd.node.rag import RagService
@@ -52,6 +53,7 @@ from meshd.node.stages import StageServer
 from meshd.node.status import node_status, peers_listing
 from meshd.node.tokenizers import TokenizerService
 from meshd.paths import control_socket_path
+from meshd.telemetry import Hardware
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +66,17 @@ class Node:
         runner: Runner,
         *,
         store: Any = None,
-        hardware: Any = None,
+        hardware: Hardware | None = None,
         revocation: bytes | None = None,
+        monitor: HardwareMonitor | None = None,
     ) -> None:
         self.config = config
         self.identity = identity
         self.runner = runner
         self.store = store
-        self.hardware = hardware
+        self.monitor = monitor  # re-reads the hardware each advert interval (node/hwmon.py)
+        if hardware is None and monitor is not None:
+            hardware = monitor.first
         self.peer_id = identity.peer_id.to_base58()
         self.node_name = config.node.name or identity.name
         self.started_at = time.time()
@@ -81,6 +86,8 @@ class Node:
         self.stage_server = StageServer(runner, self.node_name)  # pipelines: docs/pipeline.md
         self.membership = Membership(config, identity, self.attestor, runner, self.stage_server,
                                      rng=self.rng, hardware=hardware)
+        if monitor is not None:
+            monitor.on_reading = self.membership.set_hardware
         self.revocations = Revocations(self.attestor, self.membership, crl=revocation,
                                        data_dir=config.path(config.node.data_dir))
         self.edge_cache = EdgeCache(config)  # the semantic cache (docs/cache.md)
@@ -114,6 +121,11 @@ class Node:
             "handler_errors": 0,
         }
         self.addrs: list[str] = []
+
+    @property
+    def hardware(self) -> Hardware | None:
+        """The latest hardware reading (what the next advert carries)."""
+        return self.membership.hardware
 
     def socket_path(self) -> Path:
         return control_socket_path(self.config)
@@ -151,6 +163,8 @@ class Node:
                     await nursery.start(self.edge_cache.run)
                     await nursery.start(self.rag.run)
                     await nursery.start(self.tokenizers.run)
+                    if self.monitor is not None:
+                        await nursery.start(self.monitor.run)
                     self.host.set_stream_handler(STAGE_PROTOCOL, self._guarded(self.stage_links.on_stream))
                     links.join()
                     self.ready.set()
@@ -221,4 +235,5 @@ def policy_of(config: Config) -> Policy:
         max_hops=r.max_hops,
         wait_bound_attempts=r.wait_bound_attempts,
         wait_bound_min_ms=r.wait_bound_min_ms,
+        energy_weight=r.energy_weight,
     )

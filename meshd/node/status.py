@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+from meshd.core.hwsignals import HwSignals, read_signals
 from meshd.core.peertable import PeerTable
 from meshd.core.snapshot import Policy
 from meshd.core.vivaldi import Coord, estimate_rtt_ms
@@ -30,9 +31,14 @@ class StatusSource(Protocol):
     peer_id: str
     addrs: list[str]
     started_at: float
-    hardware: Any
     policy: Policy
     stats: dict[str, int]  # the entry path's counters
+
+    @property
+    def hardware(self) -> Any: ...
+
+    @property
+    def monitor(self) -> Any: ...
 
     @property
     def runner(self) -> Runner: ...
@@ -105,8 +111,15 @@ def node_status(node: StatusSource) -> dict[str, Any]:
                           if hasattr(s.model, "base_url")},  # [[models]] upstream
             "tokenizers": node.tokenizers.statistics(),
             "rag": rag.statistics() if (rag := getattr(node, "rag", None)) is not None else {},
+            "telemetry": node.monitor.statistics() if node.monitor is not None else {},
         },
     }
+
+
+def signals_dict(sig: HwSignals) -> dict[str, Any]:
+    """What routing reads of a node's live hardware (meshd.core.hwsignals), for ``meshd peers``."""
+    return {"free_memory_bytes": sig.free_memory_bytes, "power_w": sig.power_w,
+            "throttle": list(sig.throttle), "speed_factor": round(sig.speed_factor, 3)}
 
 
 def peers_listing(table: PeerTable, coord: Coord, now: float) -> list[dict[str, Any]]:
@@ -140,6 +153,7 @@ def peers_listing(table: PeerTable, coord: Coord, now: float) -> list[dict[str, 
                 "rtt_estimated_ms": round(est, 3) if est is not None else None,
                 "stalled": e.stalled,
                 "collections": list(a.collections),  # retrieval collections (docs/rag.md)
+                "signals": signals_dict(read_signals(a.hardware)),
             }
         )
     return rows

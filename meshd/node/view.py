@@ -15,6 +15,7 @@ import operator
 from typing import Protocol
 
 from meshd.core.advert import Advert
+from meshd.core.hwsignals import read_signals, with_signals
 from meshd.core.peertable import PeerEntry, PeerTable
 from meshd.core.snapshot import MeshSnapshot, NodeView, Serving
 from meshd.core.vivaldi import (
@@ -47,6 +48,15 @@ def coord_of(a: Advert) -> Coord | None:
 
 def view_of_advert(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,
                    sent_since_advert: int, is_local: bool) -> NodeView:
+    """The node of advert ``a`` as routing sees it, with its live hardware signals applied
+    (``meshd.core.hwsignals.with_signals``: throttling slows its speeds)."""
+    return with_signals(_view(a, rtt_ms=rtt_ms, rtt_source=rtt_source, age_s=age_s,
+                              sent_since_advert=sent_since_advert, is_local=is_local),
+                        read_signals(a.hardware))
+
+
+def _view(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,
+          sent_since_advert: int, is_local: bool) -> NodeView:
     return NodeView(
         peer_id=a.peer_id,
         name=a.name,
@@ -56,7 +66,8 @@ def view_of_advert(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,
         ) | frozenset(t for k, v in a.labels.items() if k == "residency" for t in v.split(",")),
         serving=tuple(
             Serving(m.name, m.num_layers, m.layer_start, m.layer_end,
-                    m.prefill_ms_per_layer_token, m.decode_ms_per_layer) for m in a.models
+                    m.prefill_ms_per_layer_token, m.decode_ms_per_layer, m.kv_bytes_per_token)
+            for m in a.models
         ),
         queue_depth=a.queue_depth,
         in_flight=a.in_flight,

@@ -25,6 +25,7 @@ from typing import Any
 from meshd.core import predict
 from meshd.core.advert import significant_load_change
 from meshd.core.decide import decide
+from meshd.core.energy import request_energy_j
 from meshd.core.routing import LOCKSTEP
 from meshd.core.snapshot import RouteRequest
 from meshd.core.vivaldi import update
@@ -513,16 +514,19 @@ class Engine:
         end = max(self.last_event_s, self.sc.run.duration_s)
         util: list[float] = []
         cost = 0.0
+        energy = 0.0
         for n in w.nodes:
             until = n.died_s if n.died_s >= 0 else end
             alive_slot_s = n.slots * max(until - n.born_s, 1e-9)
             util.append(min(n.busy_s / alive_slot_s, 1.0))
             cost += n.busy_s * n.cost_per_hour / n.slots / 3600.0
+            energy += request_energy_j(n.power_w, n.busy_s * 1000.0, n.slots) or 0.0
         window = self.sc.run.duration_s - self.sc.run.warmup_s
         extra = {"events": self.events, "nodes": len(w.nodes), "cells": len(w.cells),
                  "tiers": self.tiers.summary()}
         extra.update(stats(self.views))
-        return summarise(self.m, window_s=window, total_cost=cost, utilisation=util, extra=extra)
+        return summarise(self.m, window_s=window, total_cost=cost, utilisation=util, extra=extra,
+                         total_energy_j=energy if any(n.power_w for n in w.nodes) else None)
 
 
 def _rid(r: SimRequest) -> int:

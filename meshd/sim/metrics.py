@@ -4,7 +4,9 @@ Latencies are kept as float arrays (8 bytes per request) and summarised with num
 Cost is the cost of the capacity used: each slot-second of work costs the node's
 ``cost_per_hour / concurrency / 3600`` (work on requests that later failed counts too), divided
 by the tokens (prompt and output) of completed requests. Utilisation of a node is its busy
-slot-seconds over its slot-seconds alive during the measured window.
+slot-seconds over its slot-seconds alive during the measured window. Energy is accounted the
+same way from the nodes' ``power_w`` (``meshd.core.energy.request_energy_j``: watts over the
+slots, for each slot-second of work) and reported per 1K tokens next to cost.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from meshd.core.energy import per_1k_tokens
 
 FAIL_REASONS = ("busy", "dead", "timeout", "no_route", "no_entry", "unfinished")
 
@@ -64,6 +68,7 @@ def summarise(
     total_cost: float,
     utilisation: list[float],
     extra: dict[str, Any],
+    total_energy_j: float | None = None,
 ) -> dict[str, Any]:
     """The figures ``meshd sim`` prints for one strategy (names are the JSON keys)."""
     util = np.asarray(utilisation, dtype=np.float64)
@@ -80,6 +85,9 @@ def summarise(
         "throughput_rps": m.completed / window_s if window_s > 0 else 0.0,
         "throughput_tps": m.output_tokens / window_s if window_s > 0 else 0.0,
         "cost_per_1k_tokens": total_cost / (m.tokens / 1000.0) if m.tokens else float("nan"),
+        # joules per 1K tokens from the nodes' power_w (None when no hardware class has one)
+        "energy_per_1k_tokens_j": (per_1k_tokens(total_energy_j, m.tokens)
+                                   if total_energy_j is not None and m.tokens else None),
         "utilization_mean": float(util.mean()) if len(util) else 0.0,
         "utilization_stddev": float(util.std()) if len(util) else 0.0,
         "arrived": m.arrived,

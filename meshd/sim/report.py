@@ -21,6 +21,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("throughput_rps", "req/s", "{:.1f}"),
     ("throughput_tps", "tok/s", "{:.0f}"),
     ("cost_per_1k_tokens", "$/1K tok", "{:.6f}"),
+    ("energy_per_1k_tokens_j", "J/1K tok", "{:.0f}"),
     ("utilization_stddev", "util sd", "{:.3f}"),
     ("completed", "done", "{:d}"),
     ("failed", "failed", "{:d}"),
@@ -28,7 +29,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 
 def _fmt(fmt: str, v: Any) -> str:
-    if isinstance(v, float) and math.isnan(v):
+    if v is None or isinstance(v, float) and math.isnan(v):
         return "-"
     return fmt.format(v)
 

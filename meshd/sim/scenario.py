@@ -82,6 +82,7 @@ class Hardware:
     concurrency: int
     max_queue: int
     cost_per_hour: float
+    power_w: float = 0.0  # measured power draw it advertises (0: not measured)
 
 
 @dataclass(frozen=True)

@@ -199,6 +199,7 @@ def _hardware(tables: list[Table]) -> dict[str, Hardware]:
             concurrency=t.integer("concurrency", 1, min_value=1),
             max_queue=t.integer("max_queue", 64, min_value=0),
             cost_per_hour=t.number("cost_per_hour", 0.0, min_value=0.0),
+            power_w=t.number("power_w", 0.0, min_value=0.0),
         )
         if hw.name in out:
             raise t.error("name", f"repeats hardware class {hw.name!r}")

@@ -33,7 +33,7 @@ _EXPECTED_FIELDS = (
     "peer_id", "name", "region", "labels", "serving", "queue_depth", "in_flight",
     "max_concurrency", "max_queue", "prefill_tps", "decode_tps", "rtt_ms", "rtt_source",
     "advert_age_s", "sent_since_advert", "cost_per_hour", "free_kv_tokens", "is_local",
-    "service_rate_rps", "coord",
+    "service_rate_rps", "coord", "free_memory_bytes", "power_w",
 )  # fmt: skip
 _FIELDS = tuple(f.name for f in dataclasses.fields(NodeView))
 # NodeView is built positionally on the hot path (about 25% faster than by keyword).
@@ -59,7 +59,8 @@ def _view(
 ) -> NodeView:  # fmt: skip
     if t.nv is not None:
         v: NodeView = t.nv(
-            q, inf, *t.nv_tail, rtt, src, age, sent, t.cost_per_hour, _FREE_KV, local, t.rate, coord
+            q, inf, *t.nv_tail, rtt, src, age, sent, t.cost_per_hour, _FREE_KV, local, t.rate, coord,
+            None, t.power_w,
         )
         return v
     return NodeView(
@@ -68,6 +69,7 @@ def _view(
         max_queue=t.max_queue, prefill_tps=t.prefill_tps, decode_tps=t.decode_tps, rtt_ms=rtt,
         rtt_source=src, advert_age_s=age, sent_since_advert=sent,
         cost_per_hour=t.cost_per_hour, is_local=local, service_rate_rps=t.rate, coord=coord,
+        power_w=t.power_w,
     )  # fmt: skip
 
 
@@ -306,7 +308,7 @@ class Views:
             nv = t.nv
             if nv is not None:
                 add(nv(a[3], a[4], *t.nv_tail, rtt, src, now - a[1], n_sent, t.cost_per_hour,
-                       _FREE_KV, False, t.rate, a[5]))  # fmt: skip
+                       _FREE_KV, False, t.rate, a[5], None, t.power_w))  # fmt: skip
             else:
                 add(_view(t, a[3], a[4], rtt, src, now - a[1], n_sent, False, a[5]))
         if self.g.probes:

@@ -50,7 +50,7 @@ def note_dead(node: SimNode, peer: int) -> None:
 class SimNode:
     __slots__ = (
         "idx", "peer_id", "name", "region", "region_name", "cell", "hw", "serving", "labels",
-        "slots", "max_queue", "prefill_tps", "decode_tps", "cost_per_hour",
+        "slots", "max_queue", "prefill_tps", "decode_tps", "cost_per_hour", "power_w",
         "alive", "born_s", "died_s", "queue", "running", "busy_s", "cost", "active",
         "coord", "adverts", "adv_seq", "adv_last", "adv_load", "adv_pending", "adv_due",
         "sent", "measured", "known_dead", "rr", "probe_at", "probes", "probe_pending",
@@ -75,6 +75,7 @@ class SimNode:
         self.prefill_tps = hw.prefill_tps
         self.decode_tps = hw.decode_tps
         self.cost_per_hour = hw.cost_per_hour
+        self.power_w = hw.power_w or None  # None: not measured (meshd.core.energy)
         self.alive = True
         self.born_s = born_s
         self.died_s = -1.0

@@ -4,7 +4,8 @@ Pure: a dict in, a few lines of text out; it never raises, whatever the record h
 missing or of the wrong type is left out of the story). The record is::
 
     {"request_id", "decision": {"strategy", "candidates": [{name, peer_id, predicted_ttft_ms,
-      rtt_ms, rtt_source, queue_wait_ms, prefill_ms, score, excluded_by}], "constraints": {},
+      rtt_ms, rtt_source, queue_wait_ms, prefill_ms, score, excluded_by, joules_per_token}],
+      "constraints": {},
       "chosen", "order": [peer ids, best first], "plan": {"hops": [{name, layer_start,
       layer_end, predicted_ms}]} | None},
      "outcome": {ttft_ms, tokens, tokens_per_s, served_by, route, error, retries, hedges},
@@ -14,7 +15,7 @@ Event payload keys read here: ``retry`` {to, from, reason, tokens} or, from the 
 {target, reason, after_tokens}; ``back_to_refuser`` {target, predicted_ms, instead_of};
 ``hedge`` {to, after_ms, winner}, ``replan`` {reason}, ``failed`` {error}, ``cancelled`` {reason}. ``to``/``from``/
 ``winner`` may be a peer id or a name. Constraints may carry ``sample_d`` (the meshd strategy's
-"best d") and ``softmax_temperature_ms``; other constraint keys are listed as they are.
+"best d"), ``softmax_temperature_ms`` and ``energy_weight``; other constraint keys are listed as they are.
 """
 
 from __future__ import annotations
@@ -176,6 +177,19 @@ def _exclusion(c: Mapping[str, Any]) -> str:
     return f" ({code.strip()}): {phrase}{detail}"
 
 
+def _energy_line(eligible: list[Mapping[str, Any]], constraints: Mapping[str, Any]) -> str:
+    """``Energy per generated token (measured power): n2 0.42 J, n3 unknown; energy_weight 100
+    ms per J/token.``, or "" when no candidate measured its power (docs/telemetry.md)."""
+    shown = [(c, _num(c.get("joules_per_token"))) for c in eligible[:MAX_LISTED]]
+    if all(j is None for _, j in shown):
+        return ""
+    parts = ", ".join(f"{_text(c.get('name')) or '?'} {'unknown' if j is None else f'{j:.3g} J'}"
+                      for c, j in shown)
+    weight = _num(constraints.get("energy_weight"))
+    weighed = f"; energy_weight {weight:g} ms per J/token" if weight else " (not weighed)"
+    return f"Energy per generated token (measured power): {parts}{weighed}."
+
+
 def _decision_lines(decision: Mapping[str, Any], names: _Names) -> list[str]:
     candidates = [_map(c) for c in _list(decision.get("candidates"))]
     constraints = _map(decision.get("constraints"))
@@ -217,12 +231,16 @@ def _decision_lines(decision: Mapping[str, Any], names: _Names) -> list[str]:
         shown = ", ".join(others[:MAX_LISTED])
         more = f" and {len(others) - MAX_LISTED} more" if len(others) > MAX_LISTED else ""
         lines.append(f"Next in line if it failed: {shown}{more}.")
+    energy = _energy_line(eligible, constraints)
+    if energy:
+        lines.append(energy)
     for c in excluded:
         lines.append(f"Excluded {_text(c.get('name')) or names(c.get('peer_id'))}{_exclusion(c)}.")
     applied = [
         f"{k}={', '.join(map(_text, v)) if isinstance(v, list) else _text(v)}"
         for k, v in sorted(constraints.items(), key=lambda kv: str(kv[0]))
-        if k not in ("sample_d", "softmax_temperature_ms") and v not in (None, "", [], {})
+        if k not in ("sample_d", "softmax_temperature_ms", "energy_weight")
+        and v not in (None, "", [], {})
     ]
     if applied:
         lines.append(f"Hard constraints applied: {'; '.join(applied)}.")

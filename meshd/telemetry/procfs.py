@@ -17,6 +17,8 @@ from typing import Any
 
 from meshd.telemetry.hardware import MAX_THERMAL_ZONES
 
+MAX_TRIP_POINTS = 12
+MAX_CPUS = 1024
 _CPU_MODEL_KEYS = ("model name", "cpu model", "processor", "hardware", "cpu")
 
 
@@ -82,7 +84,13 @@ def cpu_model(root: Path) -> str:
 
 
 def thermal_zones(root: Path) -> tuple[tuple[str, float], ...]:
-    """(zone type, degrees C) for each readable ``/sys/class/thermal/thermal_zone*``.
+    """(zone type, degrees C) for each readable ``/sys/class/thermal/thermal_zone*``."""
+    return thermal_state(root)[0]
+
+
+def thermal_state(root: Path) -> tuple[tuple[tuple[str, float], ...], tuple[str, ...]]:
+    """The thermal zones, and ``"thermal:<zone type>"`` for each zone at or above one of its
+    ``passive`` trip points (where the kernel starts slowing the CPU or GPU down).
 
     Zones that report an error or a sentinel (Tegra reports -256 C for a powered-off sensor)
     are skipped; a type seen twice gets the zone number appended.
@@ -94,16 +102,15 @@ def thermal_zones(root: Path) -> tuple[tuple[str, float], ...]:
             key=lambda p: (len(p.name), p.name),
         )
     except OSError:
-        return ()
+        return (), ()
     out: dict[str, float] = {}
+    hot: list[str] = []
     for zone in zones:
         if len(out) >= MAX_THERMAL_ZONES:
             break
         kind = (read_text(zone / "type") or "").strip() or zone.name
-        raw = (read_text(zone / "temp") or "").strip()
-        try:
-            milli = int(raw)
-        except ValueError:
+        milli = _int_file(zone / "temp")
+        if milli is None:
             continue
         celsius = milli / 1000.0
         if not -100.0 < celsius < 200.0:
@@ -111,7 +118,57 @@ def thermal_zones(root: Path) -> tuple[tuple[str, float], ...]:
         if kind in out:
             kind = f"{kind}.{zone.name.removeprefix('thermal_zone')}"
         out[kind] = celsius
-    return tuple(sorted(out.items()))
+        if at_passive_trip(zone, milli):
+            hot.append(f"thermal:{kind}")
+    return tuple(sorted(out.items())), tuple(hot)
+
+
+def at_passive_trip(zone: Path, milli: int) -> bool:
+    """Whether ``milli`` (the zone's temperature) reaches one of its passive trip points."""
+    for i in range(MAX_TRIP_POINTS):
+        kind = read_text(zone / f"trip_point_{i}_type")
+        if kind is None:
+            return False
+        trip = _int_file(zone / f"trip_point_{i}_temp")
+        if kind.strip() == "passive" and trip is not None and trip > 0 and milli >= trip:
+            return True
+    return False
+
+
+def _int_file(path: Path) -> int | None:
+    try:
+        return int((read_text(path) or "").strip())
+    except ValueError:
+        return None
+
+
+def parse_loadavg(text: str) -> float | None:
+    """The 1-minute load average from ``/proc/loadavg`` text."""
+    try:
+        value = float(text.split()[0])
+    except (IndexError, ValueError):
+        return None
+    return value if 0.0 <= value < 1e6 else None
+
+
+def load_1m(root: Path) -> float | None:
+    text = read_text(root / "proc/loadavg")
+    return parse_loadavg(text) if text else None
+
+
+def cpu_clock_ratio(root: Path) -> float | None:
+    """The CPUs' clock now over their maximum (cpufreq), averaged over the CPUs that report
+    both; ``None`` where cpufreq is absent (most VMs)."""
+    base = root / "sys/devices/system/cpu"
+    now = top = 0
+    for i in range(MAX_CPUS):
+        freq = base / f"cpu{i}" / "cpufreq"
+        cur, hi = _int_file(freq / "scaling_cur_freq"), _int_file(freq / "cpuinfo_max_freq")
+        if cur is None and hi is None and not (base / f"cpu{i}").exists():
+            break
+        if cur is not None and hi and cur > 0:
+            now, top = now + cur, top + hi
+    return round(min(1.0, now / top), 3) if top else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,8 @@ pynvml) and can fail in the ways NVML does: at init, or for one query of one GPU
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -55,6 +57,11 @@ class FakeGpu:
     memory_free_bytes: int = 20 << 30
     utilisation_pct: int = 37
     temperature_c: int = 51
+    power_mw: int = 72_000
+    power_limit_mw: int = 300_000
+    sm_clock_mhz: int = 1_980
+    sm_max_clock_mhz: int = 1_980
+    throttle_mask: int = 0  # NVML clocks throttle reasons (0x40: hardware thermal slowdown)
 
 
 @dataclass
@@ -74,6 +81,7 @@ class FakeNvml:
     shutdown_calls: int = 0
 
     NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
     NVMLError = NVMLError
 
     def _check(self, fn: str, index: int = -1) -> None:
@@ -120,6 +128,52 @@ class FakeNvml:
         assert sensor == self.NVML_TEMPERATURE_GPU
         return self.gpus[handle].temperature_c
 
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        self._check("nvmlDeviceGetPowerUsage", handle)
+        return self.gpus[handle].power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:
+        self._check("nvmlDeviceGetEnforcedPowerLimit", handle)
+        return self.gpus[handle].power_limit_mw
+
+    def nvmlDeviceGetClockInfo(self, handle: int, clock: int) -> int:
+        self._check("nvmlDeviceGetClockInfo", handle)
+        assert clock == self.NVML_CLOCK_SM
+        return self.gpus[handle].sm_clock_mhz
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: int, clock: int) -> int:
+        self._check("nvmlDeviceGetMaxClockInfo", handle)
+        assert clock == self.NVML_CLOCK_SM
+        return self.gpus[handle].sm_max_clock_mhz
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: int) -> int:
+        self._check("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        return self.gpus[handle].throttle_mask
+
+
+class FileNvml(FakeNvml):
+    """A ``FakeNvml`` whose GPUs and failures are read from a JSON file at every device count,
+    so a test changes what a running daemon's NVML reports by rewriting the file:
+    ``{"gpus": [{FakeGpu fields}], "fail": {"nvmlDeviceGetCount": [-1]}}``. The daemon uses
+    it when ``MESHD_TEST_FAKE_NVML`` names such a file (meshd.node.daemon)."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+
+    def nvmlDeviceGetCount(self) -> int:
+        state = json.loads(self.path.read_text())
+        self.gpus = [FakeGpu(**g) for g in state.get("gpus", [])]
+        self.fail = {k: set(v) for k, v in state.get("fail", {}).items()}
+        return super().nvmlDeviceGetCount()
+
+
+def write_nvml_state(path: Path, gpus: list[FakeGpu], fail: dict[str, list[int]] | None = None) -> None:
+    """Write the file a ``FileNvml`` reads (atomically: a daemon may be reading it)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"gpus": [dataclasses.asdict(g) for g in gpus], "fail": fail or {}}))
+    tmp.replace(path)
+
 
 def build_jetson_tree(
     root: Path,
@@ -164,4 +218,48 @@ def build_jetson_tree(
     for i, (kind, milli) in enumerate((default_zones if zones is None else zones).items()):
         write(f"sys/class/thermal/thermal_zone{i}/type", kind + "\n")
         write(f"sys/class/thermal/thermal_zone{i}/temp", f"{milli}\n")
+    return root
+
+
+def _write(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # a daemon reading the tree never sees half a file
+
+
+def build_host_tree(
+    root: Path,
+    *,
+    mem_total_kb: int = 16 << 20,
+    mem_available_kb: int = 12 << 20,
+    load_1m: float = 0.5,
+    zones: dict[str, tuple[int, int | None]] | None = None,
+    cpu_mhz: tuple[int, int] | None = (2_400_000, 3_000_000),
+    rapl_uj: int | None = None,
+) -> Path:
+    """Write a CPU host's /proc and /sys under ``root`` (call again to change a reading).
+
+    ``zones`` maps thermal zone types to (millidegrees, passive trip millidegrees or None);
+    ``cpu_mhz`` is (scaling_cur_freq, cpuinfo_max_freq) in kHz for cpu0; ``rapl_uj`` the
+    package energy counter (None: no RAPL).
+    """
+    _write(root, "proc/meminfo", f"MemTotal: {mem_total_kb} kB\nMemFree: {mem_available_kb // 2} kB\n"
+                                 f"MemAvailable: {mem_available_kb} kB\n")
+    _write(root, "proc/cpuinfo", "processor\t: 0\nmodel name\t: Fake CPU @ 3.0GHz\n\n")
+    _write(root, "proc/loadavg", f"{load_1m:.2f} 0.40 0.30 1/123 4567\n")
+    for i, (kind, (milli, trip)) in enumerate((zones or {"x86_pkg_temp": (45_000, 95_000)}).items()):
+        zone = f"sys/class/thermal/thermal_zone{i}"
+        _write(root, f"{zone}/type", kind + "\n")
+        _write(root, f"{zone}/temp", f"{milli}\n")
+        if trip is not None:
+            _write(root, f"{zone}/trip_point_0_type", "passive\n")
+            _write(root, f"{zone}/trip_point_0_temp", f"{trip}\n")
+    if cpu_mhz is not None:
+        _write(root, "sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq", f"{cpu_mhz[0]}\n")
+        _write(root, "sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", f"{cpu_mhz[1]}\n")
+    if rapl_uj is not None:
+        _write(root, "sys/class/powercap/intel-rapl:0/energy_uj", f"{rapl_uj}\n")
+        _write(root, "sys/class/powercap/intel-rapl:0/max_energy_range_uj", f"{1 << 32}\n")
     return root

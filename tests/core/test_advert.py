@@ -89,3 +89,29 @@ def test_collections_travel_and_an_advert_without_them_reads_as_none() -> None:
     for bad in (["x" * 65], [""], [1], ["c"] * (MAX_COLLECTIONS + 1), "docs"):
         with pytest.raises(ProtocolError, match="rag"):
             decode_advert(pack({**d, "rag": bad}))
+
+
+def test_live_hardware_and_kv_bytes_travel_and_older_adverts_read_as_unknown() -> None:
+    from meshd.core.hwsignals import read_signals
+    from meshd.telemetry import GpuInfo, Hardware
+
+    gpus = tuple(GpuInfo(i, "NVIDIA H100 80GB HBM3", 80 << 30, 70 << 30, 55.0, 61.0, "550.54.15",
+                         False, 10 << 30, 312.5, 700.0, 0.93, ("sw_power_cap", "hw_thermal"))
+                 for i in range(8))
+    hw = Hardware("nvidia", 224, "AMD EPYC 9654 96-Core Processor", 2 << 40, 1 << 40, gpus,
+                  tuple(sorted((f"zone{i}", 40.0 + i) for i in range(16))), cpu_load_1m=12.5,
+                  power_w=350.0, cpu_clock_ratio=0.9, throttle=("thermal:x86_pkg_temp",),
+                  kv_memory="gpu")
+    models = tuple(ModelAdvert(f"model-{i}", 80, 0, 80, 9000.0, 60.0, 100_000, 8192,
+                               kv_bytes_per_token=327_680) for i in range(4))
+    a = make(hardware=hw.to_dict(), models=models)
+    back = decode_advert(a.encode())  # an 8-GPU node with 4 models fits the 8 KiB advert
+    assert back == a and back.models[0].kv_bytes_per_token == 327_680
+    assert Hardware.from_dict(back.hardware) == hw
+    assert read_signals(back.hardware).free_memory_bytes == 70 << 30
+    old = make()  # what a node of before live readings sends: no kvb, no live figures
+    body = old.to_dict()
+    assert "kvb" not in body["models"][0] and "power_w" not in body["hw"]
+    back = decode_advert(pack(body))
+    assert back.models[0].kv_bytes_per_token == 0
+    assert read_signals(back.hardware).free_memory_bytes is None

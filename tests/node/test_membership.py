@@ -25,7 +25,7 @@ NODE_COUNTERS = ["adverts_published", "adverts_accepted", "adverts_rejected", "a
                  "requests_local", "requests_forwarded", "handler_errors"]
 SERVICES = ["node", "advert_rejections", "gossip", "advert_delay_ms", "attestation", "links",
             "request_server", "stage_server", "placement", "entry", "cache", "tiers", "upstreams",
-            "tokenizers", "rag"]
+            "tokenizers", "rag", "telemetry"]
 TOP = ["name", "peer_id", "region", "labels", "addrs", "uptime_s", "peers", "queue_depth",
        "in_flight", "models", "hardware", "strategy", "api_url", "coord", "services"]
 

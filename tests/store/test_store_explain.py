@@ -338,3 +338,16 @@ def test_the_entry_nodes_attempts_and_a_return_to_a_refuser_read_as_sentences() 
     assert "The attempt on gw-1 failed: gw-1 is busy: cannot start within 50 ms" in text
     assert "Went back to gw-1, which had only been too busy" in text
     assert "(first token predicted in 431 ms), instead of gw-7." in text
+
+
+def test_energy_per_token_is_explained_when_nodes_measure_power():
+    cands = [dict(cand("gw-2", 41.0), joules_per_token=0.42), dict(cand("gw-1", 45.0), joules_per_token=None),
+             cand("gw-5", None, excluded="not enough free memory (1000 bytes hold 1 tokens < 128)")]
+    text = explain_text(record(candidates=cands, order=["id-gw-2", "id-gw-1"],
+                               constraints={"energy_weight": 200.0}))
+    assert ("Energy per generated token (measured power): gw-2 0.42 J, gw-1 unknown; "
+            "energy_weight 200 ms per J/token.") in text
+    assert "Excluded gw-5: not enough free memory (1000 bytes hold 1 tokens < 128)." in text
+    assert "energy_weight=" not in text  # not listed as a hard constraint
+    assert "(not weighed)" in explain_text(record(candidates=cands, order=["id-gw-2"]))
+    assert "Energy per generated token" not in explain_text(record())  # nobody measures power

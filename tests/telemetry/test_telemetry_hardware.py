@@ -31,12 +31,17 @@ def test_to_dict_is_capped():
         "x" * 500,
         0,
         0,
-        gpus=tuple(GpuInfo(i, "n" * 500, 0, 0) for i in range(40)),
+        gpus=tuple(GpuInfo(i, "n" * 500, 1 << 40, 1 << 40, 100.0, 100.0, "v" * 99, False,
+                           1 << 40, 1234.567, 1234.567, 0.123, ("hw_power_brake" * 3,) * 9)
+                   for i in range(40)),
         thermal_c=tuple((f"zone{i}", 1.0) for i in range(40)),
         notes=tuple("note" * 100 for _ in range(10)),
+        cpu_load_1m=123.456, power_w=1234.567, cpu_clock_ratio=0.5,
+        throttle=tuple("thermal:" + "z" * 100 for _ in range(9)),
+        stale=tuple("s" * 100 for _ in range(20)), kv_memory="gpu",
     )
     packed = msgpack.packb(many.to_dict())
-    assert len(packed) < 4096  # the worst case still leaves half of an 8 KiB advert
+    assert len(packed) < 5120  # the worst case still leaves half of an 8 KiB advert
     Hardware.from_dict(msgpack.unpackb(packed))
 
 

@@ -118,6 +118,6 @@ def test_unexpected_failure_still_gives_a_reading(tmp_path, monkeypatch):
     def boom(root):
         raise RuntimeError("odd host")
 
-    monkeypatch.setattr("meshd.telemetry.source.thermal_zones", boom)
+    monkeypatch.setattr("meshd.telemetry.source.thermal_state", boom)
     hw = source.read()
     assert hw.kind == "cpu" and hw.notes == ("telemetry: RuntimeError",)

@@ -21,7 +21,15 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from meshd.core.routing.index import NUMPY_MIN_NODES, Ints, ModelIndex, Positions, _Columns
+from meshd.core.hwsignals import kv_tokens_in_memory
+from meshd.core.routing.index import (
+    NUMPY_MIN_NODES,
+    Ints,
+    ModelIndex,
+    Positions,
+    _Columns,
+    kv_bytes_per_token,
+)
 from meshd.core.snapshot import MeshSnapshot, NodeView, Policy, RouteRequest
 from meshd.errors import QuotaError, RoutingError
 
@@ -32,6 +40,7 @@ EXCLUDED_RESIDENCY = "residency"
 EXCLUDED_HOPS = "hop limit"
 EXCLUDED_BUSY = "busy"
 EXCLUDED_KV = "kv cache full"
+EXCLUDED_MEMORY = "not enough free memory"
 
 
 def residency_allows(labels: frozenset[str], tag: str) -> bool:
@@ -165,7 +174,22 @@ def kv_cache(req: RouteRequest, n: NodeView, policy: Policy) -> str | None:
     return None
 
 
-NODE_CONSTRAINTS: tuple[NodeConstraint, ...] = (already_tried, residency, hop_limit, busy, kv_cache)
+def memory(req: RouteRequest, n: NodeView, policy: Policy) -> str | None:
+    """The node's free memory (a live hardware signal, ``meshd.core.hwsignals``) cannot hold
+    the request's KV cache: ``(prompt + max_tokens) x`` the model's KV bytes per token there.
+    Unknown memory or an unknown KV size never excludes."""
+    if n.free_memory_bytes is None:
+        return None
+    need = req.prompt_tokens + req.max_tokens
+    fits = kv_tokens_in_memory(n.free_memory_bytes, kv_bytes_per_token(n, req.model))
+    if fits < need:
+        return f"{EXCLUDED_MEMORY} ({n.free_memory_bytes} bytes hold {fits} tokens < {need})"
+    return None
+
+
+NODE_CONSTRAINTS: tuple[NodeConstraint, ...] = (
+    already_tried, residency, hop_limit, busy, kv_cache, memory,
+)  # fmt: skip
 
 
 def exclusion_reason(req: RouteRequest, n: NodeView, policy: Policy) -> str | None:
@@ -183,7 +207,8 @@ def exclusion_reason(req: RouteRequest, n: NodeView, policy: Policy) -> str | No
 
 def eligible(req: RouteRequest, idx: ModelIndex, policy: Policy) -> Positions:
     """Positions (in ``idx``, ascending) of the nodes that pass every one of
-    ``NODE_CONSTRAINTS``."""
+    ``NODE_CONSTRAINTS``. (``memory`` is inside the ``kv`` column: the index keeps there the
+    fewer of the free KV tokens and the tokens whose KV cache fits in free memory.)"""
     need = req.prompt_tokens + req.max_tokens
     if len(idx.ids) >= NUMPY_MIN_NODES:
         return _eligible_np(req, idx, policy, need)

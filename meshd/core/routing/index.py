@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from meshd.core.hwsignals import kv_tokens_in_memory
 from meshd.core.snapshot import MeshSnapshot, NodeView, Serving
 
 if TYPE_CHECKING:
@@ -42,6 +43,12 @@ def serves_whole(serving: tuple[Serving, ...], model: str) -> bool:
         if s.model == model and s.layer_start == 0 and s.layer_end == s.num_layers:
             return True
     return False
+
+
+def kv_bytes_per_token(n: NodeView, model: str) -> int:
+    """KV cache bytes per token of ``model`` on ``n`` (its whole-model entry; 0: unknown)."""
+    s = n.serves(model)
+    return s.kv_bytes_per_token if s is not None else 0
 
 
 def _nonneg(x: float) -> float:
@@ -72,9 +79,10 @@ class ModelIndex:
     __slots__ = (
         "nodes", "ids", "pos", "rtt", "adv", "sent", "c", "rate", "inv_pf", "inv_dc", "age",
         "cph", "kv", "local", "local_at", "queued", "max_queue", "residency_memo", "_cols", "rr",
+        "pw", "has_power",
     )  # fmt: skip
 
-    def __init__(self, nodes: tuple[NodeView, ...]) -> None:
+    def __init__(self, nodes: tuple[NodeView, ...], model: str = "") -> None:
         self.nodes = nodes
         cols = list(zip(*map(_COLUMNS, nodes), strict=True)) if nodes else [()] * 14
         ids, rtt, q0, f0, s0, mq, c, rate, pf, dc, age, cph, kv, local = cols
@@ -99,6 +107,20 @@ class ModelIndex:
         self.age: list[float] = [x if 0.0 <= x <= 1e18 else nonneg(x) for x in age]  # advert age, s
         self.cph: list[float] = [x if 0.0 <= x <= 1e18 else nonneg(x) for x in cph]  # per hour
         self.kv: list[int] = list(kv)
+        # live hardware signals (meshd.core.hwsignals): the KV cache must also fit in free
+        # memory (constraints.memory), and measured power gives energy (-1: not measured)
+        if any(n.free_memory_bytes is not None for n in nodes):
+            self.kv = [
+                k if n.free_memory_bytes is None
+                else min(k, kv_tokens_in_memory(n.free_memory_bytes, kv_bytes_per_token(n, model)))
+                for k, n in zip(self.kv, nodes, strict=True)
+            ]
+        self.pw: list[float] = []  # empty when no node measures its power (the usual case)
+        if any(n.power_w is not None for n in nodes):
+            self.pw = [
+                p if p is not None and 0.0 <= p <= 1e9 else -1.0 for p in (n.power_w for n in nodes)
+            ]
+        self.has_power = any(p >= 0.0 for p in self.pw)
         self.local: list[bool] = list(local)
         self.pos = {pid: i for i, pid in enumerate(self.ids)}
         self.local_at = self.local.index(True) if True in self.local else -1
@@ -119,7 +141,7 @@ class _Columns:
 
     __slots__ = (
         "n", "rtt", "adv", "sent", "c", "rate", "inv_pf", "inv_dc", "age", "cph", "not_busy",
-        "free", "kv", "kv_min", "local", "residency_memo", "_free_part", "busy_memo",
+        "free", "kv", "kv_min", "local", "residency_memo", "_free_part", "busy_memo", "pw",
     )  # fmt: skip
 
     def __init__(self, idx: ModelIndex) -> None:
@@ -140,6 +162,8 @@ class _Columns:
         self.kv = np.array(idx.kv, dtype=np.int64)
         self.kv_min = int(self.kv.min()) if self.n else 0
         self.local = np.array(idx.local, dtype=np.bool_)
+        self.pw = np.array(idx.pw, dtype=f64)  # -1: not measured (empty: nobody measures)
+        self.pw.flags.writeable = False
         _read_only(self.rtt, self.adv, self.sent, self.c, self.rate, self.inv_pf, self.inv_dc,
                    self.age, self.cph, self.not_busy, self.kv, self.local)  # fmt: skip
         self.residency_memo: dict[str, npt.NDArray[np.bool_]] = {}  # constraints.py
@@ -259,7 +283,7 @@ def model_index(snap: MeshSnapshot, model: str) -> ModelIndex:
     nodes = [n for n in snap.nodes if serves_whole(n.serving, model)]
     if any(a.peer_id > b.peer_id for a, b in itertools.pairwise(nodes)):
         nodes.sort(key=_peer_id)
-    idx = ModelIndex(tuple(nodes))
+    idx = ModelIndex(tuple(nodes), model)
     snap.cache[key] = idx
     return idx
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshd.core.routing.index import Ints, ModelIndex, Positions, Vec, _Fixed
+from meshd.core.energy import joules_per_token
+from meshd.core.routing.index import Floats, Ints, ModelIndex, Positions, Vec, _Fixed
 from meshd.core.snapshot import Policy, RouteRequest
 
 
@@ -37,6 +38,9 @@ class _Predictions:
     cost: Vec  # price of this request there
     age: Vec  # advert age, s
     fixed: _Fixed | None = None  # the vectorised path's request-independent terms, if any
+    # joules per generated token from measured power (meshd.core.energy; NaN: not measured);
+    # None when no candidate measures its power
+    energy: Vec | None = None
 
 
 def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -> _Predictions:
@@ -73,7 +77,15 @@ def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -
         wait.append(w)
         ttft.append(rtt[i] + w + prefill[k])
         cost.append(cph[i] / 3600.0 * svc[k] / 1000.0 / c)
-    return _Predictions(e, rate, wait, prefill, ttft, cost, age)
+    energy: list[float] | None = None
+    if idx.has_power:
+        pw, out = idx.pw, max(req.max_tokens, 1)
+        energy = [
+            math.nan if (j := joules_per_token(pw[i] if pw[i] >= 0.0 else None, svc[k], cs[i], out))
+            is None else j
+            for k, i in enumerate(e)
+        ]
+    return _Predictions(e, rate, wait, prefill, ttft, cost, age, None, energy)
 
 
 def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) -> _Predictions:
@@ -99,7 +111,8 @@ def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) ->
         # Every rate is measured: the queue wait does not depend on the request.
         fx = part.fixed(f if f > 0.0 else 0.0)
         ttft = fx.rtt_wait + prefill
-        return _Predictions(ix, part.rate, fx.wait, prefill, ttft, cost, part.age, fx)
+        return _Predictions(ix, part.rate, fx.wait, prefill, ttft, cost, part.age, fx,
+                            _energy_np(req, idx, ix, svc, c))
     if part.measured.any():
         rate = np.where(part.measured, part.rate, part.c1000 / svc)
     else:
@@ -123,4 +136,15 @@ def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) ->
     wait = np.where(ahead > 0.0, wait, 0.0)
     ttft = part.rtt + wait
     ttft += prefill
-    return _Predictions(ix, rate, wait, prefill, ttft, cost, part.age)
+    return _Predictions(ix, rate, wait, prefill, ttft, cost, part.age, None,
+                        _energy_np(req, idx, ix, svc, c))
+
+
+def _energy_np(req: RouteRequest, idx: ModelIndex, ix: Ints, svc: Floats, c: Floats) -> Floats | None:
+    """``energy.joules_per_token`` as a vector (NaN where power is not measured)."""
+    if not idx.has_power:
+        return None
+    pw = idx.cols().pw[ix]
+    j = pw * svc / 1000.0 / np.maximum(c, 1.0) / float(max(req.max_tokens, 1))
+    out: Floats = np.where(pw >= 0.0, j, np.nan)
+    return out

@@ -36,7 +36,9 @@ class Candidate(NamedTuple):
     ``predicted_ttft_ms`` = ``rtt_ms`` + ``queue_wait_ms`` + ``prefill_ms`` (staleness corrected,
     the same model whatever the strategy, so hedging and ``meshd explain`` can use it). ``score``
     is what the strategy ranked by, lower is better (None for the round-robins and random).
-    ``excluded_by`` names the hard constraint that ruled the node out, or is None. (A named
+    ``excluded_by`` names the hard constraint that ruled the node out, or is None.
+    ``joules_per_token`` is the energy of each generated token of the request there, from the
+    node's measured power (None: not measured; ``meshd.core.energy``). (A named
     tuple: a decision lists up to ``explain_limit`` of them, and a tuple is built in a third of
     the time of a frozen dataclass.)
     """
@@ -50,6 +52,7 @@ class Candidate(NamedTuple):
     prefill_ms: float
     score: float | None
     excluded_by: str | None
+    joules_per_token: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +155,10 @@ def _candidates(
         at = ks
         nodes = [idx.nodes[pr.e[k]] for k in ks]
     scores: list[float | None] = list(_take(score, at)) if score is not None else [None] * len(ks)
+    energy: list[float | None] = (
+        [None if j != j else j for j in _take(pr.energy, at)] if pr.energy is not None
+        else [None] * len(ks)
+    )
     return [
         Candidate(
             n.peer_id,
@@ -163,13 +170,15 @@ def _candidates(
             p,
             sc,
             None,
+            jpt,
         )  # fmt: skip
-        for n, t, w, p, sc in zip(
+        for n, t, w, p, sc, jpt in zip(
             nodes,
             _take(pr.ttft, ks),
             _take(pr.wait, ks),
             _take(pr.prefill, ks),
             scores,
+            energy,
             strict=True,
         )
     ]

@@ -21,6 +21,7 @@ import random
 
 import numpy as np
 
+from meshd.core.energy import energy_terms_ms
 from meshd.core.routing.index import Floats, Ints, ModelIndex, Positions, Vec
 from meshd.core.routing.prediction import _Predictions
 from meshd.core.routing.roundrobin import LOCKSTEP, _round_robin
@@ -108,6 +109,7 @@ def _scores(pr: _Predictions, policy: Policy) -> tuple[Vec, Vec]:
     wait, which stale adverts make uncertain.
     """
     cw = policy.cost_weight_ms
+    ew = policy.energy_weight if pr.energy is not None else 0.0
     if isinstance(pr.ttft, np.ndarray):
         cost = np.asarray(pr.cost)
         ref = float(cost.min())
@@ -117,6 +119,8 @@ def _scores(pr: _Predictions, policy: Policy) -> tuple[Vec, Vec]:
             price -= 1.0
             price *= cw
             known += price
+        if ew > 0.0:
+            known += _energy_terms_np(np.asarray(pr.energy), ew)
         return known + pr.wait, known
     ref = min(pr.cost)
     if cw > 0.0 and ref > 0.0:
@@ -125,7 +129,21 @@ def _scores(pr: _Predictions, policy: Policy) -> tuple[Vec, Vec]:
         ]
     else:
         known_l = [t - w for t, w in zip(pr.ttft, pr.wait, strict=True)]
+    if ew > 0.0 and pr.energy is not None:
+        terms = energy_terms_ms([None if x != x else x for x in pr.energy], ew)
+        known_l = [k + t for k, t in zip(known_l, terms, strict=True)]
     return [k + w for k, w in zip(known_l, pr.wait, strict=True)], known_l
+
+
+def _energy_terms_np(jpt: Floats, weight: float) -> Floats:
+    """``energy.energy_terms_ms`` as a vector: NaN (power not measured) counts as the largest
+    measured figure."""
+    known = ~np.isnan(jpt)
+    if not known.any():
+        return np.zeros_like(jpt)
+    full = np.where(known, jpt, jpt[known].max())
+    out: Floats = weight * (full - full.min())
+    return out
 
 
 def _occupancy(idx: ModelIndex, e: Positions) -> float:

@@ -41,7 +41,7 @@ async def route(ctx: EntryContext, host: EntryHost, in_flight: dict[str, int], r
     except RoutingError as e:  # QuotaError too, with its own code
         raise RemoteError(str(e), e.code) from None
     if host.store is not None and ctx.decision.route is not None:
-        record_decision(host.store, ctx.decision.route, rreq)
+        record_decision(host.store, ctx.decision.route, rreq, energy_weight=policy.energy_weight)
 
 
 def _with_clients(snap: MeshSnapshot, in_flight: dict[str, int]) -> MeshSnapshot:
@@ -51,7 +51,8 @@ def _with_clients(snap: MeshSnapshot, in_flight: dict[str, int]) -> MeshSnapshot
     return out
 
 
-def record_decision(store: Any, decision: RouteDecision, req: RouteRequest) -> None:
+def record_decision(store: Any, decision: RouteDecision, req: RouteRequest, *,
+                    energy_weight: float = 0.0) -> None:
     rec = decision_record(decision, req)
     names = {c["peer_id"]: c["name"] for c in rec["candidates"]}
     store.record_decision(
@@ -60,7 +61,8 @@ def record_decision(store: Any, decision: RouteDecision, req: RouteRequest) -> N
         candidates=rec["candidates"],
         constraints={"applied": rec["constraints"], "model": req.model,
                      "residency": req.residency, "client": req.client,
-                     "prompt_tokens": req.prompt_tokens},
+                     "prompt_tokens": req.prompt_tokens,
+                     **({"energy_weight": energy_weight} if energy_weight else {})},
         chosen=names.get(decision.chosen, decision.chosen),
         order=[names.get(p, p) for p in rec["order"]],
     )
@@ -84,6 +86,7 @@ def decision_record(decision: RouteDecision, req: RouteRequest) -> dict[str, Any
                 "prefill_ms": c.prefill_ms,
                 "score": c.score,
                 "excluded_by": c.excluded_by,
+                "joules_per_token": c.joules_per_token,
             }
             for c in decision.candidates
         ],
