@@ -2,19 +2,27 @@
 
     .venv/bin/python benchmarks/bench_embed.py [--repeats 300] [--threads 1,2] [--out FILE.json]
 
-For each onnxruntime intra-op thread count (``intra_op_num_threads``; inter-op 1, sequential
-execution, graph optimisation ORT_ENABLE_ALL, no spin-waiting: the Embedder's defaults),
-measured in the same process
-and interleaved so that a noisy machine slows every setting alike:
+Settings, measured in the same process and interleaved so that a noisy machine slows every
+setting alike: for each onnxruntime intra-op thread count (inter-op 1, sequential execution,
+ORT_ENABLE_ALL, no spin-waiting: the Embedder's defaults) the float graph (``fp32``) and the
+int8 graph (``int8``, meshd.embed.quantize), plus ``fp32-batch-path``: the float graph through
+the padded-batch path every call took before the one-text path (``embed_ids(token_ids(...))``,
+the baseline).
 
-- one sentence of exactly 32 tokens (special tokens included) through ``Embedder.embed``
-  (tokenization included): p50 and p99 wall time, and p50 CPU time of the process;
-- batches of 64 varied sentences (8 to 60 tokens; each call sorts, pads and runs one batch):
-  p50 and p99 wall time per batch, and sentences/s at the p50.
+- one sentence of exactly 32 tokens (special tokens included) and one of 12, through
+  ``Embedder.embed`` (tokenization included): p50 and p99 wall time, p50 CPU time of the
+  process (less noisy than wall time on a shared box) and the best run;
+- the first call after loading without the warm-up run (``warm=False``) and the second one;
+- batches of 64 varied sentences (8 to 60 tokens): p50 and p99 wall time per batch, and
+  sentences/s at the p50.
 
-It also checks the 50 sentences of tests/embed/sentences.py against the NumPy reference
-(float64, one sentence at a time): the largest 1 - cosine and the largest absolute difference.
-The model is imported into a temporary cache directory first (first-use import time reported).
+Accuracy: the 50 sentences of tests/embed/sentences.py against the NumPy reference (float64,
+one sentence at a time): the largest 1 - cosine and absolute difference, for the float graph;
+for the int8 graph the cosine to the float vectors (min, mean) and, on the 544 labelled pairs
+of benchmarks/data/cache_pairs.jsonl, the change of each pair's similarity and the cache's
+decisions (fixed threshold with guards: paraphrases served and near misses served) at a few
+thresholds, for both graphs. The model is imported into a temporary cache directory first
+(first-use import time, int8 quantization included, reported).
 """
 
 from __future__ import annotations
@@ -87,10 +95,43 @@ def reference_check(emb: Embedder) -> dict[str, float]:
             "max_abs_diff": float(np.max(np.abs(got - want)))}
 
 
+def pair_quality(fp32: Embedder, int8: Embedder) -> dict[str, Any]:
+    """The cache's decisions on the labelled pairs under each graph (fixed threshold + guards)."""
+    from bench_cache import PAIRS, pair_rates
+
+    from meshd.cache.policy import guard
+
+    rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
+    texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})
+    same = np.array([bool(r["same"]) for r in rows])
+    ok = np.array([guard(r["b"], r["a"]) is None for r in rows])
+    sims = {}
+    for name, emb in (("fp32", fp32), ("int8", int8)):
+        vec = dict(zip(texts, emb.embed(texts), strict=True))
+        sims[name] = np.array([float(vec[r["a"]] @ vec[r["b"]]) for r in rows])
+    d = np.abs(sims["int8"] - sims["fp32"])
+    out: dict[str, Any] = {"pairs": len(rows), "abs_similarity_change_p50_p99_max":
+                           [round(float(np.percentile(d, q)), 4) for q in (50, 99, 100)]}
+    for name, sim in sims.items():
+        out[name] = {f"{t:.2f}": {k: round(v, 4) for k, v in pair_rates((sim >= t) & ok, same).items()}
+                     for t in (0.88, 0.89, 0.90, 0.91, 0.92)}
+    return out
+
+
+def first_calls(model_dir: Path, precision: str, text: str) -> dict[str, float]:
+    emb = load_embedder(model_dir, precision=precision, warm=False)
+    out = {}
+    for key in ("first_ms", "second_ms"):
+        t = time.perf_counter()
+        emb.embed([text])
+        out[key] = round((time.perf_counter() - t) * 1e3, 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=300, help="single-sentence runs per setting")
-    ap.add_argument("--batch-repeats", type=int, default=30, help="64-sentence batches per setting")
+    ap.add_argument("--batch-repeats", type=int, default=10, help="64-sentence batches per setting")
     ap.add_argument("--threads", default="1,2", help="intra-op thread counts, comma separated")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -101,56 +142,98 @@ def main() -> None:
         import_s = time.perf_counter() - t0
         threads = [int(t) for t in args.threads.split(",")]
         t0 = time.perf_counter()
-        embedders = {t: load_embedder(model_dir, threads=t) for t in threads}
-        load_s = (time.perf_counter() - t0) / len(threads)
-        first = embedders[threads[0]]
-        text32 = sentence_of(first, 32)
+        embedders: dict[str, Embedder] = {}
+        for t in threads:
+            for precision in ("fp32", "int8"):
+                embedders[f"{precision} threads={t}"] = load_embedder(
+                    model_dir, threads=t, precision=precision)
+        load_s = (time.perf_counter() - t0) / len(embedders)
+        first = embedders[f"fp32 threads={threads[0]}"]
+        text32, text12 = sentence_of(first, 32), sentence_of(first, 12)
         batch = batch_texts(first, np.random.default_rng(0))
         lengths = [len(i) for i in first.token_ids(batch)]
-        for e in embedders.values():  # warm up
+        calls: dict[str, Any] = {}
+        for name, e in embedders.items():
+            calls[name] = lambda text, e=e: e.embed([text])
+            if name.startswith("fp32"):  # the padded-batch path every call took before
+                calls[name.replace("fp32", "fp32-batch-path")] = (
+                    lambda text, e=e: e.embed_ids(e.token_ids([text])))
+        for f in calls.values():  # warm up
             for _ in range(10):
-                e.embed([text32])
+                f(text32)
+        for e in embedders.values():
             e.embed(batch)
         load0 = os.getloadavg()
-        single: dict[int, tuple[list[float], list[float]]] = {t: ([], []) for t in threads}
+        single: dict[str, dict[int, tuple[list[float], list[float]]]] = {
+            name: {32: ([], []), 12: ([], [])} for name in calls}
         for _ in range(args.repeats):
-            for t, e in embedders.items():
-                w, c = time.perf_counter(), time.process_time()
-                e.embed([text32])
-                single[t][0].append(time.perf_counter() - w)
-                single[t][1].append(time.process_time() - c)
-        batched: dict[int, list[float]] = {t: [] for t in threads}
+            for tokens, text in ((32, text32), (12, text12)):
+                for name, f in calls.items():
+                    w, c = time.perf_counter(), time.process_time()
+                    f(text)
+                    single[name][tokens][0].append(time.perf_counter() - w)
+                    single[name][tokens][1].append(time.process_time() - c)
+        batched: dict[str, list[float]] = {name: [] for name in embedders}
         for _ in range(args.batch_repeats):
-            for t, e in embedders.items():
+            for name, e in embedders.items():
                 w = time.perf_counter()
                 e.embed(batch)
-                batched[t].append(time.perf_counter() - w)
+                batched[name].append(time.perf_counter() - w)
         load1 = os.getloadavg()
+        cold = {p: first_calls(model_dir, p, text32) for p in ("fp32", "int8")}
         check = reference_check(first)
+        int8 = embedders[f"int8 threads={threads[0]}"]
+        a, b = first.embed(SENTENCES), int8.embed(SENTENCES)
+        cos = np.sum(a * b, axis=1)
+        check["int8_cosine_to_fp32_min_mean"] = [round(float(cos.min()), 4),
+                                                 round(float(cos.mean()), 4)]
+        quality = pair_quality(first, int8)
+        sizes = {p.name: p.stat().st_size for p in model_dir.iterdir()}
 
     result: dict[str, Any] = {
         "onnxruntime": ort.__version__, "cpu": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "loadavg_1min_before_after": [load0[0], load1[0]],
         "first_use_import_s": round(import_s, 2), "load_s": round(load_s, 3),
-        "sentence_32_tokens": text32, "batch_tokens_min_median_max":
-            [min(lengths), int(np.median(lengths)), max(lengths)],
-        "settings": {}, "reference": check,
+        "file_bytes": sizes, "sentence_32_tokens": text32, "sentence_12_tokens": text12,
+        "batch_tokens_min_median_max": [min(lengths), int(np.median(lengths)), max(lengths)],
+        "settings": {}, "first_call_without_warmup": cold, "reference": check,
+        "int8_on_cache_pairs": quality,
     }
-    for t in threads:
-        w, c = single[t]
-        b = batched[t]
-        result["settings"][f"threads={t}"] = {
-            "one_32_token_sentence_ms": {"p50": round(pct(w, 50) * 1e3, 2),
-                                          "p99": round(pct(w, 99) * 1e3, 2),
-                                          "cpu_p50": round(pct(c, 50) * 1e3, 2),
-                                          "min": round(min(w) * 1e3, 2)},
-            "batch_of_64_ms": {"p50": round(pct(b, 50) * 1e3, 1), "p99": round(pct(b, 99) * 1e3, 1),
-                               "sentences_per_s_at_p50": round(64 / pct(b, 50), 1)},
-        }
+    for name in calls:
+        row: dict[str, Any] = {}
+        for tokens in (32, 12):
+            w, c = single[name][tokens]
+            row[f"one_{tokens}_token_sentence_ms"] = {
+                "p50": round(pct(w, 50) * 1e3, 2), "p99": round(pct(w, 99) * 1e3, 2),
+                "cpu_p50": round(pct(c, 50) * 1e3, 2), "min": round(min(w) * 1e3, 2)}
+        if name in batched:
+            b = batched[name]
+            row["batch_of_64_ms"] = {"p50": round(pct(b, 50) * 1e3, 1),
+                                     "p99": round(pct(b, 99) * 1e3, 1),
+                                     "sentences_per_s_at_p50": round(64 / pct(b, 50), 1)}
+        result["settings"][name] = row
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    print(summary(result), file=sys.stderr)
+
+
+def summary(result: dict[str, Any]) -> str:
+    """One line per setting: 32 and 12 tokens p50 / p99 / CPU p50 / best, ratio to the base."""
+    settings = result["settings"]
+    base_name = next(n for n in settings if n.startswith("fp32-batch-path"))
+    base = settings[base_name]["one_32_token_sentence_ms"]
+    lines = [f"load average {result['loadavg_1min_before_after']}; baseline {base_name}",
+             f"{'setting':28s} {'32 tok p50/p99/cpu/min ms':>28s} {'x base(cpu)':>11s} "
+             f"{'12 tok p50/cpu ms':>18s} {'batch64 s/s':>11s}"]
+    for name, row in settings.items():
+        r32, r12 = row["one_32_token_sentence_ms"], row["one_12_token_sentence_ms"]
+        rate = row.get("batch_of_64_ms", {}).get("sentences_per_s_at_p50", "")
+        lines.append(f"{name:28s} {r32['p50']:7.2f}/{r32['p99']:6.1f}/{r32['cpu_p50']:6.2f}/"
+                     f"{r32['min']:6.2f} {base['cpu_p50'] / r32['cpu_p50']:11.2f} "
+                     f"{r12['p50']:9.2f}/{r12['cpu_p50']:6.2f} {rate!s:>11s}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

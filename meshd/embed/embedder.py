@@ -1,9 +1,13 @@
 """The onnxruntime adapter of a sentence encoder: texts in, L2-normalised float32 vectors out.
 
-``load_embedder`` checks the directory's files against its manifest and builds one session;
-``Embedder.embed`` tokenizes (truncating to the model's ``max_seq_length``), sorts the texts by
-length so that each batch of up to ``batch_size`` pads little, runs the encoder and returns the
-rows in the caller's order. An ``Embedder`` may be shared by any number of threads.
+``load_embedder`` checks the directory's files against its manifest and builds one session
+(of the float graph, or with ``precision="int8"`` of the int8 one), then runs it once so the
+first caller does not pay for onnxruntime's first-run allocations. ``Embedder.embed``
+tokenizes (truncating to the model's ``max_seq_length``), sorts the texts by length so that
+each batch of up to ``batch_size`` pads little, runs the encoder and returns the rows in the
+caller's order; one text takes a shorter path (no sorting, no padding, no copies). The int8
+graph runs one text per call, so that a text's vector never depends on the rest of its batch.
+An ``Embedder`` may be shared by any number of threads.
 """
 
 from __future__ import annotations
@@ -27,17 +31,20 @@ from meshd.errors import LocalError, ModelError
 
 log = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZE = 64
+PRECISIONS = ("fp32", "int8")
 
 
 class Embedder:
     """One loaded sentence encoder. ``embed(texts) -> float32 [n, dim]``, rows of norm 1."""
 
     def __init__(self, path: Path, manifest: EmbedManifest, tokenizer: Any,
-                 session: ort.InferenceSession, *, batch_size: int, threads: int) -> None:
+                 session: ort.InferenceSession, *, batch_size: int, threads: int,
+                 precision: str = "fp32") -> None:
         self.path = path
         self.manifest = manifest
         self.batch_size = batch_size
         self.threads = threads
+        self.precision = precision
         self._tok = tokenizer
         self._session: Any = session
         self._lock = threading.Lock()
@@ -51,9 +58,9 @@ class Embedder:
 
     @property
     def identity(self) -> str:
-        """``name@sha256-prefix`` of the weights: two embedders with equal identities give
-        equal vectors, so caches key on it."""
-        return self.manifest.identity
+        """``name@sha256-prefix`` of the weights (``+int8`` for the int8 graph): two embedders
+        with equal identities give equal vectors, so caches key on it."""
+        return self.manifest.identity + ("" if self.precision == "fp32" else "+" + self.precision)
 
     @property
     def dim(self) -> int:
@@ -78,6 +85,14 @@ class Embedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embeddings of ``texts``: float32 [len(texts), dim], each row L2-normalised."""
         t0 = time.perf_counter()
+        if len(texts) == 1 and isinstance(texts[0], str) and not isinstance(texts, str):
+            row = np.asarray(self._tok.encode(texts[0]).ids, np.int64)[None]
+            out = self._run_arrays(row, np.ones_like(row))
+            with self._lock:
+                self._texts += 1
+                self._batches += 1
+                self._busy_s += time.perf_counter() - t0
+            return out
         ids = self.token_ids(texts)
         out = np.empty((len(ids), self.dim), np.float32)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
@@ -99,12 +114,19 @@ class Embedder:
         return self._run(batch)
 
     def _run(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
+        if self.precision == "int8" and len(batch) > 1:
+            # Dynamic quantization scales each activation by the whole batch's range, so a
+            # row would depend on its neighbours and padding: run the rows one by one.
+            return np.concatenate([self._run([ids]) for ids in batch])
         t = max(len(ids) for ids in batch)
         input_ids = np.zeros((len(batch), t), np.int64)
         mask = np.zeros((len(batch), t), np.int64)
         for r, ids in enumerate(batch):
             input_ids[r, :len(ids)] = ids
             mask[r, :len(ids)] = 1
+        return self._run_arrays(input_ids, mask)
+
+    def _run_arrays(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         try:
             (emb,) = self._session.run([EMBEDDING], {INPUT_IDS: input_ids, ATTENTION_MASK: mask})
         except Exception as err:  # onnxruntime's own exception types
@@ -114,7 +136,8 @@ class Embedder:
     def statistics(self) -> dict[str, Any]:
         with self._lock:
             return {"model": self.name, "identity": self.identity, "dim": self.dim,
-                    "provider": self.provider, "threads": self.threads, "texts": self._texts,
+                    "precision": self.precision, "provider": self.provider,
+                    "threads": self.threads, "texts": self._texts,
                     "batches": self._batches, "busy_s": round(self._busy_s, 3)}
 
     def close(self) -> None:
@@ -133,14 +156,18 @@ def _first_line(err: BaseException) -> str:
 
 def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
                   providers: list[str] | tuple[str, ...] | None = None, verify: bool = True,
-                  batch_size: int = DEFAULT_BATCH_SIZE, spin: bool = False) -> Embedder:
+                  batch_size: int = DEFAULT_BATCH_SIZE, spin: bool = False,
+                  precision: str = "fp32", warm: bool = True) -> Embedder:
     """Load an embedding model directory (default: all-MiniLM-L6-v2 from the ``meshd[edge]``
     extra, imported into the user's cache on first use). ``verify`` checks the weights' sha256
     (the file size and the graph's and tokenizer's hashes are always checked). ``threads``:
     onnxruntime intra-op threads (default: onnxruntime's, one per core). ``spin``: let idle
     intra-op threads spin-wait (onnxruntime's default); off here, because on a small shared box
     a spinning thread takes CPU from everything else (32 tokens on 2 threads at load 7: 44.9 ms
-    p50 without spinning, 58.1 ms with)."""
+    p50 without spinning, 58.1 ms with). ``precision``: ``"fp32"`` (the float graph) or
+    ``"int8"`` (the int8 graph written at import, about 2x less CPU per embedding; vectors
+    within cosine ~0.97 of the float ones, docs/embeddings.md); the two give different
+    ``identity`` strings. ``warm``: run the session once before returning."""
     from tokenizers import Tokenizer
 
     t0 = time.perf_counter()
@@ -150,7 +177,15 @@ def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
     path = Path(path)
     if batch_size < 1:
         raise LocalError("batch_size must be >= 1")
+    if precision not in PRECISIONS:
+        raise LocalError(f"precision={precision!r} is not supported ({', '.join(PRECISIONS)})")
     m = read_embed_manifest(path)
+    graph_file, graph_sha = m.graph_file, m.graph_sha256
+    if precision == "int8":
+        if not m.int8_file:
+            raise ModelError(f"{path}: this model has no int8 graph (imported by an older meshd); "
+                             "import it again with: meshd model import HF_DIR --out DIR --force")
+        graph_file, graph_sha = m.int8_file, m.int8_sha256
     weights = path / m.weights_file
     try:
         size = weights.stat().st_size
@@ -162,7 +197,7 @@ def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
     if verify and file_sha256(weights) != m.weights_sha256:
         raise ModelError(f"{m.weights_file}: hash mismatch (the file is corrupt or does not "
                          "belong to this manifest)")
-    for name, want in ((m.graph_file, m.graph_sha256), (m.tokenizer_file, m.tokenizer_sha256)):
+    for name, want in ((graph_file, graph_sha), (m.tokenizer_file, m.tokenizer_sha256)):
         try:
             data = (path / name).read_bytes()
         except OSError:
@@ -184,13 +219,15 @@ def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
             raise LocalError("threads must be >= 1")
         so.intra_op_num_threads = threads
     try:
-        session = ort.InferenceSession(str(path / m.graph_file), so,
+        session = ort.InferenceSession(str(path / graph_file), so,
                                        providers=choose_providers(providers))
     except Exception as err:
         raise ModelError(f"{m.name}: onnxruntime cannot build the session: "
                          f"{_first_line(err)}") from None
     emb = Embedder(path, m, tok, session, batch_size=batch_size,
-                   threads=threads or so.intra_op_num_threads)
-    log.info("embedding model loaded name=%s dim=%d provider=%s load_ms=%.1f", m.name, emb.dim,
-             emb.provider, (time.perf_counter() - t0) * 1e3)
+                   threads=threads or so.intra_op_num_threads, precision=precision)
+    if warm:  # onnxruntime allocates and pre-packs on the first run (measured: docs/embeddings.md)
+        emb.embed_ids([[0] * 8])
+    log.info("embedding model loaded name=%s dim=%d precision=%s provider=%s load_ms=%.1f",
+             m.name, emb.dim, precision, emb.provider, (time.perf_counter() - t0) * 1e3)
     return emb

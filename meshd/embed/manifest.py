@@ -2,13 +2,16 @@
 
 The directory holds ``weights.bin`` (the same 64-byte-aligned tensor file as a generative
 model, see docs/model-format.md), ``tokenizer.json`` and ``encoder.onnx`` (the whole encoder,
-its initializers external references into ``weights.bin``). The format is in
-docs/embeddings.md; bump ``FORMAT_VERSION`` for any change an older reader would misread.
+its initializers external references into ``weights.bin``), and, when the optional ``int8``
+section names it, ``encoder-int8.onnx`` (meshd.embed.quantize; older readers ignore the
+section). The format is in docs/embeddings.md; bump ``FORMAT_VERSION`` for any change an
+older reader would misread.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,9 @@ class EmbedManifest:
     graph_sha256: str
     source: dict[str, Any] = field(default_factory=dict)
     created_by: str = ""
+    int8_file: str = ""  # the int8 graph (meshd.embed.quantize), "" when there is none
+    int8_sha256: str = ""
+    int8_scheme: str = ""
 
     @property
     def content_hash(self) -> str:
@@ -63,6 +69,8 @@ class EmbedManifest:
                         "tensors": [t.to_json() for t in self.tensors]},
             "tokenizer": {"file": self.tokenizer_file, "sha256": self.tokenizer_sha256},
             "graph": {"file": self.graph_file, "sha256": self.graph_sha256},
+            **({"int8": {"file": self.int8_file, "sha256": self.int8_sha256,
+                         "scheme": self.int8_scheme}} if self.int8_file else {}),
         }
 
     def write(self, directory: Path) -> None:
@@ -72,7 +80,9 @@ class EmbedManifest:
         # One line per tensor, as in a generative model's manifest, so diffs stay readable.
         lines = ",\n".join(f"   {json.dumps(r)}" for r in rows)
         text = json.dumps(data, indent=1).replace('"@@tensors@@"', f"[\n{lines}\n  ]")
-        (directory / MANIFEST).write_text(text + "\n")
+        part = directory / f".{MANIFEST}.{os.getpid()}"
+        part.write_text(text + "\n")
+        os.replace(part, directory / MANIFEST)  # a reader never sees half a manifest
 
 
 def is_embedding_dir(directory: Path) -> bool:
@@ -96,6 +106,7 @@ def parse_embed_manifest(data: Any, source: str = MANIFEST) -> EmbedManifest:
                          f"supported (this meshd reads {FORMAT_VERSION})")
     try:
         w, tok, graph = data["weights"], data["tokenizer"], data["graph"]
+        int8 = data.get("int8") or {}
         m = EmbedManifest(
             name=str(data["name"]),
             version=str(data["version"]),
@@ -113,8 +124,11 @@ def parse_embed_manifest(data: Any, source: str = MANIFEST) -> EmbedManifest:
             graph_sha256=str(graph["sha256"]),
             source=dict(data.get("source", {})),
             created_by=str(data.get("created_by", "")),
+            int8_file=str(int8.get("file", "")),
+            int8_sha256=str(int8.get("sha256", "")),
+            int8_scheme=str(int8.get("scheme", "")),
         )
-    except (KeyError, TypeError, ValueError, IndexError) as err:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise ModelError(f"{source}: malformed manifest ({type(err).__name__}: {err})") from None
     if m.dtype not in DTYPES:
         raise ModelError(f"{source}: dtype={m.dtype!r} is not supported (fp32, fp16)")
@@ -123,7 +137,7 @@ def parse_embed_manifest(data: Any, source: str = MANIFEST) -> EmbedManifest:
             raise ModelError(f"{source}: tensor {t.name!r} has unsupported dtype {t.dtype!r}")
         if t.offset < 0 or t.offset + t.nbytes > m.weights_bytes:
             raise ModelError(f"{source}: tensor {t.name!r} lies outside {m.weights_file}")
-    for name in (m.weights_file, m.tokenizer_file, m.graph_file):
+    for name in (m.weights_file, m.tokenizer_file, m.graph_file, *filter(None, [m.int8_file])):
         if "/" in name or "\\" in name or name.startswith("."):
             raise ModelError(f"{source}: file name {name!r} must be a plain name in the directory")
     return m

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from meshd.embed.importer import import_bert
 from meshd.embed.manifest import is_embedding_dir
+from meshd.embed.quantize import ensure_int8
 from meshd.engine.weights import file_sha256
 from meshd.errors import ModelError
 from meshd.paths import cache_home
@@ -47,6 +48,7 @@ def default_embedding_model(cache_dir: Path | None = None) -> Path:
     zip_path, version = packaged_zip()
     out = (cache_dir or cache_home()) / "embed" / f"{DEFAULT_EMBED_MODEL}-{version}"
     if is_embedding_dir(out):
+        ensure_int8(out)  # imported by a meshd that wrote no int8 graph
         return out
     log.warning("importing embedding model on first use name=%s from=%s out=%s",
                 DEFAULT_EMBED_MODEL, zip_path, out)
