@@ -154,3 +154,51 @@ def test_embed_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "False False"  # nor is the model package imported (its __init__ prints)
+
+
+def test_int8_graph_written_at_import(tiny: tuple[Path, Path]) -> None:
+    _, out = tiny
+    m = read_embed_manifest(out)
+    assert m.int8_file == "encoder-int8.onnx" and (out / m.int8_file).is_file()
+    assert m.int8_scheme == "ort-dynamic-s8-per-channel"
+    # The unchanged float tensors (embedding tables, norms, biases) stay in weights.bin.
+    assert (out / m.int8_file).stat().st_size < (out / m.weights_file).stat().st_size
+    f32, q = load_embedder(out), load_embedder(out, precision="int8")
+    assert q.identity == f32.identity + "+int8" and q.statistics()["precision"] == "int8"
+    a, b = f32.embed(TEXTS), q.embed(TEXTS)
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+    assert float(np.min(np.sum(a * b, axis=1))) > 0.9  # tiny random weights: a loose bound
+    # A text's int8 vector does not depend on the rest of its batch (nor on padding).
+    one = np.concatenate([q.embed([t]) for t in TEXTS])
+    np.testing.assert_array_equal(one, b)
+
+
+def test_int8_missing_or_corrupt(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    import shutil
+
+    from meshd.embed.quantize import ensure_int8
+
+    _, out = tiny
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    data = bytearray((bad / "encoder-int8.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (bad / "encoder-int8.onnx").write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="encoder-int8.onnx: hash mismatch"):
+        load_embedder(bad, precision="int8")
+    load_embedder(bad)  # the float graph is unaffected
+    with pytest.raises(LocalError, match="precision"):
+        load_embedder(out, precision="fp8")
+    # A directory imported by an older meshd: no int8 section. Loading says how to fix it;
+    # ensure_int8 (used for the default model's cache) adds it.
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    (old / "encoder-int8.onnx").unlink()
+    doc = json.loads((old / "manifest.json").read_text())
+    del doc["int8"]
+    (old / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelError, match="no int8 graph.*meshd model import"):
+        load_embedder(old, precision="int8")
+    assert ensure_int8(old).int8_file == "encoder-int8.onnx"
+    np.testing.assert_array_equal(load_embedder(old, precision="int8").embed(TEXTS),
+                                  load_embedder(out, precision="int8").embed(TEXTS))

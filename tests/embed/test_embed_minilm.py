@@ -92,3 +92,17 @@ def test_missing_extra_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(package, "PACKAGE", "no-such-package-for-meshd")
     with pytest.raises(ModelError, match=r"pip install 'meshd\[edge\]'"):
         load_embedder()
+
+
+def test_int8_within_cosine_bound_of_float(minilm: Embedder, model_dir: Path) -> None:
+    # The int8 graph (docs/embeddings.md "int8"): measured min 0.9695, mean 0.9906 on these.
+    q = load_embedder(model_dir, precision="int8")
+    a, b = minilm.embed(SENTENCES), q.embed(SENTENCES)
+    cos = np.sum(a * b, axis=1)
+    assert float(cos.min()) > 0.95 and float(cos.mean()) > 0.985
+    # Pair similarities move much less than the vectors do (what the cache compares).
+    v = q.embed(["The weather is lovely today.", "It's so sunny outside!",
+                 "He drove to the stadium."])
+    want = np.array([[1.0, 0.6660, 0.1046], [0.6660, 1.0, 0.1411], [0.1046, 0.1411, 1.0]])
+    np.testing.assert_allclose(v @ v.T, want, atol=0.03)
+    assert q.identity == minilm.identity + "+int8"
