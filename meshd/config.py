@@ -149,6 +149,7 @@ class CacheConfig:
     ttl_s: float = 7 * 86_400.0  # an answer is served for at most this long after it was made
     threshold: float = 0.91  # cosine similarity for a hit (with the guards of docs/cache.md)
     tenant: str = "default"  # clients of one tenant may opt in to sharing answers
+    embed_precision: str = "int8"  # the embedding graph: int8 (about 2x less CPU) or fp32
 
 
 @dataclass(frozen=True)
@@ -327,6 +328,8 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[rag] top_k", "must be in [1, 64]")
     if cfg.rag.remote_timeout_s <= 0:
         raise bad("[rag] remote_timeout_s", "must be > 0")
+    if c.embed_precision not in ("int8", "fp32"):
+        raise bad("[cache] embed_precision", "must be int8 or fp32")
     for key in ("max_age_days", "max_size_mb", "prune_interval_s"):
         if getattr(cfg.store, key) <= 0:
             raise bad(f"[store] {key}", "must be > 0")

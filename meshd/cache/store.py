@@ -9,6 +9,9 @@ policy learns from. At open the vectors are read back into one in-memory index p
 (meshd.cache.index), or a partition's HNSW graph saved by ``close`` is loaded when its stamp
 (count, largest and summed ids of its rows) still matches, so the cache survives a restart; a file that SQLite cannot read is moved
 aside (``<name>.corrupt-<unix time>``) and a new, empty cache is started, with a warning.
+A hit does not write: its entry's ``last_used`` and ``hits`` are kept in memory and written by
+``flush`` (the daemon calls it after the answer went out), before any eviction, and at
+``close``; a crash loses only those counters.
 Decisions (who may read what, hit or not, what to evict) are the pure functions of
 meshd.cache.keys, policy and eviction; this module does the I/O.
 """
@@ -104,6 +107,7 @@ class SemanticCache:
         self._indexes: dict[str, PartitionIndex] = {}
         self._entries = 0
         self._bytes = 0
+        self._touched: dict[int, tuple[float, int]] = {}  # entry id -> (last used, new hits)
         self.stats = {"lookups": 0, "hits": 0, "verifies": 0, "misses": 0, "skips": 0,
                       "inserts": 0, "evictions": 0, "expired": 0, "rebuilds": 0}
         t0 = time.perf_counter()
@@ -209,6 +213,7 @@ class SemanticCache:
     def _rebuild(self, err: BaseException) -> None:
         """Move an unusable file aside and start empty; never raise for a corrupt cache."""
         self.stats["rebuilds"] += 1
+        self._touched.clear()
         try:
             self.db.conn.close()
         except Exception:  # the connection may be half open
@@ -278,9 +283,7 @@ class SemanticCache:
                                   "prompt_key = ? AND expires_at > ? ORDER BY id DESC LIMIT 1",
                                   [part, key, now]).fetchone()
             if row is not None:
-                with self.db.conn:
-                    self.db.execute("UPDATE entries SET last_used = ?, hits = hits + 1 "
-                                    "WHERE id = ?", [now, row[0]])
+                self._touch(int(row[0]), now)
                 return int(row[0]), str(row[1])
         return None
 
@@ -313,11 +316,36 @@ class SemanticCache:
                 best = (decision, None, None)
                 continue  # a guard refused this one: the next neighbour may still do
             if decision.kind == "hit":
-                with self.db.conn:
-                    self.db.execute("UPDATE entries SET last_used = ?, hits = hits + 1 "
-                                    "WHERE id = ?", [now, eid])
+                self._touch(eid, now)
             return decision, eid, answer
         return best
+
+    def _touch(self, eid: int, now: float) -> None:
+        _, hits = self._touched.get(eid, (now, 0))
+        self._touched[eid] = (now, hits + 1)
+
+    @property
+    def pending_touches(self) -> int:
+        """Hits not yet written to SQLite (``flush`` writes them)."""
+        return len(self._touched)
+
+    def flush(self) -> None:
+        """Write the hits' ``last_used`` and ``hits`` held in memory (see the module doc)."""
+        try:
+            with self._lock:
+                self._flush_locked()
+        except sqlite3.DatabaseError as err:
+            with self._lock:
+                self._rebuild(err)
+
+    def _flush_locked(self) -> None:
+        if not self._touched:
+            return
+        rows = [(used, hits, eid) for eid, (used, hits) in self._touched.items()]
+        self._touched.clear()
+        with self.db.conn:
+            self.db.conn.executemany("UPDATE entries SET last_used = max(last_used, ?), "
+                                     "hits = hits + ? WHERE id = ?", rows)
 
     def insert(self, req: CacheRequest, answer: str, *, lookup: Lookup | None = None) -> int | None:
         """Store ``answer`` for ``req`` (reusing ``lookup``'s vector); returns the entry id, or
@@ -343,6 +371,7 @@ class SemanticCache:
 
     def _insert_locked(self, part: str, prompt: str, answer: str, vec: np.ndarray, nbytes: int,
                        now: float) -> int:
+        self._flush_locked()  # eviction orders by last_used: it must see every hit
         expired = [(r[0], r[1]) for r in self.db.execute(
             "SELECT id, partition FROM entries WHERE expires_at <= ?", [now])]
         if expired:
@@ -437,6 +466,7 @@ class SemanticCache:
         """Save the HNSW graphs (see ``_save_graphs``) and close the database."""
         with self._lock:
             try:
+                self._flush_locked()
                 self._save_graphs()
             except (OSError, sqlite3.Error, RuntimeError) as err:
                 log.warning("semantic cache graphs not saved path=%s reason=%s", self.path, err)

@@ -6,7 +6,10 @@ could take part in, in a worker thread, so a node that never sees one stays ligh
 loaded (and for good, if the ``meshd[edge]`` extra is missing or the file cannot be opened)
 every lookup is a ``skip`` with the reason, said once in the log. ``lookup`` and ``insert`` run in worker threads
 (one at a time: the embedding takes most of a core). Inserting happens after the answer has
-gone to the client, in this service's own nursery, so it never delays a response.
+gone to the client, in this service's own nursery, so it never delays a response; so does
+writing a hit's ``last_used`` and hit count (``SemanticCache.flush``): a hit reads SQLite and
+the index and writes nothing. The embedding graph is ``[cache] embed_precision`` (int8 by
+default: about half the CPU of the float graph per prompt, docs/embeddings.md).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class EdgeCache:
         self.reason = "disabled in [cache]" if not c.enabled else "loads on the first cacheable request"
         self._limiter = trio.CapacityLimiter(1)
         self._nursery: trio.Nursery | None = None
+        self._flush_pending = False
         self.stats = {"hits": 0, "misses": 0, "skips": 0, "inserts": 0, "errors": 0}
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -63,8 +67,8 @@ class EdgeCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         limits = CacheLimits(max_entries=c.max_entries, max_bytes=int(c.max_size_mb * 2**20),
                              ttl_s=c.ttl_s)
-        return SemanticCache(self.path, load_embedder(), policy=FixedThreshold(threshold=c.threshold),
-                             limits=limits)
+        return SemanticCache(self.path, load_embedder(precision=c.embed_precision),
+                             policy=FixedThreshold(threshold=c.threshold), limits=limits)
 
     @property
     def ready(self) -> bool:
@@ -85,7 +89,23 @@ class EdgeCache:
             return None
         key = {"hit": "hits", "skip": "skips"}.get(got.kind, "misses")
         self.stats[key] += 1
+        if got.kind == "hit" and not self._flush_pending and self._nursery is not None:
+            self._flush_pending = True
+            self._nursery.start_soon(self._flush)
         return got
+
+    async def _flush(self) -> None:
+        """Write the hits' counters (queued behind this lookup's caller, not in its way)."""
+        await trio.lowlevel.checkpoint()  # let the hit's answer go out first
+        self._flush_pending = False
+        cache = self.cache
+        if cache is None:
+            return
+        try:
+            await trio.to_thread.run_sync(cache.flush, limiter=self._limiter)
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("semantic cache flush failed")
 
     def remember(self, req: Any, answer: str, got: Any) -> None:
         """Store ``answer`` for ``req`` after the client has it (and, for a ``verify`` lookup,

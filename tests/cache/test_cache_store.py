@@ -97,6 +97,31 @@ def test_lru_eviction_by_entries_and_bytes(tmp_path: Path) -> None:
     assert small.insert(REQ, "y" * 1000) is None  # alone larger than the bound
 
 
+def test_a_hit_writes_nothing_until_flush(tmp_path: Path) -> None:
+    clock = Clock()
+    c = _cache(tmp_path / "c.db", clock)
+    eid = c.insert(REQ, "Paris")
+
+    def row() -> tuple[float, int]:
+        return tuple(c.db.execute("SELECT last_used, hits FROM entries WHERE id = ?",  # type: ignore[return-value]
+                                  [eid]).fetchone())
+
+    before = row()
+    changes = c.db.conn.total_changes
+    for prompt in (REQ.prompt, "What is the capital of France?"):  # exact, then by meaning
+        clock.now += 1
+        assert c.lookup(replace(REQ, prompt=prompt)).kind == "hit"
+    assert c.db.conn.total_changes == changes and row() == before and c.pending_touches == 1
+    c.flush()
+    assert row() == (clock.now, 2) and c.pending_touches == 0
+    clock.now += 1
+    c.lookup(REQ)
+    c.close()  # close writes what is pending
+    reopened = _cache(tmp_path / "c.db", clock)
+    assert tuple(reopened.db.execute("SELECT last_used, hits FROM entries").fetchone()) == (
+        clock.now, 3)
+
+
 def test_ttl(tmp_path: Path) -> None:
     clock = Clock()
     c = _cache(tmp_path / "c.db", clock, limits=CacheLimits(ttl_s=60))
