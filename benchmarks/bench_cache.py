@@ -19,7 +19,15 @@ Quality, on benchmarks/data/cache_pairs.jsonl (all-MiniLM-L6-v2 embeddings):
 Speed and memory, on one partition of ``--entries`` entries: the anchors are real entries,
 the rest are synthetic vectors (real prompt embeddings plus noise, renormalised) inserted
 through SQL, then the cache is reopened twice (restart times: reading SQLite and building the
-HNSW graph; then loading the graph that ``close`` saved). Lookups embed the prompt (onnxruntime default threads), search, read the row, decide.
+HNSW graph; then loading the graph that ``close`` saved). Lookups embed the prompt (onnxruntime default threads), search, read the row, decide;
+with ``--precision fp32,int8`` every lookup is made once with each embedding graph, interleaved
+(the index holds the first graph's vectors).
+
+On a daemon (``--daemon``): one real ``meshd run`` serving the shipped tiny-en with the cache
+on (``[cache] embed_precision`` as configured by default). The anchors of the labelled pairs
+are asked once each; then, interleaved: their paraphrases (cache hits: submit to DONE on the
+client, through the control socket), new prompts with the cache on (misses: the daemon's
+``ttft_ms``) and new prompts with ``cache: false`` (no cache step: the baseline of the miss).
 """
 
 from __future__ import annotations
@@ -211,8 +219,9 @@ def plot(q: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def speed(emb: Any, rows: list[dict[str, Any]], vec: dict[str, np.ndarray], entries: int,
-          root: Path) -> dict[str, Any]:
+def speed(embs: dict[str, Any], rows: list[dict[str, Any]], vec: dict[str, np.ndarray],
+          entries: int, root: Path) -> dict[str, Any]:
+    emb = next(iter(embs.values()))
     req = CacheRequest(model="bench", tenant="t", client="c", prompt="")
     path = root / "cache.db"
     anchors = sorted({r["a"] for r in rows})
@@ -261,16 +270,23 @@ def speed(emb: Any, rows: list[dict[str, Any]], vec: dict[str, np.ndarray], entr
     for i, p in enumerate(probe):
         cache.insert(p, "a new answer", lookup=Lookup("miss", "", vector=base[i % len(base)]))
     insert_s = time.perf_counter() - t3
-    # Lookups: anchors' paraphrases (hits at the default) and other prompts.
-    hit_ms, miss_ms, search_ms, embed_ms = [], [], [], []
+    # Lookups: anchors' paraphrases (hits at the default) and other prompts, once with each
+    # embedding graph, interleaved.
+    timed: dict[str, dict[str, list[float]]] = {
+        p: {"hit": [], "miss": [], "search": [], "embed": [], "cpu": []} for p in embs}
     texts = [r["b"] for r in rows][:400]
     for text in texts:
-        t = time.perf_counter()
-        got = cache.lookup(replace(req, prompt=text))
-        dt = (time.perf_counter() - t) * 1e3
-        (hit_ms if got.kind == "hit" else miss_ms).append(dt)
-        search_ms.append(got.search_ms)
-        embed_ms.append(got.embed_ms)
+        for prec, e in embs.items():
+            cache.embedder = e
+            t, c = time.perf_counter(), time.process_time()
+            got = cache.lookup(replace(req, prompt=text))
+            dt = (time.perf_counter() - t) * 1e3
+            tm = timed[prec]
+            tm["hit" if got.kind == "hit" else "miss"].append(dt)
+            tm["cpu"].append((time.process_time() - c) * 1e3)
+            tm["search"].append(got.search_ms)
+            tm["embed"].append(got.embed_ms)
+    cache.embedder = emb
     # Exact repeats of cached prompts: answered from SQLite without embedding.
     repeat_ms = []
     for a in anchors[:90]:
@@ -289,21 +305,95 @@ def speed(emb: Any, rows: list[dict[str, Any]], vec: dict[str, np.ndarray], entr
     def p(xs: list[float], q: float) -> float:
         return round(float(np.percentile(xs, q)), 3) if xs else float("nan")
 
+    by_precision = {prec: {
+        "lookup_hit_end_to_end_ms": {"n": len(tm["hit"]), "p50": p(tm["hit"], 50),
+                                     "p99": p(tm["hit"], 99)},
+        "lookup_miss_end_to_end_ms": {"n": len(tm["miss"]), "p50": p(tm["miss"], 50),
+                                      "p99": p(tm["miss"], 99)},
+        "lookup_cpu_ms_p50": p(tm["cpu"], 50),
+        "embed_ms": {"p50": p(tm["embed"], 50), "p99": p(tm["embed"], 99)},
+        "search_and_decide_ms": {"p50": p(tm["search"], 50), "p99": p(tm["search"], 99)},
+    } for prec, tm in timed.items()}
     return {
-        "entries": st["entries"], "index": st["index_kinds"],
+        "entries": st["entries"], "index": st["index_kinds"], "lookups": by_precision,
         "index_bytes": st["index_bytes"], "sqlite_file_bytes": path.stat().st_size,
         "rss_of_open_cache_bytes": rss1 - rss0, "restart_rebuilding_index_s": round(open_s, 2),
         "restart_loading_saved_index_s": round(open_saved_s, 2),
         "sql_bulk_insert_s": round(sql_s, 2), "first_real_inserts_s": round(t1 - t0, 2),
         "api_inserts_per_s_at_full_size": round(len(probe) / insert_s, 1),
-        "lookup_hit_end_to_end_ms": {"n": len(hit_ms), "p50": p(hit_ms, 50), "p99": p(hit_ms, 99)},
-        "lookup_miss_end_to_end_ms": {"n": len(miss_ms), "p50": p(miss_ms, 50),
-                                      "p99": p(miss_ms, 99)},
         "exact_repeat_hit_ms": {"n": len(repeat_ms), "p50": p(repeat_ms, 50),
                                 "p99": p(repeat_ms, 99)},
-        "embed_ms": {"p50": p(embed_ms, 50), "p99": p(embed_ms, 99)},
-        "search_and_decide_ms": {"p50": p(search_ms, 50), "p99": p(search_ms, 99)},
         "lookup_with_vector_given_ms": {"p50": p(alone, 50), "p99": p(alone, 99)},
+    }
+
+
+def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int) -> dict[str, Any]:
+    import trio
+
+    from meshd.testing.wait import wait_for
+    from meshd.testnet.drive import cli, stream
+    from meshd.testnet.launcher import NodeSpec, down, up
+
+    index = up(root / "net", [NodeSpec(name="c1", extra={"cache": {"enabled": True}})],
+               advert_interval_s=1.0)
+    sock = index["nodes"][0]["socket"]
+
+    def stats() -> dict[str, Any]:
+        return dict(json.loads(cli("cache", "stats", "--json", "--socket", sock).stdout))
+
+    def ask(prompt: str, **extra: Any) -> tuple[dict[str, Any], float]:
+        fields = {"rid": "", "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+                  "client": "bench", **extra}
+        t = time.monotonic()
+        got = trio.run(stream, sock, fields)
+        return got["stats"], (got["done_at"] - t) * 1e3
+
+    try:
+        ask("Warm up.", client="warmup")
+        wait_for(lambda: stats()["state"] == "ready", 300, "the semantic cache to load")
+        anchors = sorted({r["a"] for r in rows})
+        for a in anchors:
+            ask(a)
+        wait_for(lambda: stats()["inserts"] >= len(anchors), 300, "the anchors to be stored")
+        paraphrases = [r["b"] for r in rows if r["same"]]
+        hit_ms, hit_ttft, miss_ttft, off_ttft, repeat_ms, repeat_ttft = [], [], [], [], [], []
+        missed = 0
+        for i in range(n):
+            st, ms = ask(paraphrases[i % len(paraphrases)])
+            if st.get("cached"):
+                hit_ms.append(ms)
+                hit_ttft.append(float(st["ttft_ms"]))
+            else:
+                missed += 1
+            st, ms = ask(anchors[i % len(anchors)])
+            if st.get("cached"):
+                repeat_ms.append(ms)
+                repeat_ttft.append(float(st["ttft_ms"]))
+            st, _ = ask(f"Tell me something new about topic number {i} and its history.")
+            miss_ttft.append(float(st["ttft_ms"]))
+            st, _ = ask(f"Explain another new thing about subject {i} in plain words.",
+                        cache=False)
+            off_ttft.append(float(st["ttft_ms"]))
+        final = stats()
+    finally:
+        down(root / "net")
+
+    def p(xs: list[float], q: float) -> float:
+        return round(float(np.percentile(xs, q)), 2) if xs else float("nan")
+
+    return {
+        "hit_submit_to_done_ms": {"n": len(hit_ms), "p50": p(hit_ms, 50), "p99": p(hit_ms, 99)},
+        "hit_daemon_ttft_ms": {"p50": p(hit_ttft, 50), "p99": p(hit_ttft, 99)},
+        "paraphrases_not_served": missed,
+        "exact_repeat_submit_to_done_ms": {"n": len(repeat_ms), "p50": p(repeat_ms, 50),
+                                           "p99": p(repeat_ms, 99)},
+        "exact_repeat_daemon_ttft_ms": {"p50": p(repeat_ttft, 50), "p99": p(repeat_ttft, 99)},
+        "miss_daemon_ttft_ms": {"n": len(miss_ttft), "p50": p(miss_ttft, 50),
+                                "p99": p(miss_ttft, 99)},
+        "cache_false_daemon_ttft_ms": {"n": len(off_ttft), "p50": p(off_ttft, 50),
+                                       "p99": p(off_ttft, 99)},
+        "miss_adds_p50_ms": round(p(miss_ttft, 50) - p(off_ttft, 50), 2),
+        "cache": {k: final.get(k) for k in ("state", "entries", "hits", "misses", "inserts")},
     }
 
 
@@ -313,10 +403,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "cache_pr.png")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--precision", default="fp32,int8",
+                    help="embedding graphs to time lookups with, comma separated (the first "
+                         "also gives the quality figures and the index's vectors)")
+    ap.add_argument("--daemon", type=int, default=0, metavar="N",
+                    help="also time N hits, repeats and misses on a real daemon")
     args = ap.parse_args()
     rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
     with tempfile.TemporaryDirectory() as tmp:
-        emb = load_embedder(default_embedding_model(cache_dir=Path(tmp)))
+        model_dir = default_embedding_model(cache_dir=Path(tmp))
+        precisions = args.precision.split(",")
+        embs = {p: load_embedder(model_dir, precision=p) for p in precisions}
+        emb = embs[precisions[0]]
         texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})
         t0 = time.perf_counter()
         vec = dict(zip(texts, emb.embed(texts), strict=True))
@@ -332,7 +430,9 @@ def main() -> None:
         }
         plot(q, args.plot)
         if not args.skip_speed:
-            result["speed"] = speed(emb, rows, vec, args.entries, Path(tmp))
+            result["speed"] = speed(embs, rows, vec, args.entries, Path(tmp))
+        if args.daemon:
+            result["daemon"] = daemon_e2e(rows, Path(tmp), args.daemon)
         result["loadavg_1min_end"] = os.getloadavg()[0]
     summary = {k: v for k, v in result.items() if k != "quality"}
     summary["defaults"] = q["defaults"]

@@ -276,6 +276,28 @@ class SemanticCache:
                       decision.threshold if eid is not None else None, vector,
                       (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
+    def lookup_exact(self, req: CacheRequest, *, blocking: bool = True) -> Lookup | None:
+        """The hit for the very same prompt (no embedding, one indexed SQLite read, no write),
+        or None: not cached word for word, not cacheable, or (``blocking=False``) another
+        thread holds the cache right now. Cheap enough for an event loop with
+        ``blocking=False``; on None, ``lookup`` gives the full answer."""
+        adm = admit(req)
+        if not adm.cacheable or not self._lock.acquire(blocking=blocking):
+            return None
+        t0 = time.perf_counter()
+        try:
+            same = self._exact_locked(adm.read, prompt_key(req.prompt))
+        except sqlite3.DatabaseError:
+            return None  # lookup() meets it again and rebuilds
+        finally:
+            self._lock.release()
+        if same is None:
+            return None
+        self.stats["lookups"] += 1
+        self.stats["hits"] += 1
+        return Lookup("hit", "same prompt", same[1], same[0], 1.0, None, None, 0.0,
+                      (time.perf_counter() - t0) * 1e3)
+
     def _exact_locked(self, parts: tuple[str, ...], key: str) -> tuple[int, str] | None:
         now = self._clock()
         for part in parts:

@@ -8,7 +8,8 @@ every lookup is a ``skip`` with the reason, said once in the log. ``lookup`` and
 (one at a time: the embedding takes most of a core). Inserting happens after the answer has
 gone to the client, in this service's own nursery, so it never delays a response; so does
 writing a hit's ``last_used`` and hit count (``SemanticCache.flush``): a hit reads SQLite and
-the index and writes nothing. The embedding graph is ``[cache] embed_precision`` (int8 by
+the index and writes nothing. The very same prompt again is looked up on the event loop (one
+indexed read, never waiting for the cache's lock), everything else in a worker thread. The embedding graph is ``[cache] embed_precision`` (int8 by
 default: about half the CPU of the float graph per prompt, docs/embeddings.md).
 """
 
@@ -82,7 +83,13 @@ class EdgeCache:
             self.stats["skips"] += 1
             return None
         try:
-            got = await trio.to_thread.run_sync(self.cache.lookup, req, limiter=self._limiter)
+            # The very same prompt costs one indexed SQLite read: answered here, without two
+            # thread hops (each can wait tens of ms for a core on a loaded box). Anything
+            # else, or a cache busy in a worker thread, goes the worker thread's way.
+            got = self.cache.lookup_exact(req, blocking=False)
+            if got is None:
+                got = await trio.to_thread.run_sync(self.cache.lookup, req,
+                                                    limiter=self._limiter)
         except Exception:
             self.stats["errors"] += 1
             log.exception("semantic cache lookup failed")

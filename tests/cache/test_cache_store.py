@@ -122,6 +122,35 @@ def test_a_hit_writes_nothing_until_flush(tmp_path: Path) -> None:
         clock.now, 3)
 
 
+def test_lookup_exact_never_waits(tmp_path: Path) -> None:
+    import threading
+
+    c = _cache(tmp_path / "c.db")
+    eid = c.insert(REQ, "Paris")
+    hit = c.lookup_exact(REQ, blocking=False)
+    assert hit is not None and (hit.kind, hit.answer, hit.entry_id) == ("hit", "Paris", eid)
+    assert c.lookup_exact(replace(REQ, prompt="What is the capital of France?")) is None
+    assert c.lookup_exact(replace(REQ, client="bob")) is None  # another client's entry
+    assert c.lookup_exact(replace(REQ, temperature=0.9)) is None  # not cacheable
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with c._lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    try:
+        assert c.lookup_exact(REQ, blocking=False) is None  # busy: the caller takes lookup()
+    finally:
+        release.set()
+        t.join()
+    assert c.lookup_exact(REQ, blocking=False) is not None
+    assert c.statistics()["hits"] == 2
+
+
 def test_ttl(tmp_path: Path) -> None:
     clock = Clock()
     c = _cache(tmp_path / "c.db", clock, limits=CacheLimits(ttl_s=60))
