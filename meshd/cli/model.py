@@ -34,7 +34,8 @@ def register(sub: Any) -> None:
                           description="Import a Llama / Qwen2 checkpoint directory (config.json, "
                           "safetensors, tokenizer.json) into a meshd model directory, or a BERT "
                           "sentence encoder (BertModel, e.g. all-MiniLM-L6-v2) into a meshd "
-                          "embedding model directory (see docs/embeddings.md).")
+                          "embedding model directory, with its int8 graph unless --no-int8 "
+                          "(see docs/embeddings.md).")
     imp.add_argument("hf_dir", metavar="HF_DIR", type=Path)
     imp.add_argument("--out", required=True, type=Path, metavar="DIR")
     imp.add_argument("--stages", type=int, default=1, metavar="N",
@@ -43,6 +44,8 @@ def register(sub: Any) -> None:
     imp.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32",
                      help="storage dtype of the weights (default fp32)")
     imp.add_argument("--name", help="model name (default: the output directory's name)")
+    imp.add_argument("--no-int8", dest="int8", action="store_false",
+                     help="BERT only: do not write the int8 graph (encoder-int8.onnx)")
     imp.add_argument("--model-version", default="1", help="model version string (default 1)")
     imp.add_argument("--force", action="store_true", help="replace an existing model directory")
     imp.set_defaults(func=cmd_import)
@@ -125,11 +128,12 @@ def _import_bert(args: argparse.Namespace) -> int:
                          "split into stages)")
     t0 = time.perf_counter()
     m = import_bert(args.hf_dir, args.out, dtype=args.dtype, name=args.name,
-                    version=args.model_version, force=args.force)
+                    version=args.model_version, force=args.force, int8=args.int8)
     a = m.arch
     print(f"imported {m.name}: bert encoder, {a.num_layers} layers, dim {a.dim}, {a.pooling} "
           f"pooling, max {a.max_seq_length} tokens, {m.dtype}, {m.weights_bytes / 2**20:.1f} MiB "
-          f"weights -> {args.out} ({time.perf_counter() - t0:.1f} s)")
+          f"weights{' + int8 graph' if m.int8_file else ''} -> {args.out} "
+          f"({time.perf_counter() - t0:.1f} s)")
     return Exit.OK
 
 

@@ -142,6 +142,12 @@ def test_cli_model_import_dispatches_bert(tiny: tuple[Path, Path], tmp_path: Pat
     assert main(["embed", "--model", str(tmp_path / "m"), "--json", "the mesh"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["model"] == "t" and len(row["embedding"]) == 32
+    assert main(["embed", "--model", str(tmp_path / "m"), "--int8", "--json", "the mesh"]) == 0
+    q = json.loads(capsys.readouterr().out)["embedding"]
+    assert q != row["embedding"] and float(np.dot(q, row["embedding"])) > 0.9
+    assert main(["model", "import", str(hf), "--out", str(tmp_path / "f"), "--no-int8"]) == 0
+    assert "int8" not in capsys.readouterr().out
+    assert not (tmp_path / "f" / "encoder-int8.onnx").exists()
 
 
 def test_embed_does_not_import_torch() -> None:
