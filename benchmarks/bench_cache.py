@@ -403,6 +403,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "cache_pr.png")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--model", type=Path, default=None, metavar="DIR",
+                    help="an imported embedding model directory (default: import into a "
+                    "temporary cache)")
+    ap.add_argument("--skip-quality", action="store_true",
+                    help="skip the labelled-pairs curves, the stream and the plot")
     ap.add_argument("--precision", default="fp32,int8",
                     help="embedding graphs to time lookups with, comma separated (the first "
                          "also gives the quality figures and the index's vectors)")
@@ -411,7 +416,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = default_embedding_model(cache_dir=Path(tmp))
+        model_dir = args.model or default_embedding_model(cache_dir=Path(tmp))
         precisions = args.precision.split(",")
         embs = {p: load_embedder(model_dir, precision=p) for p in precisions}
         emb = embs[precisions[0]]
@@ -420,15 +425,16 @@ def main() -> None:
         vec = dict(zip(texts, emb.embed(texts), strict=True))
         result: dict[str, Any] = {"embed_pairs_s": round(time.perf_counter() - t0, 1),
                                   "loadavg_1min_start": os.getloadavg()[0]}
-        q = quality(rows, vec)
+        q = quality(rows, vec) if not args.skip_quality else {"defaults": {}}
         result["quality"] = q
-        result["stream"] = {
+        result["stream"] = {} if args.skip_quality else {
             "fixed": stream(rows, vec, FixedThreshold()),
             "fixed_no_guards": stream(rows, vec, FixedThreshold(guards=False)),
             "adaptive": stream(rows, vec, AdaptiveThreshold()),
             "adaptive_no_guards": stream(rows, vec, AdaptiveThreshold(guards=False)),
         }
-        plot(q, args.plot)
+        if not args.skip_quality:
+            plot(q, args.plot)
         if not args.skip_speed:
             result["speed"] = speed(embs, rows, vec, args.entries, Path(tmp))
         if args.daemon:

@@ -134,11 +134,15 @@ def main() -> None:
     ap.add_argument("--batch-repeats", type=int, default=10, help="64-sentence batches per setting")
     ap.add_argument("--threads", default="1,2", help="intra-op thread counts, comma separated")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--model", type=Path, default=None, metavar="DIR",
+                    help="an imported model directory (default: import into a temporary cache)")
+    ap.add_argument("--timing-only", action="store_true",
+                    help="skip the accuracy checks (reference, int8 vs float, pairs)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as cache:
         t0 = time.perf_counter()
-        model_dir = default_embedding_model(cache_dir=Path(cache))
+        model_dir = args.model or default_embedding_model(cache_dir=Path(cache))
         import_s = time.perf_counter() - t0
         threads = [int(t) for t in args.threads.split(",")]
         t0 = time.perf_counter()
@@ -181,6 +185,10 @@ def main() -> None:
                 batched[name].append(time.perf_counter() - w)
         load1 = os.getloadavg()
         cold = {p: first_calls(model_dir, p, text32) for p in ("fp32", "int8")}
+        sizes = {p.name: p.stat().st_size for p in model_dir.iterdir()}
+    check: dict[str, Any] = {}
+    quality: dict[str, Any] = {}
+    if not args.timing_only:
         check = reference_check(first)
         int8 = embedders[f"int8 threads={threads[0]}"]
         a, b = first.embed(SENTENCES), int8.embed(SENTENCES)
@@ -188,7 +196,6 @@ def main() -> None:
         check["int8_cosine_to_fp32_min_mean"] = [round(float(cos.min()), 4),
                                                  round(float(cos.mean()), 4)]
         quality = pair_quality(first, int8)
-        sizes = {p.name: p.stat().st_size for p in model_dir.iterdir()}
 
     result: dict[str, Any] = {
         "onnxruntime": ort.__version__, "cpu": platform.processor() or platform.machine(),
