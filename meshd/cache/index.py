@@ -84,7 +84,10 @@ class PartitionIndex:
             found = self._hnsw.search(q, min(k, len(self._hnsw)))
             return [(int(key), 1.0 - float(d)) for key, d in zip(found.keys, found.distances,
                                                                   strict=True)]
-        sims = self._vecs[:self._n] @ q
+        # Not ``@``: a BLAS gemv of this size runs on OpenBLAS's threads, whose wake-ups took
+        # 44 ms at the 90th percentile on the loaded 2-core box (0.13 ms on one thread);
+        # einsum's own loop stays on this thread (2,000 x 384: 0.2 ms p50, 0.43 ms p90).
+        sims = np.einsum("ij,j->i", self._vecs[:self._n], q)
         k = min(k, self._n)
         top = np.argpartition(-sims, k - 1)[:k] if self._n > k else np.arange(self._n)
         top = top[np.argsort(-sims[top], kind="stable")]
