@@ -24,7 +24,7 @@ with ``--precision fp32,int8`` every lookup is made once with each embedding gra
 (the index holds the first graph's vectors).
 
 On a daemon (``--daemon``): one real ``meshd run`` serving the shipped tiny-en with the cache
-on (``[cache] embed_precision`` as configured by default). The anchors of the labelled pairs
+on and ``[cache] embed_precision = "int8"``. The anchors of the labelled pairs
 are asked once each; then, interleaved: their paraphrases (cache hits: submit to DONE on the
 client, through the control socket), new prompts with the cache on (misses: the daemon's
 ``ttft_ms``) and new prompts with ``cache: false`` (no cache step: the baseline of the miss).
@@ -334,7 +334,8 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int) -> dict[str, Any]
     from meshd.testnet.drive import cli, stream
     from meshd.testnet.launcher import NodeSpec, down, up
 
-    index = up(root / "net", [NodeSpec(name="c1", extra={"cache": {"enabled": True}})],
+    index = up(root / "net", [NodeSpec(name="c1", extra={"cache": {"enabled": True,
+                                                                   "embed_precision": "int8"}})],
                advert_interval_s=1.0)
     sock = index["nodes"][0]["socket"]
 

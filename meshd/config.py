@@ -149,7 +149,7 @@ class CacheConfig:
     ttl_s: float = 7 * 86_400.0  # an answer is served for at most this long after it was made
     threshold: float = 0.91  # cosine similarity for a hit (with the guards of docs/cache.md)
     tenant: str = "default"  # clients of one tenant may opt in to sharing answers
-    embed_precision: str = "int8"  # the embedding graph: int8 (about 2x less CPU) or fp32
+    embed_precision: str = "fp32"  # the embedding graph: fp32, or int8 (about 2x less CPU)
 
 
 @dataclass(frozen=True)

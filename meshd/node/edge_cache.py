@@ -9,8 +9,8 @@ every lookup is a ``skip`` with the reason, said once in the log. ``lookup`` and
 gone to the client, in this service's own nursery, so it never delays a response; so does
 writing a hit's ``last_used`` and hit count (``SemanticCache.flush``): a hit reads SQLite and
 the index and writes nothing. The very same prompt again is looked up on the event loop (one
-indexed read, never waiting for the cache's lock), everything else in a worker thread. The embedding graph is ``[cache] embed_precision`` (int8 by
-default: about half the CPU of the float graph per prompt, docs/embeddings.md).
+indexed read, never waiting for the cache's lock), everything else in a worker thread. The embedding graph is ``[cache] embed_precision`` (fp32 by
+default; int8 takes about half the CPU per prompt, docs/embeddings.md).
 """
 
 from __future__ import annotations
