@@ -161,6 +161,9 @@ class RagConfig:
     path: str = ""  # the store; default: data_dir/rag.db (vector graphs in data_dir/rag.db.idx/)
     top_k: int = 4  # chunks retrieved per request (the lowest-scoring go first if they do not fit)
     remote_timeout_s: float = 10.0  # a retrieval forwarded to the nearest node holding the collection
+
+
+@dataclass(frozen=True)
 class TiersConfig:
     """Model tiers and the complexity classifier (docs/tiers.md): how the entry node picks a
     model for a request whose model is "auto"."""

@@ -1,0 +1,30 @@
+"""Every [section] of the config file is a frozen dataclass that a file can set and
+`meshd run --print-default-config` prints: a section class that lost its decorator (as one
+did in a merge) passes the type checker but crashes every daemon at start-up."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from meshd.config import _SECTIONS, Config, load_config
+
+
+@pytest.mark.parametrize("name", sorted(_SECTIONS))
+def test_section_is_a_frozen_dataclass_with_defaults(name: str) -> None:
+    cls = _SECTIONS[name]
+    assert dataclasses.is_dataclass(cls), f"[{name}]: {cls.__name__} is not a dataclass"
+    assert cls.__dataclass_params__.frozen, f"[{name}]: {cls.__name__} is not frozen"  # type: ignore[attr-defined]
+    cls()  # every key has a default
+
+
+def test_every_section_reads_from_a_file(tmp_path: Path) -> None:
+    f = tmp_path / "meshd.toml"
+    f.write_text("".join(f"[{name}]\n" for name in sorted(_SECTIONS) if name != "models"))
+    cfg = load_config(f)
+    assert isinstance(cfg, Config)
+    for name in _SECTIONS:
+        if name != "models":
+            assert getattr(cfg, name) == _SECTIONS[name]()
