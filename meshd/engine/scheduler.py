@@ -15,6 +15,7 @@ its consumer (``generate``) through a memory channel.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -79,6 +80,7 @@ class BatchScheduler:
         self.waiting: deque[BatchSequence] = deque()  # prompts not (fully) prefilled, oldest first
         self.running: list[BatchSequence] = []  # generating
         self.prefill_ms_per_token = 0.0
+        self.decode_ms: dict[int, float] = {}  # batch size -> EWMA of a decode step's ms
         self.stats = {"steps": 0, "decode_runs": 0, "prefill_chunks": 0, "tokens": 0,
                       "max_batch_seen": 0, "joined": 0, "left": 0}
         self.last_chunk = 0
@@ -103,6 +105,45 @@ class BatchScheduler:
     @property
     def busy(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def calibrate(self, tokens: int = 32, max_batch: int = 8) -> None:
+        """Measure the prefill speed (a ``tokens``-token prompt) and a decode step at batch
+        sizes 1, 2, 4, ... ``max_batch`` on scratch rows, so the first real chunk is already
+        sized to the budget and the speed curve is known before traffic refines it."""
+        sizes = [1 << k for k in range(max(max_batch, 1).bit_length()) if 1 << k <= max_batch]
+        slots = [self.stage.open(tokens + 2) for _ in range(sizes[-1])]
+        try:
+            for _ in range(2):  # the first run pays onnxruntime's first-run costs
+                slots[0].length = 0
+                t0 = time.perf_counter()
+                self.stage.step([slots[0]], np.ones((1, tokens), np.int64))
+                per = (time.perf_counter() - t0) * 1000 / tokens
+            self.prefill_ms_per_token = per
+            for b in sizes:
+                for s in slots[:b]:
+                    s.length = 1
+                t0 = time.perf_counter()
+                self.stage.step(slots[:b], np.ones((b, 1), np.int64))
+                self.note_decode(b, (time.perf_counter() - t0) * 1000)
+        finally:
+            for s in reversed(slots):
+                self.stage.close(s)
+
+    def curve(self, max_batch: int) -> tuple[float, ...]:
+        """Aggregate decode tokens/s at batch sizes 1, 2, 4, ... up to ``max_batch`` (0 where
+        not measured): what the advert carries (``batch_tps``)."""
+        out: list[float] = []
+        b = 1
+        while b <= max_batch and len(out) < 12:
+            ms = self.decode_ms.get(b, 0.0)
+            out.append(round(b * 1000.0 / ms, 1) if ms > 0 else 0.0)
+            b *= 2
+        return tuple(out)
+
+    def note_decode(self, batch: int, ms: float) -> None:
+        """Fold one decode step's duration into the measured curve (step ms by batch size)."""
+        old = self.decode_ms.get(batch, 0.0)
+        self.decode_ms[batch] = ms if old <= 0 else (1 - EWMA) * old + EWMA * ms
 
     def chunk(self) -> int:
         return chunk_tokens(self.chunk_budget_ms, self.prefill_ms_per_token)
@@ -145,7 +186,9 @@ class BatchScheduler:
             x = np.array([[s.last] for s in batch], np.int64)
             slots = [s.slot for s in batch]
             assert all(sl is not None for sl in slots)
+            t0 = time.perf_counter()
             logits = self.stage.step(slots, x, last_only=True)  # type: ignore[arg-type]
+            self.note_decode(len(batch), (time.perf_counter() - t0) * 1000)
             self.stats["decode_runs"] += 1
             self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(batch))
             for row, s in enumerate(batch):
@@ -162,7 +205,9 @@ class BatchScheduler:
     def statistics(self) -> dict[str, Any]:
         return {**self.stats, "running": len(self.running), "waiting": len(self.waiting),
                 "chunk_tokens": self.chunk(), "kv_bytes": self.stage.memory_bytes(),
-                "rows_moved": self.stage.rows_moved}
+                "rows_moved": self.stage.rows_moved,
+                "prefill_ms_per_token": round(self.prefill_ms_per_token, 3),
+                "decode_ms_by_batch": {b: round(ms, 3) for b, ms in sorted(self.decode_ms.items())}}
 
 
 def prepare(model: Model, prompt: str | list[int], cfg: GenerationConfig | None,
@@ -181,11 +226,13 @@ class Batcher:
     """The model's batch scheduler task and the streams it serves."""
 
     def __init__(self, model: Model, *, limiter: Any = None,
-                 chunk_budget_ms: float = CHUNK_BUDGET_MS) -> None:
+                 chunk_budget_ms: float = CHUNK_BUDGET_MS, max_batch: int = 64,
+                 calibrate_batch: int = 8) -> None:
         import trio
 
-        self.sched = BatchScheduler(model, chunk_budget_ms=chunk_budget_ms)
+        self.sched = BatchScheduler(model, chunk_budget_ms=chunk_budget_ms, max_batch=max_batch)
         self.model = model
+        self.calibrate_batch = calibrate_batch
         self._limiter = limiter
         self._joins: list[BatchSequence] = []
         self._leaves: list[BatchSequence] = []
@@ -201,6 +248,14 @@ class Batcher:
         if task_status is not None:
             task_status.started()
         try:
+            if self.sched.prefill_ms_per_token <= 0:
+                try:
+                    await trio.to_thread.run_sync(
+                        functools.partial(self.sched.calibrate, max_batch=self.calibrate_batch),
+                        limiter=limiter)
+                except Exception as err:  # the first request will report a model that cannot run
+                    log.warning("batch calibration failed model=%s error=%s",
+                                self.model.manifest.name, err)
             while True:
                 self._apply()
                 if not self.sched.busy:

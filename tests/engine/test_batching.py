@@ -9,6 +9,7 @@ import trio
 from meshd.engine import GenerationConfig, Model
 from meshd.engine.batch import BatchStage
 from meshd.engine.scheduler import BatchScheduler, chunk_tokens, prepare
+from meshd.testing.wait import wait_until
 
 GREEDY = GenerationConfig(max_tokens=12, temperature=0.0, repetition_penalty=1.0)
 PROMPTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog, and then",
@@ -145,3 +146,64 @@ def test_batcher_streams_concurrent_generations(models: dict[str, Model]) -> Non
     assert stats["running"] == 0 and stats["waiting"] == 0 and stats["kv_bytes"] == 0
     assert stats["max_batch_seen"] >= 2
     assert not model.batcher.running
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_stage_batcher_steps_sessions_together_like_stage_sessions(
+        models: dict[str, Model], split: bool) -> None:
+    """Pipeline stages: the sessions on one stage step together, and each gets exactly what a
+    StageSession gives it: a whole-model stage, and a first (ids in) + last (hidden in,
+    logits out) chain."""
+    from meshd.engine.stagebatch import StageBatcher
+
+    model = models["llama"]
+    n = model.num_layers
+    stages = [model.stage(0, 2), model.stage(2, n)] if split else [model.stage(0, n)]
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15, 16], [17, 18, 19, 20]]
+    steps = 8
+    want = []
+    for p in prompts:
+        chain = [st.open_session(32) for st in stages]
+        outs = []
+        for x, pos in [(np.array(p), np.arange(len(p)))] + [
+                (np.array([k + 1]), np.array([len(p) + k])) for k in range(steps)]:
+            for j, sess in enumerate(chain):
+                x = sess.step(x, pos, last_only=j == len(chain) - 1)
+            outs.append(x)
+        want.append(outs)
+    got: dict[int, list[np.ndarray]] = {}
+
+    async def session(i: int, batchers: list[StageBatcher]) -> None:
+        p = prompts[i]
+        chain = [b.open(32) for b in batchers]
+        outs = []
+        for x, pos in [(np.array(p), np.arange(len(p)))] + [
+                (np.array([k + 1]), np.array([len(p) + k])) for k in range(steps)]:
+            for j, h in enumerate(chain):
+                x = await h.step(x, pos, last_only=j == len(chain) - 1)
+            outs.append(x)
+        for h in chain:
+            h.free()
+        got[i] = outs
+
+    async def main() -> list[StageBatcher]:
+        batchers = [StageBatcher(st) for st in stages]
+        async with trio.open_nursery() as nursery:
+            for b in batchers:
+                nursery.start_soon(b.run)
+            async with trio.open_nursery() as sessions:
+                for i in range(len(prompts)):
+                    sessions.start_soon(session, i, batchers)
+            await wait_until(lambda: not any(b.pending for b in batchers), 30)
+            nursery.cancel_scope.cancel()
+        return batchers
+
+    batchers = trio.run(main)
+    for i in range(len(prompts)):
+        for g_, w in zip(got[i], want[i], strict=True):
+            np.testing.assert_allclose(g_, w, rtol=0, atol=1e-4)
+    for b in batchers:
+        assert b.statistics()["rows"] == 0 and b.batch.memory_bytes() == 0
+    if not split:  # one stage: the sessions that wait during a run step together in the next
+        assert batchers[0].stats["max_batch_seen"] >= 2
+        assert batchers[0].stats["decode_runs"] < batchers[0].stats["decode_steps"]
