@@ -73,7 +73,8 @@ class BatchStage:
             return
         i, last = slot.row, self.slots[-1]
         if last is not slot:
-            self._copy_row(last.row, i, last.length)
+            if last.length:  # a row that never ran has nothing cached (maybe no buffer yet)
+                self._copy_row(last.row, i, last.length)
             last.row = i
             self.slots[i] = last
         self.slots.pop()

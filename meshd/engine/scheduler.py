@@ -207,7 +207,8 @@ class BatchScheduler:
                 "chunk_tokens": self.chunk(), "kv_bytes": self.stage.memory_bytes(),
                 "rows_moved": self.stage.rows_moved,
                 "prefill_ms_per_token": round(self.prefill_ms_per_token, 3),
-                "decode_ms_by_batch": {b: round(ms, 3) for b, ms in sorted(self.decode_ms.items())}}
+                "decode_ms_by_batch": {str(b): round(ms, 3)
+                                       for b, ms in sorted(self.decode_ms.items())}}
 
 
 def prepare(model: Model, prompt: str | list[int], cfg: GenerationConfig | None,

@@ -85,6 +85,21 @@ def test_rows_move_when_a_sequence_leaves_and_the_cache_follows(models: dict[str
     np.testing.assert_allclose(only[0], want[0], rtol=0, atol=1e-5)
 
 
+def test_rows_that_never_ran_can_be_closed_in_any_order(models: dict[str, Model]) -> None:
+    """Stage sessions are opened (a row) before their first step and may be freed before it."""
+    model = models["llama"]
+    batch = BatchStage(model.stage(0, model.num_layers))
+    a = batch.open(16)
+    batch.step([a], np.array([[3, 4]]))
+    b, c = batch.open(16), batch.open(16)  # rows beyond the buffers: nothing ran on them
+    batch.close(a)  # c (empty) moves into row 0
+    batch.close(b)
+    assert c.row == 0 and batch.slots == [c]
+    batch.step([c], np.array([[5]]))
+    batch.close(c)
+    assert batch.slots == [] and batch.memory_bytes() == 0
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps(
         models: dict[str, Model]) -> None:
     model = models["llama"]
