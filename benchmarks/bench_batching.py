@@ -78,8 +78,10 @@ async def _admission(model: Any, running: int, admit: int, batched: bool,
     marks: dict[str, float] = {}
     rng = np.random.default_rng(1)
 
-    async def stream(i: int, cancel: trio.CancelScope) -> None:
-        with cancel:
+    scopes = [trio.CancelScope() for _ in range(running)]
+
+    async def stream(i: int) -> None:
+        with scopes[i]:
             prompt = [int(x) for x in rng.integers(3, model.vocab_size, 8)]
             gen = (model.generate(prompt, cfg) if batched
                    else generate_async(model, prompt, cfg, limiter=limiter))
@@ -87,9 +89,8 @@ async def _admission(model: Any, running: int, admit: int, batched: bool,
                 times[i].append(time.perf_counter())
 
     async with trio.open_nursery() as nursery:
-        scope = trio.CancelScope()
         for i in range(running):
-            nursery.start_soon(stream, i, scope)
+            nursery.start_soon(stream, i)
         while min(len(t) for t in times) < 6:  # all decoding, a few steps in
             await trio.sleep(0.01)
         marks["admit"] = time.perf_counter()
@@ -102,7 +103,8 @@ async def _admission(model: Any, running: int, admit: int, batched: bool,
         n_after = [len(t) for t in times]
         while min(len(t) - k for t, k in zip(times, n_after, strict=True)) < 3:
             await trio.sleep(0.01)
-        scope.cancel()
+        for scope in scopes:
+            scope.cancel()
     a, f = marks["admit"], marks["first"]
     before = [y - x for t in times for x, y in zip(t, t[1:], strict=False) if y <= a]
     during = [y - x for t in times for x, y in zip(t, t[1:], strict=False) if y > a and x < f]
@@ -149,7 +151,7 @@ def main() -> None:
         limiter = trio.CapacityLimiter(args.workers)
         # warm both paths
         await _streams(model, 1, 3, args.prompt_tokens, False, limiter)
-        for n in (int(x) for x in args.streams.split(",")):
+        for n in (int(x) for x in args.streams.split(",") if x):
             base = _window(await _streams(model, n, args.base_tokens, args.prompt_tokens,
                                           False, limiter))
             async with trio.open_nursery() as nursery:
@@ -175,8 +177,9 @@ def main() -> None:
             loads.append(_load())
 
     trio.run(run_all)
-    one = rows[0]["batched"]
-    print("ratios against one batched stream (aggregate tok/s, per-stream itl):")
+    one = rows[0]["batched"] if rows else {}
+    if rows:
+        print("ratios against one batched stream (aggregate tok/s, per-stream itl):")
     for r in rows:
         b = r["batched"]
         r["agg_vs_1"] = b["aggregate_tps"] / one["aggregate_tps"]
