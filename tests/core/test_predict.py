@@ -136,6 +136,9 @@ def test_slot_s_is_prefill_plus_the_tokens_after_the_first(
 )
 def test_rate_from_service_ms(slots: int, service_ms: float, want: float) -> None:
     assert predict.rate_from_service_ms(slots, service_ms) == want
+
+
+@pytest.mark.parametrize(
     ("curve", "batch", "want"),
     [
         ((), 4, 30.0),  # no curve: the advertised per-stream speed
