@@ -61,8 +61,8 @@ def test_eight_api_streams_decode_in_one_batch_as_if_alone(mesh: dict[str, Any])
     url, key = n2["api_url"], mesh["key"]
     prompts = [f"And it came to pass that the {w}" for w in
                ("king", "people", "priest", "men", "city", "son", "LORD", "land")]
-    wait_for(lambda: any(m["name"] == "tiny-en" for p in _peers(n2)
-                         for m in p["models"]), 30, "n2 to hear n1's advert")
+    wait_for(lambda: any(m["name"] == "tiny-en" for p in _peers(n2) for m in p["models"]), 60,
+             lambda: f"n2 to hear n1's advert (n2's peers: {_peers(n2)})")
     alone = {p: _complete(url, key, p) for p in prompts[:2]}
     with ThreadPoolExecutor(len(prompts)) as pool:
         together = dict(zip(prompts, pool.map(lambda p: _complete(url, key, p), prompts),
