@@ -81,21 +81,21 @@ class BareLoop:
 
     def generate(self, ids: list[int], n: int) -> list[int]:
         cap = len(ids) + n
-        keys = [np.zeros((self.kvh, self.d, cap), np.float32) for _ in range(self.layers)]
-        values = [np.zeros((self.kvh, cap, self.d), np.float32) for _ in range(self.layers)]
+        keys = [np.zeros((1, self.kvh, self.d, cap), np.float32) for _ in range(self.layers)]
+        values = [np.zeros((1, self.kvh, cap, self.d), np.float32) for _ in range(self.layers)]
         out: list[int] = []
         x, p = np.array(ids, np.int64), 0
         while len(out) < n:
             t = len(x)
-            feeds = {g.INPUT_IDS: x, g.POSITIONS: np.arange(p, p + t, dtype=np.int64),
+            feeds = {g.INPUT_IDS: x[None], g.POSITIONS: np.arange(p, p + t, dtype=np.int64)[None],
                      g.LOGIT_ROWS: np.array([t - 1], np.int64)}
             for i in range(self.layers):
                 feeds[g.past_key(i)] = keys[i]
                 feeds[g.past_value(i)] = values[i]
             res = self.sess.run(None, feeds)
             for i in range(self.layers):
-                keys[i][:, :, p:p + t] = res[1 + 2 * i]
-                values[i][:, p:p + t] = res[2 + 2 * i]
+                keys[i][..., p:p + t] = res[1 + 2 * i]
+                values[i][:, :, p:p + t] = res[2 + 2 * i]
             p += t
             out.append(int(np.argmax(res[0][-1])))
             x = np.array(out[-1:], np.int64)
@@ -145,7 +145,7 @@ class _NoRun:
         return None
 
     def run(self, names: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        t = len(feeds[g.POSITIONS])
+        t = feeds[g.POSITIONS].shape[-1]
         if t not in self.cache:
             self.cache[t] = self.real.run(names, feeds)
         return [x.copy() for x in self.cache[t]]

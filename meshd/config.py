@@ -58,7 +58,8 @@ class ModelConfig:
     path: str = "default"  # a meshd model directory, or "default" for the shipped model
     name: str = ""  # override the manifest's name
     layers: tuple[int, int] | str = "all"  # "all", [start, end) or "auto"
-    max_concurrency: int = 2  # requests generating at once
+    # requests generating at once: a local model decodes them in one batch (docs/engine.md)
+    max_concurrency: int = 8
     max_queue: int = 32  # waiting requests beyond which we answer busy
     # cap this model's decode rate on this node (tokens/s per request; 0 = no cap), e.g. to share
     # a device or keep a fanless box cool; measured speeds, and so adverts, reflect the cap

@@ -50,6 +50,11 @@ class ModelAdvert:
     # with the node's free memory (its hardware map) routers skip a node that cannot hold a
     # request's KV cache (docs/telemetry.md)
     kv_bytes_per_token: int = 0
+    # continuous batching (docs/engine.md): how many streams this node decodes in one batch
+    # (0: not advertised, one-sequence serving), and the aggregate decode tokens/s it measured
+    # at batch sizes 1, 2, 4, ... (index k is batch 2**k; empty: not measured)
+    batch_max: int = 0
+    batch_tps: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,8 @@ class Advert:
                     **({"tok": m.tokenizer} if m.tokenizer else {}),
                     **({"tier": m.tier, "q": m.quality} if m.tier else {}),
                     **({"kvb": m.kv_bytes_per_token} if m.kv_bytes_per_token else {}),
+                    **({"batch": m.batch_max} if m.batch_max else {}),
+                    **({"batch_tps": list(m.batch_tps)} if m.batch_tps else {}),
                 }
                 for m in self.models
             ],
@@ -197,7 +204,22 @@ def _model(d: Any) -> ModelAdvert:
         tier=_str(d, "tier", "", cap=16),  # a tier this node does not know is ignored by it
         quality=_num(d, "q"),
         kv_bytes_per_token=_count(d, "kvb") if "kvb" in d else 0,
+        batch_max=_count(d, "batch") if "batch" in d else 0,
+        batch_tps=_curve(d),
     )
+
+
+MAX_BATCH_POINTS = 12
+
+
+def _curve(d: dict[str, Any]) -> tuple[float, ...]:
+    curve = _get(d, "batch_tps", list, [])
+    if len(curve) > MAX_BATCH_POINTS or not all(
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+        for x in curve
+    ):
+        raise ProtocolError("advert model 'batch_tps' must be a short list of speeds")
+    return tuple(float(x) for x in curve)
 
 
 def decode_advert(body: bytes) -> Advert:

@@ -49,6 +49,31 @@ def slot_s(prompt_tokens: float, tokens_after_first: float, prefill_tps: float,
     return prefill_s(prompt_tokens, prefill_tps) + decode_s(tokens_after_first, decode_tps)
 
 
+def batched_decode_tps(batch_tps: tuple[float, ...] | list[float], batch: int,
+                       decode_tps: float) -> float:
+    """Tokens/s one stream decodes at while ``batch`` streams decode together on a node that
+    batches (docs/engine.md, "Continuous batching").
+
+    ``batch_tps`` is the node's measured aggregate decode tokens/s at batch sizes 1, 2, 4, ...
+    (entry ``k`` is batch ``2**k``; 0 where not measured), as its advert carries it. Between two
+    measured sizes the aggregate is linear in the batch size; past the largest it stays flat
+    (the node is saturated: more streams share the same tokens/s); below the smallest, each
+    stream gets that size's per-stream speed. Without a curve: ``decode_tps`` (one stream's
+    speed, the unbatched model)."""
+    pts = [(1 << k, tps) for k, tps in enumerate(batch_tps) if tps > 0.0]
+    if not pts:
+        return decode_tps
+    b = max(int(batch), 1)
+    if b <= pts[0][0]:
+        return pts[0][1] / pts[0][0]
+    if b >= pts[-1][0]:
+        return pts[-1][1] / b
+    for (b0, t0), (b1, t1) in zip(pts, pts[1:], strict=False):
+        if b0 <= b <= b1:
+            return (t0 + (t1 - t0) * (b - b0) / (b1 - b0)) / b
+    return decode_tps  # unreachable: the points are sorted
+
+
 def decode_ms_per_token(decode_tps: float) -> float:
     """Time between two generated tokens of one request."""
     if decode_tps <= 0.0:

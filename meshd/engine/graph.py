@@ -5,18 +5,25 @@ offset (ONNX external data), so a graph for any range can be made at load time i
 milliseconds and nothing is stored twice. All arithmetic is float32; float16 weights are widened
 by a ``Cast`` that onnxruntime folds once when the session is built.
 
-Stage interface (batch 1; ``T`` new tokens, ``C`` cache slots, ``K`` logit rows):
+Stage interface (``B`` sequences of ``T`` new tokens each, ``C`` cache slots, ``K`` logit rows):
 
-- inputs: ``input_ids`` int64 [T] (first stage) or ``hidden_in`` float32 [T, H];
-  ``positions`` int64 [T], which must be ``P, P+1, ...`` where ``P`` is the number of tokens
-  already cached; ``logit_rows`` int64 [K] (last stage: which of the T rows to project to
-  logits); per layer ``i`` of the range ``past_key.i`` float32 [kv_heads, head_dim, C] (keys
-  are stored transposed) and ``past_value.i`` float32 [kv_heads, C, head_dim], of which only
-  the first ``P`` slots are read (the rest is masked).
-- outputs: ``hidden_out`` float32 [T, H] or ``logits`` float32 [K, V]; per layer
-  ``new_key.i`` [kv_heads, head_dim, T] and ``new_value.i`` [kv_heads, T, head_dim], the keys
-  (after RoPE) and values of the new tokens, which the caller writes into its cache at slots
-  ``P..P+T-1``.
+- inputs: ``input_ids`` int64 [B, T] (first stage) or ``hidden_in`` float32 [B, T, H];
+  ``positions`` int64 [B, T], where row ``s`` must be ``P_s, P_s+1, ...`` and ``P_s`` is the
+  number of tokens sequence ``s`` has cached (each sequence has its own position);
+  ``logit_rows`` int64 [K] (last stage: which of the B*T rows, sequence-major, to project to
+  logits); per layer ``i`` of the range ``past_key.i`` float32 [B, kv_heads, head_dim, C]
+  (keys are stored transposed) and ``past_value.i`` float32 [B, kv_heads, C, head_dim]: row
+  ``s`` is sequence ``s``'s cache, of which only the first ``P_s`` slots are read (the rest is
+  masked).
+- outputs: ``hidden_out`` float32 [B, T, H] or ``logits`` float32 [K, V]; per layer
+  ``new_key.i`` [B, kv_heads, head_dim, T] and ``new_value.i`` [B, kv_heads, T, head_dim], the
+  keys (after RoPE) and values of the new tokens, which the caller writes into each
+  sequence's cache at slots ``P_s..P_s+T-1``.
+
+A decode step of a batch is ``T = 1``; a prefill chunk of one prompt is ``B = 1``. The weight
+products (every ``Gemm``) run over all ``B*T`` rows at once, which is where batching gains: a
+decode step of a larger model is bound by reading the weights, once per step for the whole
+batch.
 
 Attention scores the cached keys and the new keys separately and joins only the small score
 matrices, so a decode step reads the cache in place and copies nothing of size ``C``; each
@@ -40,7 +47,7 @@ from meshd.engine.planning import EMBED, FINAL_NORM, LM_HEAD, check_range
 
 OPSET = 17
 IR_VERSION = 8
-KV_LAYOUT = "2"  # keys [kvh, d, C], values [kvh, C, d]; graph metadata key ``meshd.kv_layout``
+KV_LAYOUT = "3"  # keys [B, kvh, d, C], values [B, kvh, C, d]; graph metadata key ``meshd.kv_layout``
 KV_LAYOUT_KEY = "meshd.kv_layout"
 INPUT_IDS, HIDDEN_IN, POSITIONS, LOGIT_ROWS = "input_ids", "hidden_in", "positions", "logit_rows"
 HIDDEN_OUT, LOGITS = "hidden_out", "logits"
@@ -131,62 +138,85 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     b = GraphBuilder(tensors, weights_file)
     h_dim, d, kvh = arch.hidden_size, arch.head_dim, arch.num_kv_heads
     i64 = np.int64
+    c = b.const
+    axes0 = c("axes_0", np.array([0], i64))
+    axes1 = c("axes_1", np.array([1], i64))
+    axes2 = c("axes_2", np.array([2], i64))
 
-    inputs = [helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["T"])]
+    inputs = [helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["B", "T"])]
     if first:
-        inputs.insert(0, helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["T"]))
+        inputs.insert(0, helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["B", "T"]))
         raw, dtype = b.raw(EMBED)
-        x = b.op("Gather", [raw, INPUT_IDS])
+        x = b.op("Gather", [raw, b.op("Reshape", [INPUT_IDS, c("flat", np.array([-1], i64))])])
         if dtype != "fp32":
             x = b.op("Cast", [x], to=TensorProto.FLOAT)
     else:
         inputs.insert(0, helper.make_tensor_value_info(HIDDEN_IN, TensorProto.FLOAT,
-                                                       ["T", h_dim]))
-        x = HIDDEN_IN
+                                                       ["B", "T", h_dim]))
+        x = b.op("Reshape", [HIDDEN_IN, c("shape_rows", np.array([-1, h_dim], i64))])
+    # x is [N, H] with N = B*T rows (sequence-major) through every layer.
     if last:
         inputs.append(helper.make_tensor_value_info(LOGIT_ROWS, TensorProto.INT64, ["K"]))
     outputs = []
     for i in range(start, end):
         inputs.append(helper.make_tensor_value_info(past_key(i), TensorProto.FLOAT,
-                                                    [kvh, d, "C"]))
+                                                    ["B", kvh, d, "C"]))
         inputs.append(helper.make_tensor_value_info(past_value(i), TensorProto.FLOAT,
-                                                    [kvh, "C", d]))
+                                                    ["B", kvh, "C", d]))
         outputs.append(helper.make_tensor_value_info(new_key(i), TensorProto.FLOAT,
-                                                     [kvh, d, "T"]))
+                                                     ["B", kvh, d, "T"]))
         outputs.append(helper.make_tensor_value_info(new_value(i), TensorProto.FLOAT,
-                                                     [kvh, "T", d]))
+                                                     ["B", kvh, "T", d]))
 
     # Shared by every layer: RoPE tables and the attention mask.
-    c = b.const
     inv = c("rope_inv_freq", rope_inv_freq(arch))
-    pos_f = b.op("Cast", [POSITIONS], to=TensorProto.FLOAT)
-    freqs = b.op("Mul", [b.op("Unsqueeze", [pos_f, c("axes_1", np.array([1], i64))]), inv])
+    bt = b.op("Shape", [POSITIONS])  # [2]: B, T
+    b_len = b.op("Slice", [bt, c("zero", np.array([0], i64)), c("one", np.array([1], i64))])
+    t_len = b.op("Slice", [bt, c("one", np.array([1], i64)), c("two", np.array([2], i64))])
+    pos_f = b.op("Cast", [b.op("Reshape", [POSITIONS, c("flat", np.array([-1], i64))])],
+                 to=TensorProto.FLOAT)
+    freqs = b.op("Mul", [b.op("Unsqueeze", [pos_f, axes1]), inv])  # [N, d/2]
     sin_half = b.op("Sin", [freqs])
     cos = b.op("Cos", [b.op("Concat", [freqs, freqs], axis=1)])
     sin = b.op("Concat", [b.op("Neg", [sin_half]), sin_half], axis=1)  # rotate_half's signs
+    # [B, 1, T, d]: broadcast over the heads of [B, heads, T, d]
+    one, _minus_one = c("one", np.array([1], i64)), c("minus_one", np.array([-1], i64))
+    rope_shape = b.op("Concat", [b_len, one, t_len, c(f"d_{d}", np.array([d], i64))], axis=0)
+    cos, sin = b.op("Reshape", [cos, rope_shape]), b.op("Reshape", [sin, rope_shape])
     scale = c("attn_scale", np.array(1.0 / np.sqrt(d), np.float32))
     cos_q, sin_q = b.op("Mul", [cos, scale]), b.op("Mul", [sin, scale])
 
-    t_len = b.op("Shape", [POSITIONS])  # [1]
-    c_len = b.op("Slice", [b.op("Shape", [past_key(start)]), c("two", np.array([2], i64)),
-                           c("three", np.array([3], i64))])
+    c_len = b.op("Slice", [b.op("Shape", [past_key(start)]), c("three", np.array([3], i64)),
+                           c("four", np.array([4], i64))])
     zero_s, one_s = c("zero_s", np.array(0, i64)), c("one_s", np.array(1, i64))
-    axes0 = c("axes_0", np.array([0], i64))
-    p_len = b.op("Slice", [POSITIONS, c("zero", np.array([0], i64)), c("one", np.array([1], i64))])
-    j_past = b.op("Range", [zero_s, b.op("Squeeze", [c_len, axes0]), one_s])
-    past_bad = b.op("GreaterOrEqual", [j_past, p_len])  # [C]: slot j holds no token yet
+    # slot j of sequence s holds a token iff j < positions[s, 0] (the tokens it has cached)
+    p_len = b.op("Slice", [POSITIONS, c("zero", np.array([0], i64)), c("one", np.array([1], i64)),
+                           axes1])  # [B, 1]
+    j_past = b.op("Range", [zero_s, b.op("Squeeze", [c_len, axes0]), one_s])  # [C]
+    past_bad = b.op("GreaterOrEqual", [j_past, b.op("Unsqueeze", [p_len, axes2])])  # [B, 1, C]
     t_idx = b.op("Range", [zero_s, b.op("Squeeze", [t_len, axes0]), one_s])
     new_bad = b.op("Greater", [b.op("Unsqueeze", [t_idx, axes0]),
-                               b.op("Unsqueeze", [t_idx, c("axes_1", np.array([1], i64))])])
-    past_bad = b.op("Expand", [b.op("Unsqueeze", [past_bad, axes0]),
-                               b.op("Concat", [t_len, c_len], axis=0)])
-    bad = b.op("Concat", [past_bad, new_bad], axis=1)  # [T, C+T]
-    mask = b.op("Where", [bad, c("neg_inf", np.array(-np.inf, np.float32)),
-                          c("zero_f", np.array(0.0, np.float32))])  # broadcast over heads
+                               b.op("Unsqueeze", [t_idx, axes1])])  # [T, T]
+    btc = b.op("Concat", [b_len, t_len, c_len], axis=0)
+    btt = b.op("Concat", [b_len, t_len, t_len], axis=0)
+    bad = b.op("Concat", [b.op("Expand", [past_bad, btc]), b.op("Expand", [new_bad, btt])],
+               axis=2)  # [B, T, C+T]
+    mask = b.op("Where", [b.op("Unsqueeze", [bad, c("axes_12", np.array([1, 2], i64))]),
+                          c("neg_inf", np.array(-np.inf, np.float32)),
+                          c("zero_f", np.array(0.0, np.float32))])  # [B, 1, 1, T, C+T]
     split_sizes = b.op("Concat", [c_len, t_len], axis=0)
+    nh, g = arch.num_heads, arch.group_size
+
+    def shape(*parts: str | list[int]) -> str:
+        ins = [p if isinstance(p, str) else c("dims_" + "_".join(map(str, p)), np.array(p, i64))
+               for p in parts]
+        return b.op("Concat", ins, axis=0)
+
+    shapes = {"q": shape(b_len, [-1, nh, d]), "kv": shape(b_len, [-1, kvh, d]),
+              "qg": shape(b_len, [kvh, g, -1, d]), "heads": shape(b_len, [nh, -1, d])}
 
     for i in range(start, end):
-        x = _layer(b, arch, i, x, cos, sin, cos_q, sin_q, mask, split_sizes)
+        x = _layer(b, arch, i, x, cos, sin, cos_q, sin_q, mask, split_sizes, shapes)
 
     if last:
         x = b.op("Gather", [x, LOGIT_ROWS], axis=0)
@@ -196,9 +226,10 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
         outputs.insert(0, helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT,
                                                         ["K", arch.vocab_size]))
     else:
-        b.op("Identity", [x], out=HIDDEN_OUT)
+        out_shape = b.op("Concat", [b_len, t_len, c(f"h_{h_dim}", np.array([h_dim], i64))], axis=0)
+        b.op("Reshape", [x, out_shape], out=HIDDEN_OUT)
         outputs.insert(0, helper.make_tensor_value_info(HIDDEN_OUT, TensorProto.FLOAT,
-                                                        ["T", h_dim]))
+                                                        ["B", "T", h_dim]))
 
     graph = helper.make_graph(b.nodes, f"layers_{start}_{end}", inputs, outputs,
                               initializer=list(b.inits.values()))
@@ -230,42 +261,43 @@ def _rope(b: GraphBuilder, x: str, cos: str, sin: str, half: str) -> str:
 
 
 def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_q: str, sin_q: str,
-           mask: str, split_sizes: str) -> str:
+           mask: str, split_sizes: str, shapes: dict[str, str]) -> str:
     p = f"model.layers.{i}."
     c = b.const
-    d, nh, kvh, g = arch.head_dim, arch.num_heads, arch.num_kv_heads, arch.group_size
+    d, nh, _kvh, _g = arch.head_dim, arch.num_heads, arch.num_kv_heads, arch.group_size
     half = c(f"half_{d}", np.array([d // 2, d // 2], np.int64))
-    perm = [1, 0, 2]
+    perm = [0, 2, 1, 3]
 
     h = _rms_norm(b, x, b.weight(p + "input_layernorm.weight"), arch.rms_norm_eps)
     q = _linear(b, h, p + "self_attn.q_proj", arch.qkv_bias)
     k = _linear(b, h, p + "self_attn.k_proj", arch.qkv_bias)
     v = _linear(b, h, p + "self_attn.v_proj", arch.qkv_bias)
-    q = b.op("Transpose", [b.op("Reshape", [q, c("shape_q", np.array([-1, nh, d]))])], perm=perm)
-    k = b.op("Transpose", [b.op("Reshape", [k, c("shape_kv", np.array([-1, kvh, d]))])], perm=perm)
-    v = b.op("Transpose", [b.op("Reshape", [v, c("shape_kv", np.array([-1, kvh, d]))])],
-             out=new_value(i), perm=perm)  # [kvh, T, d], the layout of the value cache
-    q = _rope(b, q, cos_q, sin_q, half)  # [nh, T, d], already scaled by 1/sqrt(d)
+    # [N, heads*d] -> [B, heads, T, d]
+    q = b.op("Transpose", [b.op("Reshape", [q, shapes["q"]])], perm=perm)  # [B, nh, T, d]
+    k = b.op("Transpose", [b.op("Reshape", [k, shapes["kv"]])], perm=perm)  # [B, kvh, T, d]
+    v = b.op("Transpose", [b.op("Reshape", [v, shapes["kv"]])],
+             out=new_value(i), perm=perm)  # [B, kvh, T, d], the layout of the value cache
+    q = _rope(b, q, cos_q, sin_q, half)  # [B, nh, T, d], already scaled by 1/sqrt(d)
     k_t = b.op("Transpose", [_rope(b, k, cos, sin, half)], out=new_key(i),
-               perm=[0, 2, 1])  # [kvh, d, T], the layout of the key cache
+               perm=[0, 1, 3, 2])  # [B, kvh, d, T], the layout of the key cache
 
     # Grouped-query attention without repeating K/V: the heads of one group share a kv head
-    # through a broadcast batch dimension, [kvh, g, T, .] x [kvh, 1, ., .]. With one new token
-    # (T = 1) each head's product is a matrix-vector product whose long side is the cache,
-    # read in place in the layout it is stored in: keys [kvh, d, C] for the scores, values
-    # [kvh, C, d] for the output. onnxruntime runs those as its GEMV kernel; the transposed
+    # through a broadcast batch dimension, [B, kvh, g, T, .] x [B, kvh, 1, ., .]. With one new
+    # token (T = 1) each head's product is a matrix-vector product whose long side is the cache,
+    # read in place in the layout it is stored in: keys [B, kvh, d, C] for the scores, values
+    # [B, kvh, C, d] for the output. onnxruntime runs those as its GEMV kernel; the transposed
     # orientation ([C, d] x [d, g]) pads the narrow side to a full GEMM tile and costs twice as
-    # much per cached token.
-    axes1 = c("axes_1", np.array([1], np.int64))
-    qg = b.op("Reshape", [q, c("shape_qg", np.array([kvh, g, -1, d]))])  # [kvh, g, T, d]
-    s_past = b.op("MatMul", [qg, b.op("Unsqueeze", [past_key(i), axes1])])  # [kvh, g, T, C]
-    s_new = b.op("MatMul", [qg, b.op("Unsqueeze", [k_t, axes1])])  # [kvh, g, T, T]
+    # much per cached token. Each sequence reads only its own cache row.
+    axes2 = c("axes_2", np.array([2], np.int64))
+    qg = b.op("Reshape", [q, shapes["qg"]])  # [B, kvh, g, T, d]
+    s_past = b.op("MatMul", [qg, b.op("Unsqueeze", [past_key(i), axes2])])  # [B, kvh, g, T, C]
+    s_new = b.op("MatMul", [qg, b.op("Unsqueeze", [k_t, axes2])])  # [B, kvh, g, T, T]
     s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=-1), mask])
     probs = b.op("Softmax", [s], axis=-1)
     p_past, p_new = b.ops("Split", [probs, split_sizes], 2, axis=-1)
-    o = b.op("Add", [b.op("MatMul", [p_past, b.op("Unsqueeze", [past_value(i), axes1])]),
-                     b.op("MatMul", [p_new, b.op("Unsqueeze", [v, axes1])])])  # [kvh, g, T, d]
-    o = b.op("Reshape", [o, c("shape_heads", np.array([nh, -1, d]))])
+    o = b.op("Add", [b.op("MatMul", [p_past, b.op("Unsqueeze", [past_value(i), axes2])]),
+                     b.op("MatMul", [p_new, b.op("Unsqueeze", [v, axes2])])])  # [B, kvh, g, T, d]
+    o = b.op("Reshape", [o, shapes["heads"]])  # [B, nh, T, d]
     o = b.op("Reshape", [b.op("Transpose", [o], perm=perm), c("shape_flat", np.array([-1, nh * d]))])
     x = b.op("Add", [x, _linear(b, o, p + "self_attn.o_proj", arch.o_bias)])
 

@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 BURST_S = 0.004  # decode work per worker-thread call (the first token always comes alone)
 
 
-def _prepare(model: Model, prompt: str | list[int], cfg: GenerationConfig | None,
-             chat: bool) -> tuple[list[int], Generation, StageSession]:
-    cfg = cfg or GenerationConfig()
+def check_prompt(model: Model, prompt: str | list[int], cfg: GenerationConfig,
+                 chat: bool) -> tuple[list[int], int]:
+    """The prompt's token ids and how many tokens may follow them (errors for a partial
+    model, an empty prompt or one that fills the context)."""
     if model.layers != (0, model.num_layers):
         lo, hi = model.layers
         raise LocalError(f"generation needs every layer; this model loaded [{lo}, {hi})")
@@ -42,7 +43,13 @@ def _prepare(model: Model, prompt: str | list[int], cfg: GenerationConfig | None
     ctx = model.context_length
     if len(ids) >= ctx:
         raise LocalError(f"the prompt has {len(ids)} tokens; the model's context is {ctx}")
-    max_new = min(cfg.max_tokens, ctx - len(ids))
+    return ids, min(cfg.max_tokens, ctx - len(ids))
+
+
+def _prepare(model: Model, prompt: str | list[int], cfg: GenerationConfig | None,
+             chat: bool) -> tuple[list[int], Generation, StageSession]:
+    cfg = cfg or GenerationConfig()
+    ids, max_new = check_prompt(model, prompt, cfg, chat)
     session = model.stage(0, model.num_layers).open_session(max_tokens=len(ids) + max_new)
     return ids, Generation(ids, cfg, model.tokenizer, max_new_tokens=max_new), session
 

@@ -28,6 +28,7 @@ from meshd.engine.manifest import Manifest, StageEntry, read_manifest
 from meshd.engine.planning import StageMemory, check_range, stage_memory, stage_tensor_names
 from meshd.engine.run import generate_async, generate_sync
 from meshd.engine.sampling import GenerationConfig
+from meshd.engine.scheduler import Batcher
 from meshd.engine.tokenizer import Tokenizer
 from meshd.engine.weights import verify_weights
 from meshd.errors import LocalError, ModelError
@@ -84,7 +85,7 @@ class Stage:
         expected = [g.LOGITS if self.is_last else g.HIDDEN_OUT]
         for i in range(start, end):
             expected += [g.new_key(i), g.new_value(i)]
-        key_dims = session.get_outputs()[1].shape[:2] if len(expected) > 2 else []
+        key_dims = session.get_outputs()[1].shape[1:3] if len(expected) > 2 else []
         if self.output_names != expected or key_dims != [arch.num_kv_heads, arch.head_dim]:
             raise ModelError(f"{model.manifest.name} layers [{start}, {end}): the stage graph "
                              "does not have the outputs this meshd expects (re-import the model)")
@@ -205,9 +206,9 @@ class StageSession:
         stage = self.stage
         assert self._binding is not None
         b = self._binding
-        b.bind_cpu_input(g.INPUT_IDS if stage.is_first else g.HIDDEN_IN, x)
+        b.bind_cpu_input(g.INPUT_IDS if stage.is_first else g.HIDDEN_IN, x[None])  # batch of 1
         p = self.length
-        b.bind_cpu_input(g.POSITIONS, np.arange(p, p + t, dtype=np.int64))
+        b.bind_cpu_input(g.POSITIONS, np.arange(p, p + t, dtype=np.int64)[None])
         if stage.is_last:
             rows = np.array([t - 1], np.int64) if last_only else np.arange(t, dtype=np.int64)
             b.bind_cpu_input(g.LOGIT_ROWS, rows)
@@ -217,10 +218,10 @@ class StageSession:
         stage._run(b)
         outs = self._outputs
         for j in range(len(self._keys)):
-            self._keys[j][:, :, p:p + t] = outs[1 + 2 * j]
-            self._values[j][:, p:p + t] = outs[2 + 2 * j]
+            self._keys[j][0, :, :, p:p + t] = outs[1 + 2 * j][0]
+            self._values[j][0, :, p:p + t] = outs[2 + 2 * j][0]
         self.length += t
-        return outs[0].copy()
+        return outs[0].reshape(-1, outs[0].shape[-1]).copy()
 
     def _bind_outputs(self, t: int, k: int) -> None:
         """Bind numpy buffers as outputs, so onnxruntime writes results straight into them;
@@ -228,10 +229,11 @@ class StageSession:
         stage, b = self.stage, self._binding
         assert b is not None
         kvh, d = self._shape
-        main = (k, self._vocab) if stage.is_last else (t, self._hidden)
+        main = (k, self._vocab) if stage.is_last else (1, t, self._hidden)
         self._outputs = [np.empty(main, np.float32)]
         for _ in range(stage.num_layers):
-            self._outputs += [np.empty((kvh, d, t), np.float32), np.empty((kvh, t, d), np.float32)]
+            self._outputs += [np.empty((1, kvh, d, t), np.float32),
+                              np.empty((1, kvh, t, d), np.float32)]
         b.clear_binding_outputs()
         for name, arr in zip(stage.output_names, self._outputs, strict=True):
             b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(arr))
@@ -260,11 +262,11 @@ class StageSession:
         keep = self.length
         keys, values = [], []
         for j in range(self.stage.num_layers):
-            k = np.zeros((kvh, d, cap), np.float32)  # keys [kv_heads, head_dim, slot]
-            v = np.zeros((kvh, cap, d), np.float32)  # values [kv_heads, slot, head_dim]
+            k = np.zeros((1, kvh, d, cap), np.float32)  # keys [1, kv_heads, head_dim, slot]
+            v = np.zeros((1, kvh, cap, d), np.float32)  # values [1, kv_heads, slot, head_dim]
             if keep:
-                k[:, :, :keep] = self._keys[j][:, :, :keep]
-                v[:, :keep] = self._values[j][:, :keep]
+                k[..., :keep] = self._keys[j][..., :keep]
+                v[:, :, :keep] = self._values[j][:, :, :keep]
             keys.append(k)
             values.append(v)
         self._keys, self._values, self._capacity = keys, values, cap
@@ -292,6 +294,7 @@ class Model:
         self._stages: dict[tuple[int, int], Stage] = {}
         self._lock = threading.Lock()
         self._limiter: Any = None
+        self._batcher: Batcher | None = None
 
     @property
     def num_layers(self) -> int:
@@ -323,6 +326,15 @@ class Model:
             self._limiter = trio.CapacityLimiter(self.max_concurrent_runs)
         return self._limiter
 
+    @property
+    def batcher(self) -> Batcher:
+        """This model's continuous-batching scheduler (``meshd.engine.scheduler.Batcher``).
+        While its task runs (``await nursery.start(model.batcher.run)``), ``generate`` streams
+        through it: every running generation decodes in one onnxruntime call per step."""
+        if self._batcher is None:
+            self._batcher = Batcher(self)
+        return self._batcher
+
     def stage(self, start: int, end: int) -> Stage:
         """The stage of layers ``[start, end)`` (inside the loaded range), built on first use."""
         lo, hi = self.layers
@@ -342,7 +354,8 @@ class Model:
             stages = [st.statistics() for _, st in sorted(self._stages.items())]
         return {"model": self.manifest.name, "version": self.manifest.version,
                 "content_sha256": self.manifest.content_hash, "layers": list(self.layers),
-                "stages": stages}
+                "stages": stages,
+                "batch": self._batcher.statistics() if self._batcher is not None else None}
 
     def close(self) -> None:
         """Drop every built stage session (open stage sessions must not be used afterwards)."""
@@ -403,8 +416,12 @@ class Model:
     def generate(self, prompt: str | list[int], cfg: GenerationConfig | None = None, *,
                  chat: bool = False, limiter: Any = None) -> AsyncIterator[TokenEvent]:
         """Stream ``TokenEvent``s from trio: ``async for ev in model.generate(prompt, cfg)``.
-        Each onnxruntime step runs in a worker thread under ``limiter`` (default: the model's
-        own, ``max_concurrent_runs`` wide); leaving the loop early frees the KV cache."""
+        While the model's batcher runs (``batcher``), the request joins the batch; otherwise it
+        runs its own loop, each onnxruntime step in a worker thread under ``limiter`` (default:
+        the model's own, ``max_concurrent_runs`` wide). Leaving the loop early frees the KV
+        cache."""
+        if self._batcher is not None and self._batcher.running and limiter is None:
+            return self._batcher.generate(prompt, cfg, chat=chat)
         return generate_async(self, prompt, cfg, chat=chat, limiter=limiter)
 
     def generate_sync(self, prompt: str | list[int], cfg: GenerationConfig | None = None, *,

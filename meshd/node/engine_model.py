@@ -97,5 +97,12 @@ class EngineModel:
     def vocab_size(self) -> int:
         return int(self.model.vocab_size)
 
+    @property
+    def batcher(self) -> Any:
+        """The model's batch scheduler (None when only some layers are loaded: stages are
+        batched by the stage server)."""
+        lo, hi = self.model.layers
+        return self.model.batcher if (lo, hi) == (0, self.num_layers) else None
+
     def generate(self, prompt: list[int], cfg: Any) -> Any:
         return self.model.generate(prompt, cfg)

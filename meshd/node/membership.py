@@ -177,6 +177,7 @@ class Membership:
         models = []
         for s in served:
             speed = stages.speed(s.name)
+            batch_max, batch_tps = runner.batch_curve(s.name)
             models.append(
                 ModelAdvert(
                     name=s.name,
@@ -194,6 +195,8 @@ class Membership:
                     tier=s.tier,
                     quality=s.quality,
                     kv_bytes_per_token=kv_bytes_per_layer_token(s.model) * (s.layer_end - s.layer_start),
+                    batch_max=batch_max,
+                    batch_tps=batch_tps,
                 )
             )
         prefill = max((s.prefill_tps for s in served), default=0.0)

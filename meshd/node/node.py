@@ -157,6 +157,7 @@ class Node:
                     gossip.on_heard = links.heard
                     await nursery.start(ControlServer(self.socket_path(), self.control,
                                                       extra=audit_requests(self.store)).run)
+                    await nursery.start(self.runner.run)  # batch schedulers of local models
                     await nursery.start(self.stage_server.run)
                     await nursery.start(self.stage_links.run)
                     await nursery.start(self.placer.run)

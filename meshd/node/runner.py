@@ -115,7 +115,13 @@ class Served:
             "prefill_tps": round(self.prefill_tps, 1),
             "decode_tps": round(self.decode_tps, 1),
             "service_rate_rps": round(self.service_rate_rps(), 3),
+            **({"batch": batcher.statistics()} if (batcher := self.batcher()) is not None else {}),
         }
+
+    def batcher(self) -> Any:
+        """The model's running batch scheduler (None: not batched here)."""
+        b = getattr(self.model, "batcher", None) if self.whole else None
+        return b if b is not None and getattr(b, "running", False) else None
 
 
 def _ewma(old: float, new: float) -> float:
@@ -148,6 +154,22 @@ class Runner:
 
     def in_flight(self) -> int:
         return sum(s.running for s in self.models.values())
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the batch scheduler of every local whole model (meshd.engine.scheduler): while
+        it runs, the model's generations decode together, one onnxruntime call per step. A
+        model swapped in later (autoplace) gets its scheduler when the runner is poked."""
+        started: set[int] = set()
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                changed = self.changed
+                for s in list(self.models.values()):
+                    batcher = getattr(s.model, "batcher", None) if s.whole else None
+                    if batcher is not None and id(batcher) not in started:
+                        started.add(id(batcher))
+                        await nursery.start(batcher.run)
+                await changed.wait()
 
     def poke(self) -> None:
         self.changed.set()
@@ -189,6 +211,16 @@ class Runner:
                 bundle: bytes | None = s.model.tokenizer_bundle()
                 return bundle
         return None
+
+    def batch_curve(self, model: str) -> tuple[int, tuple[float, ...]]:
+        """How many streams the model decodes in one batch here (0: it is not batched) and the
+        aggregate decode tokens/s measured at batch sizes 1, 2, 4, ... (the advert's
+        ``batch``/``batch_tps``)."""
+        s = self.models.get(model)
+        batcher = s.batcher() if s is not None else None
+        if s is None or batcher is None:
+            return 0, ()
+        return s.max_concurrency, tuple(batcher.sched.curve(s.max_concurrency))
 
     def context_length(self, model: str) -> int | None:
         """The model's context in tokens (None when the model does not say)."""

@@ -7,7 +7,9 @@ cancelled), when the stream it was opened on ends (the entry node died or went a
 deadline, after ``idle_ms`` without a step, or when a step fails. At capacity (sessions or KV
 tokens) it answers ``busy`` and the entry node plans around it.
 
-Each session runs its steps in order in its own task. A step's tensor is checked
+Each session runs its steps in order in its own task; the steps of every session on one stage
+run together (``meshd.engine.stagebatch``): one onnxruntime call per round for every session
+that has a one-token step waiting, plus one chunk of at most one prompt. A step's tensor is checked
 (``meshd.node.activations``): a malformed, wrong-shape or non-finite tensor gets an ``ERROR``
 with code ``bad_tensor`` to the entry node, never a crash. A middle stage sends its output
 (fp16 by default) straight to the next stage; the last stage samples the next token with the
@@ -17,7 +19,6 @@ the entry node.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -115,6 +116,7 @@ class StageServer:
         self.speeds: dict[str, _Speed] = {}
         self._nursery: trio.Nursery | None = None
         self._early_free: dict[tuple[str, str], None] = {}  # insertion-ordered, bounded
+        self.batchers: dict[tuple[str, int, int], Any] = {}  # (model, start, end) -> StageBatcher
         self.stats: dict[str, Any] = {
             "sessions_opened": 0, "busy_refusals": 0, "bad_tensors": 0, "steps": 0,
             "errors": 0, "activation_bytes_in": 0, "activation_bytes_out": 0,
@@ -309,7 +311,7 @@ class StageServer:
         stage = await trio.to_thread.run_sync(engine_model.stage, sess.start, sess.end)
         ctx = engine_model.context_length
         want = int(msg.get("max_tokens") or 0)
-        sess.kv = stage.open_session(max_tokens=min(want, ctx) if want > 0 else ctx)
+        sess.kv = self._batcher(sess, stage).open(min(want, ctx) if want > 0 else ctx)
         sess.hidden = engine_model.hidden_size
         sess.vocab = engine_model.vocab_size
         if sess.is_last:
@@ -337,6 +339,17 @@ class StageServer:
                 raise RemoteError("nothing left to generate", ErrorCode.MALFORMED)
             sess.gen = Generation(ids, cfg, engine_model.tokenizer,
                                   max_new_tokens=min(cfg.max_tokens, ctx - len(ids)))
+
+    def _batcher(self, sess: _Session, stage: Any) -> Any:
+        """The stage's batcher, started in this server's nursery on first use."""
+        key = (sess.model, sess.start, sess.end)
+        b = self.batchers.get(key)
+        if b is None or b.stage is not stage:  # a reloaded model (autoplace) has new stages
+            from meshd.engine.stagebatch import StageBatcher  # only here: it loads the engine
+
+            b = self.batchers[key] = StageBatcher(stage)
+            self._spawn(b.run)
+        return b
 
     # ------------------------------------------------------------------ steps
 
@@ -395,12 +408,9 @@ class StageServer:
             await _reply_error(sess.reply, sess.sid, e.code, f"{self.node_name}: {e}", None)
             return False
         self.stats["activation_bytes_in"] += len(msg["data"])
-        engine_model = sess.served.model.model
-        call = functools.partial(sess.kv.step, x, np.asarray(pos, dtype=np.int64),
-                                 last_only=sess.is_last)
         t0 = time.perf_counter()
         try:
-            out = await trio.to_thread.run_sync(call, limiter=engine_model.limiter)
+            out = await sess.kv.step(x, np.asarray(pos, dtype=np.int64), last_only=sess.is_last)
         except MeshdError as e:
             self.stats["errors"] += 1
             sess.reason = "error"
@@ -468,6 +478,7 @@ class StageServer:
             "kv_bytes": sum(x.kv.memory_bytes() for x in live if x.kv is not None),
             "models": models,
             "links": self.links.statistics() if self.links is not None else {},
+            "batches": {f"{m}[{a},{b})": x.statistics() for (m, a, b), x in self.batchers.items()},
         }
 
 

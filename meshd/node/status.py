@@ -138,7 +138,8 @@ def peers_listing(table: PeerTable, coord: Coord, now: float) -> list[dict[str, 
                 "labels": a.labels,
                 "hardware": a.hardware,
                 "models": [
-                    {"name": m.name, "layers": [m.layer_start, m.layer_end], "num_layers": m.num_layers}
+                    {"name": m.name, "layers": [m.layer_start, m.layer_end], "num_layers": m.num_layers,
+                     **({"batch": m.batch_max, "batch_tps": list(m.batch_tps)} if m.batch_max else {})}
                     for m in a.models
                 ],
                 "queue_depth": a.queue_depth,

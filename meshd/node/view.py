@@ -14,6 +14,7 @@ import dataclasses
 import operator
 from typing import Protocol
 
+from meshd.core import predict
 from meshd.core.advert import Advert
 from meshd.core.hwsignals import read_signals, with_signals
 from meshd.core.peertable import PeerEntry, PeerTable
@@ -74,7 +75,7 @@ def _view(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,
         max_concurrency=a.max_concurrency,
         max_queue=a.max_queue,
         prefill_tps=a.prefill_tps or 1000.0,
-        decode_tps=a.decode_tps or 50.0,
+        decode_tps=_decode_tps(a),
         rtt_ms=rtt_ms,
         rtt_source=rtt_source,
         advert_age_s=age_s,
@@ -84,6 +85,16 @@ def _view(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,
         is_local=is_local,
         service_rate_rps=a.service_rate_rps,
     )
+
+
+def _decode_tps(a: Advert) -> float:
+    """One stream's decode speed there: from the node's batch curve at the streams it runs now
+    plus this one (predict.batched_decode_tps), else its advertised per-stream speed."""
+    fallback = a.decode_tps or 50.0
+    m = next((m for m in a.models if m.batch_max and any(x > 0 for x in m.batch_tps)), None)
+    if m is None:
+        return fallback
+    return predict.batched_decode_tps(m.batch_tps, min(a.in_flight + 1, m.batch_max), fallback)
 
 
 def peer_rtt(entry: PeerEntry, local: Coord | None, now: float) -> tuple[float, str]:

@@ -347,7 +347,9 @@ class Engine:
 
     def _serve(self, t: SimNode, r: SimRequest, now: float) -> None:
         prefill = predict.prefill_s(r.effective_prompt, t.prefill_tps)
-        decode = predict.decode_s(r.remaining_output - 1, t.decode_tps)
+        # per-stream speed with the streams running there now (the node's batch curve)
+        decode = predict.decode_s(r.remaining_output - 1, predict.batched_decode_tps(
+            t.hw.batch_tps, t.running + 1, t.decode_tps))
         r.start_s = now
         r.first_s = now + prefill
         r.end_s = now + prefill + decode

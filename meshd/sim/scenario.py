@@ -83,6 +83,9 @@ class Hardware:
     max_queue: int
     cost_per_hour: float
     power_w: float = 0.0  # measured power draw it advertises (0: not measured)
+    # continuous batching: aggregate decode tokens/s at batch 1, 2, 4, ... (a node's advert
+    # `batch_tps`); empty: every stream decodes at decode_tps whatever the concurrency
+    batch_tps: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,7 @@ def _hardware(tables: list[Table]) -> dict[str, Hardware]:
             max_queue=t.integer("max_queue", 64, min_value=0),
             cost_per_hour=t.number("cost_per_hour", 0.0, min_value=0.0),
             power_w=t.number("power_w", 0.0, min_value=0.0),
+            batch_tps=_batch_tps(t),
         )
         if hw.name in out:
             raise t.error("name", f"repeats hardware class {hw.name!r}")
@@ -208,6 +209,15 @@ def _hardware(tables: list[Table]) -> dict[str, Hardware]:
     if not out:
         raise ConfigError("a scenario needs at least one [[hardware]] class")
     return out
+
+
+def _batch_tps(t: Table) -> tuple[float, ...]:
+    raw = t.raw("batch_tps", [])
+    if not isinstance(raw, list) or len(raw) > 12 or not all(
+            isinstance(x, int | float) and not isinstance(x, bool) and x >= 0 for x in raw):
+        raise t.error("batch_tps", "must be a list of at most 12 speeds >= 0 (tokens/s at "
+                      "batch 1, 2, 4, ...)")
+    return tuple(float(x) for x in raw)
 
 
 def _models(tables: list[Table]) -> dict[str, ModelSpec]:

@@ -115,3 +115,21 @@ def test_live_hardware_and_kv_bytes_travel_and_older_adverts_read_as_unknown() -
     back = decode_advert(pack(body))
     assert back.models[0].kv_bytes_per_token == 0
     assert read_signals(back.hardware).free_memory_bytes is None
+
+
+def test_batch_capacity_and_curve_travel_and_older_adverts_read_as_unbatched() -> None:
+    m = ModelAdvert("tiny", 6, 0, 6, 500.0, 40.0, 1000, 192, batch_max=8,
+                    batch_tps=(40.0, 78.5, 150.0, 0.0))
+    a = make(models=(m,))
+    back = decode_advert(a.encode())
+    assert back.models[0].batch_max == 8 and back.models[0].batch_tps == (40.0, 78.5, 150.0, 0.0)
+    d = a.to_dict()
+    del d["models"][0]["batch"], d["models"][0]["batch_tps"]  # an advert from before the fields
+    old = decode_advert(pack(d)).models[0]
+    assert old.batch_max == 0 and old.batch_tps == ()
+    assert "batch" not in make().to_dict()["models"][0]  # not batched: nothing on the wire
+    for bad in ([1.0] * 13, [-1.0], [float("inf")], ["x"]):
+        d = a.to_dict()
+        d["models"][0]["batch_tps"] = bad
+        with pytest.raises(ProtocolError, match="batch_tps"):
+            decode_advert(pack(d))

@@ -136,3 +136,21 @@ def test_slot_s_is_prefill_plus_the_tokens_after_the_first(
 )
 def test_rate_from_service_ms(slots: int, service_ms: float, want: float) -> None:
     assert predict.rate_from_service_ms(slots, service_ms) == want
+
+
+@pytest.mark.parametrize(
+    ("curve", "batch", "want"),
+    [
+        ((), 4, 30.0),  # no curve: the advertised per-stream speed
+        ((0.0, 0.0), 4, 30.0),  # nothing measured
+        ((40.0, 70.0, 120.0, 160.0), 1, 40.0),
+        ((40.0, 70.0, 120.0, 160.0), 4, 30.0),  # 120 tok/s shared by 4
+        ((40.0, 70.0, 120.0, 160.0), 6, 140.0 / 6),  # halfway between 4 (120) and 8 (160)
+        ((40.0, 70.0, 120.0, 160.0), 16, 10.0),  # saturated past 8: 160 shared by 16
+        ((0.0, 70.0, 0.0, 160.0), 1, 35.0),  # below the first measured size: its per-stream
+        ((0.0, 70.0, 0.0, 160.0), 4, 25.0),  # 70 + (160 - 70) * 2 / 6 = 100, shared by 4
+        ((40.0, 70.0), 0, 40.0),
+    ],
+)
+def test_batched_decode_tps(curve: tuple[float, ...], batch: int, want: float) -> None:
+    assert predict.batched_decode_tps(curve, batch, 30.0) == pytest.approx(want)

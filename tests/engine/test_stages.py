@@ -174,13 +174,13 @@ def test_prebuilt_stage_files_run_in_bare_onnxruntime(model_dirs: dict[str, Path
     bare = ort.InferenceSession(str(model_dirs["llama"] / stages[0].file),
                                 providers=["CPUExecutionProvider"])
     ids = np.array(model.tokenizer.encode(PROMPT))
-    feeds = {"input_ids": ids, "positions": np.arange(len(ids))}
+    feeds = {"input_ids": ids[None], "positions": np.arange(len(ids))[None]}
     for i in (0, 1):
-        feeds[f"past_key.{i}"] = np.zeros((2, 8, len(ids)), np.float32)  # keys: [kvh, d, C]
-        feeds[f"past_value.{i}"] = np.zeros((2, len(ids), 8), np.float32)
+        feeds[f"past_key.{i}"] = np.zeros((1, 2, 8, len(ids)), np.float32)  # [B, kvh, d, C]
+        feeds[f"past_value.{i}"] = np.zeros((1, 2, len(ids), 8), np.float32)
     hidden = bare.run(["hidden_out"], feeds)[0]
     ours = model.stage(0, 2).open_session().step(ids, np.arange(len(ids)))
-    np.testing.assert_allclose(hidden, ours, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(hidden[0], ours, rtol=0, atol=1e-5)
 
 
 def test_a_graph_file_of_the_old_cache_layout_is_rebuilt(model_dirs: dict[str, Path],

@@ -171,3 +171,22 @@ def test_a_dead_stage_makes_the_entry_plan_again() -> None:
     assert r["completed"] + r["failed"] == r["arrived"]
     assert r["pipelined"] > 0
     assert r["retries"] > 0
+
+
+def test_a_hardware_batch_curve_sets_each_streams_decode_speed() -> None:
+    """[[hardware]] batch_tps (an advert's batch curve): a curve that scales linearly with the
+    batch is the per-stream model exactly; one that saturates slows every stream down."""
+    import copy
+
+    from .helpers import BASE
+
+    def with_curve(curve: list[float]) -> dict[str, Any]:
+        hw = copy.deepcopy(BASE["hardware"])
+        hw[0]["batch_tps"] = curve
+        return Engine(scenario(hardware=hw), "meshd").run()
+
+    base = Engine(scenario(), "meshd").run()
+    assert _figures(with_curve([40.0, 80.0, 160.0])) == _figures(base)
+    slow = with_curve([40.0, 50.0, 60.0])  # 4 streams share 60 tokens/s
+    assert slow["completed"] == base["completed"]
+    assert slow["e2e_p95_ms"] > base["e2e_p95_ms"]
