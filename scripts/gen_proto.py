@@ -45,6 +45,8 @@ GOLDEN = {
     "rag_part": (MessageType.RAG_PART, {"rid": "rag-1", "chunks": [
         {"source": "docs/routing.md:1-12", "score": 0.71, "text": "Routing picks..."}],
         "embed_ms": 9.5, "search_ms": 0.4}),
+    "sync_req_fresh": (MessageType.SYNC_REQ, {"n": 8, "fresh": True}),
+    "summary": (MessageType.SUMMARY, {"body": b"\x81\xa1v\x01", "sig": bytes(64), "cert": b"cert"}),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from meshd.errors import ProtocolError
 
-PROTOCOL_VERSION = 2  # 2: tokenizer identities, packed prompt ids, TOK_REQ/TOK_PART
+PROTOCOL_VERSION = 3  # 2: tokenizer identities, packed prompt ids, TOK_REQ/TOK_PART; 3: cells
 
 # libp2p protocol ids and the gossip topics.
 REQUEST_PROTOCOL = "/meshd/req/1.0.0"
@@ -64,6 +64,7 @@ class MessageType(enum.IntEnum):
     # Gossip payloads
     ADVERT = 40
     REVOCATION = 41
+    SUMMARY = 42
 
 
 class F(enum.Enum):
@@ -248,12 +249,16 @@ SPECS: tuple[MessageSpec, ...] = (
         "a new link asks the peer for the signed adverts it holds (join without waiting a period)",
         Field("n", F.INT),
         _opt("adverts", F.LIST, nullable=False),
+        # a probe (docs/gossip-at-scale.md): answer with a fresh signed advert of your own only
+        Field("fresh", F.BOOL, required=False, since=3),
     ),
     _m(
         MessageType.SYNC,
         "answer to SYNC_REQ: signed ADVERT messages as gossiped, each checked like gossip",
         Field("n", F.INT),
         Field("adverts", F.LIST),
+        # the signed cell summaries the node holds (cells on), so a joining node knows every cell
+        Field("summaries", F.LIST, required=False, since=3),
     ),
     _m(
         MessageType.STAGE_OPEN,
@@ -351,6 +356,13 @@ SPECS: tuple[MessageSpec, ...] = (
         Field("chunks", F.LIST, since=2),
         Field("embed_ms", F.NUM, required=False, since=2),
         Field("search_ms", F.NUM, required=False, since=2),
+    ),
+    _m(
+        MessageType.SUMMARY,
+        "a cell's signed summary (gossip, topic meshd/summaries/1; meshd/core/summary.py)",
+        Field("body", F.BIN, since=3),
+        Field("sig", F.BIN, since=3),
+        Field("cert", F.BIN, since=3),
     ),
 )
 

@@ -23,7 +23,7 @@ import math
 import random
 from typing import Any
 
-from meshd.core import predict
+from meshd.core import predict, probes
 from meshd.core.snapshot import MeshSnapshot, NodeView
 from meshd.core.vivaldi import Coord, estimate_rtt_ms
 from meshd.sim.scenario import Scenario
@@ -40,7 +40,7 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(NodeView))
 _POSITIONAL = _FIELDS[: len(_EXPECTED_FIELDS)] == _EXPECTED_FIELDS
 _FREE_KV = 1 << 30
 _NONE: frozenset[int] = frozenset()
-PROBE_SLACK_MS = 50.0  # cells this close to the best one are equally worth probing
+PROBE_SLACK_MS = probes.PROBE_SLACK_MS  # cells this close to the best one are equally worth probing
 
 
 def make_view_factory(t: SimNode) -> None:
@@ -146,28 +146,22 @@ class Views:
     # -- summaries and probes ------------------------------------------------------------------
 
     def _wait_ms(self, t: SimNode, q: int, inf: int) -> float:
-        p, o = self.nominal
-        rate = predict.service_rate_rps(t.slots, p, o, t.prefill_tps, t.decode_tps)
-        load = predict.load(q, inf, 0)
-        return predict.queue_wait_ms(load, t.slots, rate) + predict.prefill_ms(p, t.prefill_tps)
+        return probes.typical_wait_ms(q, inf, t.slots, t.prefill_tps, t.decode_tps, self.nominal)
 
     def publish_summaries(self, now: float) -> None:
-        """Every cell summarises itself: its least-loaded nodes per model, best first."""
+        """Every cell summarises itself (``meshd.core.probes.summarise_cell``, as the daemon's
+        summariser does): its least-loaded nodes per model, best first, and its best wait."""
         nodes = self.world.nodes
         k = self.g.summary_top_k
         tops: list[dict[str, list[int]]] = []
         scores: list[float] = []
         for members in self.world.cells:
-            per_model: dict[str, list[tuple[float, int]]] = {}
-            for j in members:
-                t = nodes[j]
-                if not t.alive:
-                    continue
-                w = self._wait_ms(t, len(t.queue), t.running)
-                for m in t.whole_models:
-                    per_model.setdefault(m, []).append((w, j))
-            top = {m: [j for _, j in sorted(v)[:k]] for m, v in per_model.items()}
-            best = min((min(v)[0] for v in per_model.values()), default=float("inf"))
+            live = (
+                (self._wait_ms(t, len(t.queue), t.running), j, t.whole_models)
+                for j in members
+                if (t := nodes[j]).alive
+            )
+            top, _, best = probes.summarise_cell(live, k)
             tops.append(top)
             scores.append(best)
         self.pending_summary = (now + self.g.summary_delay_ms / 1000.0, tops, scores)
@@ -192,14 +186,11 @@ class Views:
         if r is None:
             lat = self.world.latency
             cr = self.world.cell_region
-            scored = sorted(
-                (lat.region_rtt_ms(region, cr[c]) + self.summary_score[c], c)
-                for c, top in enumerate(self.summary)
-                if top.get(model)
+            r = probes.rank_cells(
+                ((lat.region_rtt_ms(region, cr[c]) + self.summary_score[c], c)
+                 for c, top in enumerate(self.summary) if top.get(model)),
+                self.g.probes,
             )
-            least = max(4, 4 * self.g.probes)
-            cut = scored[0][0] + PROBE_SLACK_MS if scored else 0.0
-            r = [c for i, (sc, c) in enumerate(scored) if i < least or sc <= cut]
             self.ranked[key] = r
         return r
 
@@ -222,12 +213,8 @@ class Views:
         cells = [c for c in self._best_cells(e.region, model) if c != e.cell]
         if not cells:
             return
-        picks = sorted(
-            {
-                rng.choice(self.summary[c][model])
-                for c in rng.sample(cells, min(self.g.probes, len(cells)))
-            }
-        )
+        named = {c: self.summary[c][model] for c in cells}
+        picks = probes.pick_probes(cells, named, self.g.probes, rng)
         nodes = self.world.nodes
         for j in picks:
             t = nodes[j]

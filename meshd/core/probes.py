@@ -1,0 +1,70 @@
+"""What a cell says of itself, which cells an entry node probes into, and whom it asks. Pure.
+
+The simulator (``meshd.sim.views``) and the daemon (``meshd.node.cells``) call these very
+functions, so the candidates a daemon's router sees are drawn the way the simulated ones are
+(docs/gossip-at-scale.md):
+
+* ``typical_wait_ms``: how long a typical request (``nominal`` prompt and output tokens) would
+  wait for its first token on a node, RTT aside: the queue model of ``meshd.core.predict``;
+* ``summarise_cell``: per model, a cell's ``k`` least-loaded members (best first) and the best
+  wait, from its members' waits;
+* ``rank_cells``: the cells worth probing, from their score (RTT to the cell plus its best
+  wait): every cell within ``PROBE_SLACK_MS`` of the best, and at least the best ``4 * probes``;
+* ``pick_probes``: ``probes`` cells drawn at random among those, and in each a node at random
+  among the ones its summary names; drawing, rather than taking the best, keeps a region's entry
+  nodes from all probing (and then piling onto) the same few nodes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import TypeVar
+
+from meshd.core import predict
+
+PROBE_SLACK_MS = 50.0  # cells this close to the best one are equally worth probing
+NOMINAL_TOKENS = (128, 64)  # (prompt, output) of a typical request, where nothing better is known
+
+C = TypeVar("C", bound=Hashable)  # a cell (an index in the simulator, a name in the daemon)
+K = TypeVar("K")  # a node (an index in the simulator, a peer id in the daemon)
+
+
+def typical_wait_ms(queue_depth: int, in_flight: int, slots: int, prefill_tps: float,
+                    decode_tps: float, nominal: tuple[int, int] = NOMINAL_TOKENS) -> float:
+    """Queue wait plus prefill of a typical request on a node with this load and these speeds."""
+    p, o = nominal
+    rate = predict.service_rate_rps(slots, p, o, prefill_tps, decode_tps)
+    load = predict.load(queue_depth, in_flight, 0)
+    return predict.queue_wait_ms(load, slots, rate) + predict.prefill_ms(p, prefill_tps)
+
+
+def summarise_cell(members: Iterable[tuple[float, K, Iterable[str]]], k: int
+                   ) -> tuple[dict[str, list[K]], dict[str, float], float]:
+    """From ``(wait_ms, node, models it serves whole)`` of a cell's live members: per model its
+    ``k`` least-loaded nodes, best first (ties by node); per model the best wait; and the cell's
+    best wait over all models (inf for a cell serving nothing)."""
+    per_model: dict[str, list[tuple[float, K]]] = {}
+    for w, j, models in members:
+        for m in models:
+            per_model.setdefault(m, []).append((w, j))
+    top = {m: [j for _, j in sorted(v)[:k]] for m, v in per_model.items()}  # type: ignore[type-var]
+    best_of = {m: min(v)[0] for m, v in per_model.items()}  # type: ignore[type-var]
+    best = min(best_of.values(), default=float("inf"))
+    return top, best_of, best
+
+
+def rank_cells(scored: Iterable[tuple[float, C]], probes: int) -> list[C]:
+    """The cells an entry node may probe into, best first, from ``(score, cell)`` pairs."""
+    ordered = sorted(scored)  # type: ignore[type-var]
+    least = max(4, 4 * probes)
+    cut = ordered[0][0] + PROBE_SLACK_MS if ordered else 0.0
+    return [c for i, (sc, c) in enumerate(ordered) if i < least or sc <= cut]
+
+
+def pick_probes(cells: Sequence[C], named: Mapping[C, Sequence[K]], probes: int,
+                rng: random.Random) -> list[K]:
+    """The nodes to ask for their load: ``probes`` cells drawn among ``cells`` (the entry's own
+    cell left out by the caller), a node drawn among the ones each names; sorted, no repeats."""
+    drawn = rng.sample(list(cells), min(probes, len(cells)))
+    return sorted({rng.choice(named[c]) for c in drawn if named[c]})  # type: ignore[type-var]
