@@ -51,6 +51,21 @@ class GossipConfig:
     stall_timeout_s: float = 3.0  # a ping unanswered this long, the peer silent as long: stalled
     # a request stream from a peer that sends nothing (not even its pings) for this long is closed
     stream_idle_timeout_s: float = 60.0
+    # cells (docs/gossip-at-scale.md): "off" gossips every advert mesh-wide; "label" puts a node
+    # in the cell its certificate's label cell_label names; "hash" spreads nodes over
+    # ceil(mesh_size / cell_size) cells by their peer id. Full adverts then stay in the cell, and
+    # each cell publishes a summary mesh-wide every summary_interval_s
+    cells: str = "off"
+    cell_label: str = "region"
+    cell_size: int = 32  # "hash": members per cell aimed at
+    mesh_size: int = 0  # "hash": the number of nodes the mesh is expected to hold
+    summary_interval_s: float = 5.0
+    summary_expiry_intervals: float = 3.0  # a cell unheard this many intervals is forgotten
+    summary_top_k: int = 4  # least-loaded members a summary names per model
+    probes: int = 4  # nodes of other cells an entry node asks for their load
+    probe_interval_s: float = 1.0  # at most one round of probes per model this often
+    probe_wait_s: float = 1.0  # how long a request for a model no cell member serves waits for them
+    bridges: int = 2  # links kept to nodes of other cells (carry summaries and revocations)
 
 
 @dataclass(frozen=True)
@@ -287,6 +302,22 @@ def _validate(cfg: Config, src: str) -> None:
     for key in ("ping_interval_s", "busy_ping_after_s", "stall_timeout_s"):
         if getattr(g, key) <= 0:
             raise bad(f"[gossip] {key}", "must be > 0")
+    if g.cells not in ("off", "label", "hash"):
+        raise bad("[gossip] cells", 'must be "off", "label" or "hash"')
+    if g.cells == "hash" and (g.mesh_size < 1 or g.cell_size < 1):
+        raise bad("[gossip] mesh_size", 'must be >= 1 with cells = "hash" (with cell_size >= 1)')
+    if g.cells == "label" and not g.cell_label:
+        raise bad("[gossip] cell_label", 'must name a certificate label with cells = "label"')
+    for key in ("summary_interval_s", "probe_interval_s"):
+        if getattr(g, key) <= 0:
+            raise bad(f"[gossip] {key}", "must be > 0")
+    if g.summary_expiry_intervals < 1:
+        raise bad("[gossip] summary_expiry_intervals", "must be >= 1")
+    for key in ("summary_top_k", "probes", "bridges"):
+        if getattr(g, key) < 0 or getattr(g, key) > 64:
+            raise bad(f"[gossip] {key}", "must be between 0 and 64")
+    if g.probe_wait_s < 0:
+        raise bad("[gossip] probe_wait_s", "must be >= 0")
     if g.stream_idle_timeout_s < 3 * g.ping_interval_s:
         raise bad("[gossip] stream_idle_timeout_s", "must be at least 3 x ping_interval_s "
                   "(a live peer pings every ping_interval_s)")

@@ -48,15 +48,15 @@ def summarise_cell(members: Iterable[tuple[float, K, Iterable[str]]], k: int
     for w, j, models in members:
         for m in models:
             per_model.setdefault(m, []).append((w, j))
-    top = {m: [j for _, j in sorted(v)[:k]] for m, v in per_model.items()}  # type: ignore[type-var]
-    best_of = {m: min(v)[0] for m, v in per_model.items()}  # type: ignore[type-var]
+    top = {m: [j for _, j in sorted(v)[:k]] for m, v in per_model.items()}
+    best_of = {m: min(v)[0] for m, v in per_model.items()}
     best = min(best_of.values(), default=float("inf"))
     return top, best_of, best
 
 
 def rank_cells(scored: Iterable[tuple[float, C]], probes: int) -> list[C]:
     """The cells an entry node may probe into, best first, from ``(score, cell)`` pairs."""
-    ordered = sorted(scored)  # type: ignore[type-var]
+    ordered = sorted(scored)
     least = max(4, 4 * probes)
     cut = ordered[0][0] + PROBE_SLACK_MS if ordered else 0.0
     return [c for i, (sc, c) in enumerate(ordered) if i < least or sc <= cut]

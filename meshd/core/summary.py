@@ -182,6 +182,17 @@ def seal_summary(summary: CellSummary, sign: Callable[[bytes], bytes], cert_byte
                           {"body": body, "sig": sign(SIGN_CONTEXT + body), "cert": cert_bytes})
 
 
+def claimed_author(data: object) -> str | None:
+    """The author a SUMMARY envelope's body names, checking nothing else (a synced summary
+    names its author only inside: ``check_summary`` then verifies it)."""
+    if not isinstance(data, bytes) or len(data) > MAX_ENVELOPE_BYTES:
+        return None
+    try:
+        return decode_summary(decode_message(data, MAX_ENVELOPE_BYTES, _SUMMARY_ONLY)["body"]).author
+    except ProtocolError:
+        return None
+
+
 def check_summary(data: bytes, author: str, now: float, checker: AdvertChecker,
                   cell_of_cert: Callable[[str, dict[str, str]], str | None], *,
                   revoked: Collection[int] = frozenset()) -> CellSummary | Rejected:

@@ -50,7 +50,7 @@ class PeerChannel:
         self.rtt_ms: float = math.nan
         self.peer_queue: int | None = None
         self._cancel: trio.CancelScope | None = None
-        self._syncs: dict[int, trio.MemorySendChannel[list[Any]]] = {}
+        self._syncs: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
 
     @property
     def alive(self) -> bool:
@@ -104,7 +104,7 @@ class PeerChannel:
             if t == MessageType.SYNC:
                 waiter = self._syncs.pop(msg["n"], None)
                 if waiter is not None:
-                    waiter.send_nowait(msg["adverts"])
+                    waiter.send_nowait(msg)
                 continue
             rid = msg.get("rid")
             chan = self._waiting.get(rid) if isinstance(rid, str) else None
@@ -160,21 +160,31 @@ class PeerChannel:
     async def sync(self, timeout_s: float, own: list[bytes] | None = None) -> list[Any]:
         """Hand the peer our own signed advert(s) and ask for the adverts it holds (SYNC_REQ ->
         SYNC); [] if it cannot say in time."""
+        return list((await self.sync_reply(timeout_s, own)).get("adverts") or [])
+
+    async def sync_reply(self, timeout_s: float, own: list[bytes] | None = None, *,
+                         fresh: bool = False) -> dict[str, Any]:
+        """``sync``'s whole SYNC answer (adverts, and the summaries a node with cells holds);
+        ``fresh``: a probe, answered with the peer's own advert signed now. {} if no answer in
+        time."""
         if self.dead is not None:
-            return []
+            return {}
         self._ping_n += 1
         n = self._ping_n
-        send, recv = trio.open_memory_channel[list[Any]](1)
+        send, recv = trio.open_memory_channel[dict[str, Any]](1)
         self._syncs[n] = send
+        fields: dict[str, Any] = {"n": n, "adverts": own or []}
+        if fresh:
+            fields["fresh"] = True
         try:
             with trio.move_on_after(timeout_s):
-                await self.framed.send(MessageType.SYNC_REQ, {"n": n, "adverts": own or []})
+                await self.framed.send(MessageType.SYNC_REQ, fields)
                 return await recv.receive()
         except PeerGoneError:
             pass
         finally:
             self._syncs.pop(n, None)
-        return []
+        return {}
 
     async def request(
         self, fields: dict[str, Any], *, mtype: MessageType = MessageType.REQ,

@@ -56,7 +56,9 @@ class Gossip:
         self.pubsub = pubsub
         self.router = router
         self.on_heard: Callable[[str], None] | None = None
-        self.stats = {"handler_errors": 0, "validator_errors": 0, "rejected": 0, "published": 0}
+        # bytes_in: every byte read from peers' gossip streams (the cost cells bound)
+        self.stats = {"handler_errors": 0, "validator_errors": 0, "rejected": 0, "published": 0,
+                      "bytes_in": 0}
 
     def set_validator(self, topic: str, validator: Validator) -> None:
         def guarded(forwarder: ID, msg: Any) -> bool:
@@ -104,9 +106,7 @@ class Gossip:
             self.pubsub.host.set_stream_handler(proto, guarded)
 
     def _watch(self, stream: Any) -> None:
-        """Report every read on a peer's inbound gossip stream to ``on_heard``."""
-        if self.on_heard is None:
-            return
+        """Count every read on a peer's inbound gossip stream, and report it to ``on_heard``."""
         try:
             peer = stream.muxed_conn.peer_id.to_base58()
             read = stream.read
@@ -117,8 +117,10 @@ class Gossip:
         async def watched_read(n: int | None = None) -> bytes:
             data: bytes = await read(n)
             hook = gossip.on_heard
-            if data and hook is not None:
-                hook(peer)
+            if data:
+                gossip.stats["bytes_in"] += len(data)
+                if hook is not None:
+                    hook(peer)
             return data
 
         stream.read = watched_read

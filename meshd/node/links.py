@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import multiaddr
@@ -82,6 +83,8 @@ class Links:
                                  stall_timeout_s=g.stall_timeout_s, rng=rng)
         self.stats = {"dials": 0, "dial_failures": 0, "dials_yielded": 0, "channels_opened": 0,
                       "stalls": 0, "pings": 0}
+        # what a SYNC brought besides adverts (cells: the summaries the peer holds)
+        self.on_sync_summaries: Callable[[list[Any]], None] | None = None
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Own the links' tasks (dials, channels, pings) and run the liveness loop; the
@@ -292,8 +295,11 @@ class Links:
     async def _sync(self, ch: PeerChannel) -> None:
         """Learn the mesh from a new link at once (a joining node need not wait an advert period)."""
         own = self.membership.own_signed_advert()
-        items = await ch.sync(DIAL_TIMEOUT_S, [own] if own is not None else [])
-        self.membership.accept_synced(items)
+        reply = await ch.sync_reply(DIAL_TIMEOUT_S, [own] if own is not None else [])
+        self.membership.accept_synced(reply.get("adverts") or [])
+        summaries = reply.get("summaries")
+        if summaries and self.on_sync_summaries is not None:
+            self.on_sync_summaries(summaries)
 
     def _on_dead(self, peer_id: str, reason: str) -> None:
         if self.channels.get(peer_id) is not None and not self.channels[peer_id].alive:
@@ -314,8 +320,10 @@ class Links:
             except Exception:
                 pass
 
-    async def channel(self, peer_id: str) -> PeerChannel:
-        """The live channel to a peer, opening one if needed."""
+    async def channel(self, peer_id: str, addrs: tuple[str, ...] = (), *,
+                      sync: bool = True) -> PeerChannel:
+        """The live channel to a peer, opening one if needed: to a peer of the table, or (cells)
+        to a node a summary named, dialled at ``addrs`` (``sync``: exchange adverts when opened)."""
         ch = self.channels.get(peer_id)
         if ch is not None and ch.alive:
             return ch
@@ -327,16 +335,19 @@ class Links:
             if ch is not None and ch.alive:
                 return ch
         e = self.membership.table.get(peer_id)
-        if e is None:
+        if e is None and not addrs:
             raise PeerGoneError(f"peer {peer_id[-8:]} is not in the peer table")
-        pid = ID.from_base58(peer_id)
-        if not self._connected(pid):
-            addrs = [multiaddr.Multiaddr(a) for a in e.advert.addrs]
-            if not await self._dial(pid, addrs):
-                raise PeerGoneError(f"cannot dial peer {e.advert.name}")
-        ch = await self._open_channel(pid)
+        name = e.advert.name if e is not None else peer_id[-8:]
+        try:
+            pid = ID.from_base58(peer_id)
+            maddrs = [multiaddr.Multiaddr(a) for a in (e.advert.addrs if e is not None else addrs)]
+        except Exception:
+            raise PeerGoneError(f"peer {name} has no address we can dial") from None
+        if not self._connected(pid) and not await self._dial(pid, maddrs):
+            raise PeerGoneError(f"cannot dial peer {name}")
+        ch = await self._open_channel(pid, sync=sync)
         if ch is None:
-            raise PeerGoneError(f"cannot open a request stream to {e.advert.name}")
+            raise PeerGoneError(f"cannot open a request stream to {name}")
         return ch
 
     # ---------------------------------------------------------------- connection events

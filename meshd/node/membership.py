@@ -27,9 +27,9 @@ from typing import Any, Protocol
 import trio
 
 from meshd.config import Config
+from meshd.core import cells
 from meshd.core.advert import MAX_COLLECTIONS, Advert, ModelAdvert, significant_load_change
 from meshd.core.advert_check import MALFORMED, REPLAY, AdvertChecker, Rejected, read_claim, seal
-from meshd.core.messages import ADVERT_TOPIC
 from meshd.core.peertable import PeerTable, Verdict
 from meshd.core.snapshot import MeshSnapshot
 from meshd.core.vivaldi import Coord, update
@@ -105,6 +105,13 @@ class Membership:
         self.labels = dict(identity.certificate.labels)
         self.region = self.labels.get("region", "")
         g = config.gossip
+        # cells (docs/gossip-at-scale.md): None when off; adverts of other cells are refused on
+        # gossip and SYNC, and enter the table only as a probe's answer (via "probe")
+        self.cell_count = cells.cell_count(g.mesh_size, g.cell_size)
+        self.cell = self.cell_of(self.peer_id, self.labels)
+        self.topic = cells.advert_topic(self.cell)
+        self.via: dict[str, str] = {}  # peer id -> "cell" or "probe": how its advert came
+        self.probe_ttl_s = 3.0 * g.probe_interval_s
         self.table = PeerTable(self.peer_id, expiry_s=g.advert_interval_s * g.expiry_intervals)
         self.checker = AdvertChecker(self.peer_id, identity.ca_public_key,
                                      clock_skew_s=attestor.clock_skew_s)
@@ -124,6 +131,8 @@ class Membership:
             "adverts_replayed": 0,
             "adverts_timed": 0,
             "adverts_synced": 0,
+            "adverts_probed": 0,
+            "adverts_other_cell": 0,
         }
         self.rejections: dict[str, int] = {}
         self._gossip: GossipPort | None = None
@@ -156,8 +165,8 @@ class Membership:
         """Publish this node's advert (with ``addrs``), take the mesh's, expire silent peers."""
         self._gossip = gossip
         self.addrs = tuple(addrs)
-        gossip.set_validator(ADVERT_TOPIC, self.validate)
-        adverts = await gossip.subscribe(ADVERT_TOPIC)
+        gossip.set_validator(self.topic, self.validate)
+        adverts = await gossip.subscribe(self.topic)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive, adverts)
             nursery.start_soon(self._advert_loop)
@@ -242,7 +251,7 @@ class Membership:
         self._own_signed = data
         try:
             with trio.fail_after(5):
-                await self._gossip.publish(ADVERT_TOPIC, data)
+                await self._gossip.publish(self.topic, data)
             self.stats["adverts_published"] += 1
         except Exception as e:
             log.warning("advert publish failed error=%r", e)
@@ -291,7 +300,13 @@ class Membership:
         it, and the peers behind us would never hear it."""
         if author in self.table.entries and self._signed.get(author) == data:
             return True  # not put in _validated: _receive skips it
-        return self._check(author, data)
+        if not self._check(author, data):
+            return False
+        adv = self._validated.get(bytes(data))
+        if adv is not None and not self.same_cell(adv):
+            self._validated.pop(bytes(data), None)
+            return self.reject("wrong_cell")
+        return True
 
     def _check(self, author: str, data: bytes) -> bool:
         """``AdvertChecker.check``; a good advert is kept in ``_validated`` for ``_apply``."""
@@ -320,12 +335,14 @@ class Membership:
                 self.advert_delays_ms.append(max(0.0, (time.time() - adv.ts) * 1000.0))
                 self.stats["adverts_timed"] += 1
 
-    def _apply(self, adv: Advert, data: bytes) -> bool:
+    def _apply(self, adv: Advert, data: bytes, via: str = "cell") -> bool:
         """Put a validated advert in the table; True when it was new information."""
         verdict = self.table.apply(adv, trio.current_time(), time.time())
         if verdict in (Verdict.NEW, Verdict.UPDATED):
             self.stats["adverts_accepted"] += 1
-            self._signed[adv.peer_id] = data
+            self.via[adv.peer_id] = via
+            if via == "cell":
+                self._signed[adv.peer_id] = data
             self._dropped_seq.pop(adv.peer_id, None)
             new = verdict is Verdict.NEW
             for listener in self._listeners:
@@ -342,7 +359,7 @@ class Membership:
 
     def signed_adverts(self) -> list[bytes]:
         """The signed adverts this node holds (its own first), for a new link's SYNC."""
-        live = {e.advert.peer_id for e in self.table.live()}
+        live = {e.advert.peer_id for e in self.table.live() if self.via.get(e.advert.peer_id) != "probe"}
         out = [self._own_signed] if self._own_signed is not None else []
         out += [d for pid, d in sorted(self._signed.items()) if pid in live]
         return out[:SYNC_MAX_ADVERTS]
@@ -368,12 +385,62 @@ class Membership:
                 # peer vouches for its latest advert: take that advert back, once
                 self.table.last_seq[author] = claimed.seq - 1
             adv = self._validated.pop(data, None) if self._check(author, data) else None
+            if adv is not None and not self.same_cell(adv):
+                self.stats["adverts_other_cell"] += 1  # a node of another cell: not ours to hold
+                adv = None
             if adv is not None and self._apply(adv, data):
                 applied += 1
             elif readmit:
                 self.table.last_seq[author] = claimed.seq
         self.stats["adverts_synced"] += applied
         return applied
+
+    # ------------------------------------------------------------------ cells and probes
+
+    def cell_of(self, peer_id: str, labels: Mapping[str, str]) -> str | None:
+        """The cell of a node with this peer id and these certified labels (None: cells off)."""
+        g = self.config.gossip
+        return cells.cell_of(g.cells, peer_id, labels, label_key=g.cell_label, count=self.cell_count)
+
+    def same_cell(self, adv: Advert) -> bool:
+        return self.cell is None or self.cell_of(adv.peer_id, adv.labels) == self.cell
+
+    def cell_members(self) -> list[str]:
+        """The live members of this node's cell that it knows of (itself left out)."""
+        return [e.advert.peer_id for e in self.table.live() if self.via.get(e.advert.peer_id) != "probe"]
+
+    def fresh_signed_advert(self) -> bytes:
+        """A probe's answer: this node's advert signed now, with its load now."""
+        data = self.sign_advert()
+        self._own_signed = data
+        return data
+
+    def accept_probed(self, peer_id: str, items: list[Any]) -> bool:
+        """A probe's answer from ``peer_id``: its own fresh advert, checked like gossip (the
+        author must be the peer asked). Taken into the table as a candidate of this node's
+        decisions until ``probe_ttl_s`` old; True if it was."""
+        for data in items[:1]:
+            claimed = read_claim(data)
+            if isinstance(claimed, Rejected) or claimed.peer_id != peer_id or peer_id in self.revoked_peer_ids:
+                self.reject("bad_probe")
+                return False
+            adv = self._validated.pop(data, None) if self._check(peer_id, data) else None
+            if adv is None:
+                return False
+            via = "cell" if self.same_cell(adv) else "probe"
+            if self._apply(adv, data, via):
+                self.stats["adverts_probed"] += 1
+                return True
+        return False
+
+    def _expire_probed(self, now: float) -> None:
+        for pid, via in list(self.via.items()):
+            e = self.table.get(pid)
+            if e is None:
+                del self.via[pid]
+            elif via == "probe" and now - e.heard_at > self.probe_ttl_s:
+                self.table.drop(pid)
+                del self.via[pid]
 
     # ------------------------------------------------------------------ leaving
 
@@ -401,8 +468,11 @@ class Membership:
     async def _expiry_loop(self) -> None:
         while True:
             await trio.sleep(min(1.0, self.config.gossip.advert_interval_s / 2))
-            for pid in self.table.expire(trio.current_time()):
-                log.info("peer expired peer_id=%s", pid)
+            now = trio.current_time()
+            for pid in self.table.expire(now):
+                if self.via.get(pid) != "probe":
+                    log.info("peer expired peer_id=%s", pid)
+            self._expire_probed(now)
 
     # ------------------------------------------------------------------ RTT / Vivaldi
 

@@ -38,6 +38,7 @@ from meshd.net.framed import FramedStream
 from meshd.net.gossip import Gossip, open_gossip
 from meshd.net.identity import NodeIdentity
 from meshd.node.autoplace import AutoPlacer
+from meshd.node.cells import Cells
 from meshd.node.control import ControlService
 from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry import EntryChain
@@ -93,10 +94,16 @@ class Node:
         self.edge_cache = EdgeCache(config)  # the semantic cache (docs/cache.md)
         self.rag = RagService(self, self.edge_cache)  # retrieval collections (docs/rag.md)
         self.membership.collections = lambda: self.rag.names
+        # cells (docs/gossip-at-scale.md): summaries, bridges and probes; None when cells are off
+        self.cells = Cells(config, identity, self.membership, rng=self.rng) \
+            if self.membership.cell is not None else None
         self.server = RequestServer(runner, self.node_name, max_hops=config.routing.max_hops,
                                     adverts=self.membership.signed_adverts,
                                     accept_adverts=self.membership.accept_synced,
-                                    retrieve=self.rag.serve)
+                                    retrieve=self.rag.serve,
+                                    fresh_advert=self.membership.fresh_signed_advert
+                                    if self.cells is not None else None,
+                                    summaries=self.cells.signed_summaries if self.cells is not None else None)
         self.stage_links = StageLinks(self, self.stage_server, self.membership.table)
         self.stage_server.links = self.stage_links
         self.placer = AutoPlacer(config, runner, self.membership, self.stage_server)
@@ -152,6 +159,8 @@ class Node:
                     await nursery.start(links.run)
                     await nursery.start(self.membership.run, gossip, self.addrs)
                     await nursery.start(self.revocations.run, self.host, gossip)
+                    if self.cells is not None:
+                        await nursery.start(self.cells.run, gossip, links)
                     self.host.set_stream_handler(REQUEST_PROTOCOL, self._guarded(self._on_request_stream))
                     self.host.get_network().register_notifee(links.notifee())
                     gossip.on_heard = links.heard
@@ -212,7 +221,10 @@ class Node:
         return node_status(self)
 
     def peers_listing(self) -> list[dict[str, Any]]:
-        return peers_listing(self.membership.table, self.membership.coord, trio.current_time())
+        rows = peers_listing(self.membership, trio.current_time())
+        if self.cells is not None:
+            rows += self.cells.summary_peers()
+        return rows
 
     def ready_state(self) -> tuple[bool, str]:
         """Ready to take requests: running, and holding a local model or a peer to forward to."""

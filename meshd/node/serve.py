@@ -45,18 +45,23 @@ class RequestServer:
         adverts: Callable[[], list[bytes]] | None = None,
         accept_adverts: Callable[[list[Any]], int] | None = None,
         retrieve: Retrieve | None = None,
+        fresh_advert: Callable[[], bytes] | None = None,
+        summaries: Callable[[], list[bytes]] | None = None,
     ) -> None:
         self.retrieve = retrieve  # a peer's RAG_REQ: this node's RagService.serve
         self.runner = runner
         self._adverts = adverts
         self._accept_adverts = accept_adverts
+        self._fresh_advert = fresh_advert  # a probe's answer (cells)
+        self._summaries = summaries  # the cell summaries held (cells), handed over in a SYNC
         self.node_name = node_name
         self.max_hops = max_hops
         self.stats = {"streams": 0, "requests": 0, "errors": 0, "malformed": 0, "cancelled": 0,
                       "token_writes": 0, "token_frames": 0, "tokens_sent": 0,
                       # how REQs carried their prompt: packed ids, a list of ids, or text
                       "prompts_packed": 0, "prompts_ids": 0, "prompts_text": 0,
-                      "tokenizers_served": 0, "tokenizer_bytes_sent": 0, "retrievals_served": 0}
+                      "tokenizers_served": 0, "tokenizer_bytes_sent": 0, "retrievals_served": 0,
+                      "probes_answered": 0}
 
     async def serve_stream(self, framed: FramedStream, peer_id: str) -> None:
         """Read frames until the stream ends; never raises (a peer cannot crash the node)."""
@@ -85,10 +90,7 @@ class RequestServer:
                             scopes[rid] = scope
                             nursery.start_soon(self._serve_one, batcher, msg, scope, scopes, peer_id)
                         elif t == MessageType.SYNC_REQ:
-                            if self._accept_adverts is not None and msg.get("adverts"):
-                                self._accept_adverts(msg["adverts"])  # the asker's own advert
-                            held = self._adverts() if self._adverts is not None else []
-                            await framed.send(MessageType.SYNC, {"n": msg["n"], "adverts": held})
+                            await framed.send(MessageType.SYNC, self._sync_answer(msg))
                         elif t == MessageType.TOK_REQ:
                             rid = msg["rid"]
                             if rid in scopes:
@@ -123,6 +125,20 @@ class RequestServer:
             log.exception("request stream failed peer=%s", peer_id)
         finally:
             await framed.reset()
+
+    def _sync_answer(self, msg: Message) -> dict[str, Any]:
+        """SYNC: the adverts (and summaries) held; a probe (``fresh``) gets our own advert, new."""
+        if msg.get("fresh") and self._fresh_advert is not None:
+            self.stats["probes_answered"] += 1
+            return {"n": msg["n"], "adverts": [self._fresh_advert()]}
+        if self._accept_adverts is not None and msg.get("adverts"):
+            self._accept_adverts(msg["adverts"])  # the asker's own advert
+        out: dict[str, Any] = {"n": msg["n"], "adverts": self._adverts() if self._adverts is not None else []}
+        if self._summaries is not None:
+            held = self._summaries()
+            if held:
+                out["summaries"] = held
+        return out
 
     async def _serve_one(
         self,

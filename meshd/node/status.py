@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from meshd.core.hwsignals import HwSignals, read_signals
@@ -12,6 +13,7 @@ from meshd.core.vivaldi import Coord, estimate_rtt_ms
 from meshd.net.attest import Attestor
 from meshd.net.gossip import Gossip
 from meshd.node.autoplace import AutoPlacer
+from meshd.node.cells import Cells
 from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry import EntryChain
 from meshd.node.links import Links
@@ -73,6 +75,9 @@ class StatusSource(Protocol):
     @property
     def tokenizers(self) -> TokenizerService: ...
 
+    @property
+    def cells(self) -> Cells | None: ...
+
 
 def node_status(node: StatusSource) -> dict[str, Any]:
     m = node.membership
@@ -83,6 +88,7 @@ def node_status(node: StatusSource) -> dict[str, Any]:
         "name": node.node_name,
         "peer_id": node.peer_id,
         "region": m.region,
+        "cell": m.cell,
         "labels": m.labels,
         "addrs": node.addrs,
         "uptime_s": round(time.time() - node.started_at, 1),
@@ -112,6 +118,7 @@ def node_status(node: StatusSource) -> dict[str, Any]:
             "tokenizers": node.tokenizers.statistics(),
             "rag": rag.statistics() if (rag := getattr(node, "rag", None)) is not None else {},
             "telemetry": node.monitor.statistics() if node.monitor is not None else {},
+            "cells": node.cells.statistics() if node.cells is not None else {},
         },
     }
 
@@ -122,8 +129,22 @@ def signals_dict(sig: HwSignals) -> dict[str, Any]:
             "throttle": list(sig.throttle), "speed_factor": round(sig.speed_factor, 3)}
 
 
-def peers_listing(table: PeerTable, coord: Coord, now: float) -> list[dict[str, Any]]:
-    """Every peer of ``table`` (stalled ones too), as ``meshd peers`` shows them at ``now``."""
+class PeerSource(Protocol):
+    """What ``meshd peers`` reads of membership (``meshd.node.membership.Membership``)."""
+
+    table: PeerTable
+    coord: Coord
+    via: dict[str, str]
+
+    def cell_of(self, peer_id: str, labels: Mapping[str, str]) -> str | None: ...
+
+
+def peers_listing(src: PeerSource, now: float) -> list[dict[str, Any]]:
+    """Every peer of the table (stalled ones too), as ``meshd peers`` shows them at ``now``:
+    ``cell`` (None when cells are off) and ``known_by``: ``advert`` (gossip or a SYNC: a member
+    of our cell, or any peer when cells are off) or ``probe`` (a node of another cell that
+    answered a probe)."""
+    table, coord = src.table, src.coord
     rows = []
     for pid, e in sorted(table.entries.items()):
         a = e.advert
@@ -135,6 +156,8 @@ def peers_listing(table: PeerTable, coord: Coord, now: float) -> list[dict[str, 
                 "name": a.name,
                 "peer_id": pid,
                 "region": a.region,
+                "cell": src.cell_of(pid, a.labels),
+                "known_by": "probe" if src.via.get(pid) == "probe" else "advert",
                 "labels": a.labels,
                 "hardware": a.hardware,
                 "models": [

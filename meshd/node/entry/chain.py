@@ -6,6 +6,7 @@
     admit        a request id already in flight here is refused at once        (this module)
     tier         model = "auto": the classifier's score and the pure tier decision choose
                  the model                                              (meshd.node.entry.tier)
+    reach        cells on: probe a few nodes of other cells for their load   (meshd.node.entry.reach)
     prepare      model, token ids, token budget and context check    (meshd.node.entry.prepare)
     edge_answer  a prompt that means what an answered one meant: answered from this node's
                  semantic cache, no model run                          (meshd.node.entry.cache)
@@ -48,6 +49,7 @@ from meshd.node.entry.cache import edge_answer, remember
 from meshd.node.entry.context import Emit, EntryContext, EntryHost
 from meshd.node.entry.execute import execute
 from meshd.node.entry.prepare import models_heard, prepare
+from meshd.node.entry.reach import reach
 from meshd.node.entry.record import Observer, record
 from meshd.node.entry.route import route
 from meshd.node.entry.tier import choose_model
@@ -70,6 +72,10 @@ async def _route(ctx: EntryContext, chain: EntryChain) -> None:
     await route(ctx, chain.host, chain.client_in_flight, chain.next_rr())
 
 
+async def _reach(ctx: EntryContext, chain: EntryChain) -> None:
+    await reach(ctx, chain.host)
+
+
 async def _execute(ctx: EntryContext, chain: EntryChain) -> None:
     await execute(ctx, chain.host, chain.client_in_flight)
 
@@ -87,6 +93,7 @@ async def _remember(ctx: EntryContext, chain: EntryChain) -> None:
 # (name, step, after_answer): in order; once ctx.answer is set only after_answer steps run
 STEPS: tuple[tuple[str, Step, bool], ...] = (
     ("tier", _tier, False),
+    ("reach", _reach, False),
     ("prepare", _prepare, False),
     ("edge_answer", _edge_answer, False),
     ("augment", augment, False),

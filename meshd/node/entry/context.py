@@ -12,7 +12,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from meshd.config import Config
 from meshd.core.decide import Decision
@@ -27,6 +27,9 @@ from meshd.node.runner import Runner
 from meshd.node.stagelinks import StageLinks
 from meshd.node.tokenizers import TokenizerService
 from meshd.node.view import MeshView
+
+if TYPE_CHECKING:
+    from meshd.node.entry.reach import Reach
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 """``await emit(kind, payload)``: "route" ({"served_by", "route"}) and "tokens" ({"ids", "text"})."""
@@ -56,6 +59,9 @@ class EntryHost(Protocol):
 
     @property
     def stage_links(self) -> StageLinks: ...  # pipelines
+
+    @property
+    def cells(self) -> Reach | None: ...  # cells on: probes of other cells (meshd.node.cells)
 
 
 @dataclass(slots=True)

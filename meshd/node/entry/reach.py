@@ -1,0 +1,34 @@
+"""Entry step "reach" (cells on): probe other cells before routing (docs/gossip-at-scale.md).
+
+A node with cells holds full adverts of its own cell only. Before it routes a model it asks a few
+nodes of the best-looking other cells for a fresh signed advert (``meshd.node.cells.Cells.reach``:
+at most one round per model per ``probe_interval_s``, in the background); their answers join the
+peer table, so the route step's snapshot holds the cell's members plus the probed nodes, as the
+simulator's does. A request for a model that no member of the cell serves waits for the answers
+(at most ``probe_wait_s``): without them the mesh would not know the model at all.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from meshd.node.entry.context import EntryContext, EntryHost
+
+
+class Reach(Protocol):
+    """What the step needs of the cells service (``meshd.node.cells.Cells``)."""
+
+    async def reach(self, model: str, *, need: bool) -> None: ...
+
+
+async def reach(ctx: EntryContext, host: EntryHost) -> None:
+    cells = host.cells
+    if cells is None:
+        return
+    model = ctx.req.model or host.runner.default_model() or ""
+    if not model:
+        return
+    served_here = host.runner.get(model) is not None or any(
+        m.name == model for e in host.membership.table.live() for m in e.advert.models
+    )
+    await cells.reach(model, need=not served_here)
