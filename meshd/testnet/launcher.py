@@ -262,7 +262,7 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
         cfg = node_config(s, d, [] if i == 0 else boot, advert_interval_s=advert_interval_s)
         (d / "meshd.toml").write_text(write_toml(cfg))
         pid = start_process(d, netns=s.netns, env=(env_for or {}).get(s.name))
-        if i == 0 and len(specs) > 1 and wait:
+        if i == 0 and len(specs) > 1:
             # the others dial it at once: a dial that finds nothing listening costs a retry
             # (seconds) where waiting for its control socket (it listens first) costs ~1 s
             _wait_listening(d / "meshd.sock", pid, BOOT_WAIT_S)
