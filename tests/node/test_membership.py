@@ -21,12 +21,13 @@ from meshd.node.stages import StageServer  # noqa: E402
 
 # what `meshd status --json` has carried under services.node (tests and the metrics read them)
 NODE_COUNTERS = ["adverts_published", "adverts_accepted", "adverts_rejected", "adverts_replayed",
-                 "adverts_timed", "adverts_synced", "requests_submitted", "requests_failed",
+                 "adverts_timed", "adverts_synced", "adverts_probed", "adverts_other_cell",
+                 "requests_submitted", "requests_failed",
                  "requests_local", "requests_forwarded", "handler_errors"]
 SERVICES = ["node", "advert_rejections", "gossip", "advert_delay_ms", "attestation", "links",
             "request_server", "stage_server", "placement", "entry", "cache", "tiers", "upstreams",
-            "tokenizers", "rag", "telemetry"]
-TOP = ["name", "peer_id", "region", "labels", "addrs", "uptime_s", "peers", "queue_depth",
+            "tokenizers", "rag", "telemetry", "cells"]
+TOP = ["name", "peer_id", "region", "cell", "labels", "addrs", "uptime_s", "peers", "queue_depth",
        "in_flight", "models", "hardware", "strategy", "api_url", "coord", "services"]
 
 
@@ -52,7 +53,7 @@ def test_status_keeps_its_keys_and_counts_adverts_under_node() -> None:
         assert st["services"]["node"]["adverts_rejected"] == 1
         assert st["services"]["advert_rejections"] == {"malformed": 1}
         assert st["services"]["advert_delay_ms"] == {"n": 0, "p50": None, "p99": None, "recent": []}
-        assert st["peers"] == 1 and st["region"] == "eu-west"
+        assert st["peers"] == 1 and st["region"] == "eu-west" and st["cell"] is None  # cells off
         assert [p["name"] for p in node.peers_listing()] == ["peer"]
         assert node.ready_state() == (False, "starting")
 
