@@ -49,7 +49,8 @@ ADVERT_JITTER = 0.1  # each advert period is the interval +-10%, so nodes do not
 JOIN_SYNC_WAIT_S = 2.0  # the first advert waits this long at most for the bootstrap SYNC
 
 Listener = Callable[[Advert, bool], None]
-"""``listener(advert, new)``: an advert was taken into the table; ``new``: a peer we lacked."""
+"""``listener(advert, new)``: an advert was taken into the table; ``new``: a peer we lacked (of
+our own cell: a probed node of another cell is never new)."""
 
 
 class GossipPort(Protocol):
@@ -344,7 +345,9 @@ class Membership:
             if via == "cell":
                 self._signed[adv.peer_id] = data
             self._dropped_seq.pop(adv.peer_id, None)
-            new = verdict is Verdict.NEW
+            # a probed node of another cell is no newcomer of ours (no join log, no re-gossip of
+            # the revocation list: it has that from the mesh-wide topic)
+            new = verdict is Verdict.NEW and via == "cell"
             for listener in self._listeners:
                 listener(adv, new)
             if new:
