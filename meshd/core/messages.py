@@ -251,6 +251,8 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("adverts", F.LIST, nullable=False),
         # a probe (docs/gossip-at-scale.md): answer with a fresh signed advert of your own only
         Field("fresh", F.BOOL, required=False, since=3),
+        # cells: answer with the summaries held only, no adverts (a node missing cells asks)
+        Field("summaries_only", F.BOOL, required=False, since=3),
     ),
     _m(
         MessageType.SYNC,

@@ -163,7 +163,7 @@ class PeerChannel:
         return list((await self.sync_reply(timeout_s, own)).get("adverts") or [])
 
     async def sync_reply(self, timeout_s: float, own: list[bytes] | None = None, *,
-                         fresh: bool = False) -> dict[str, Any]:
+                         fresh: bool = False, summaries_only: bool = False) -> dict[str, Any]:
         """``sync``'s whole SYNC answer (adverts, and the summaries a node with cells holds);
         ``fresh``: a probe, answered with the peer's own advert signed now. {} if no answer in
         time."""
@@ -176,6 +176,8 @@ class PeerChannel:
         fields: dict[str, Any] = {"n": n, "adverts": own or []}
         if fresh:
             fields["fresh"] = True
+        if summaries_only:
+            fields["summaries_only"] = True
         try:
             with trio.move_on_after(timeout_s):
                 await self.framed.send(MessageType.SYNC_REQ, fields)

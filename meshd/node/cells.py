@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 
 TICK_S = 1.0  # maintenance: expiry, own-cell links, bridges
 REDIAL_S = 10.0  # a node named by a summary is dialled at most this often
-PROBE_TIMEOUT_S = 2.0
+PULL_S = 3.0  # a node that misses cells asks a linked peer for its summaries at most this often
+PROBE_TIMEOUT_S = 5.0  # the dial and the answer each (links.DIAL_TIMEOUT_S)
 UNKNOWN_RTT_MS = 100.0
 MAX_SYNCED = 256
 
@@ -85,10 +86,11 @@ class Cells:
         self._probed_at: dict[str, float] = {}
         self._probing: dict[str, trio.Event] = {}
         self._dialled: dict[str, float] = {}
+        self._pulled_at = -math.inf
         self.rejections: dict[str, int] = {}
         self.stats = {"summaries_published": 0, "summaries_accepted": 0, "summaries_rejected": 0,
                       "cells_expired": 0, "probes_sent": 0, "probes_answered": 0,
-                      "probe_bytes_in": 0, "probe_rounds": 0, "links_opened": 0}
+                      "probe_bytes_in": 0, "probe_rounds": 0, "links_opened": 0, "summary_pulls": 0}
 
     async def run(self, gossip: SummaryGossip, links: Links, *,
                   task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -223,8 +225,36 @@ class Cells:
             if gone:
                 self.stats["cells_expired"] += len(gone)
                 log.info("cells forgotten cells=%s", ",".join(gone))
+            self._pull_summaries()
             self._link_own_cell()
             self._keep_bridges()
+
+    def _pull_summaries(self) -> None:
+        """Anti-entropy: a node that knows no other cell, or no member of its own, asks a linked
+        peer for the summaries it holds (SYNC_REQ ``summaries_only``). A joining node synced
+        with its bootstrap peer before that peer heard the mesh, and the gossipsub mesh of the
+        summary topic does not reach a node linked to its bootstrap peer only."""
+        links = self.links
+        now = trio.current_time()
+        if links is None or now - self._pulled_at < PULL_S:
+            return
+        if len(self.table) > 1 and self.membership.cell_members():
+            return
+        alive = sorted(p for p, ch in links.channels.items() if ch.alive)
+        if not alive:
+            return
+        self._pulled_at = now
+        self._spawn(self._pull, self.rng.choice(alive))
+
+    async def _pull(self, peer_id: str) -> None:
+        assert self.links is not None
+        ch = self.links.channels.get(peer_id)
+        if ch is None:
+            return
+        self.stats["summary_pulls"] += 1
+        reply = await ch.sync_reply(PROBE_TIMEOUT_S, None, summaries_only=True)
+        self.accept_synced(list(reply.get("summaries") or []))
+        self._link_own_cell()
 
     def _may_dial(self, pid: str) -> bool:
         now = trio.current_time()

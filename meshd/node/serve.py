@@ -133,7 +133,8 @@ class RequestServer:
             return {"n": msg["n"], "adverts": [self._fresh_advert()]}
         if self._accept_adverts is not None and msg.get("adverts"):
             self._accept_adverts(msg["adverts"])  # the asker's own advert
-        out: dict[str, Any] = {"n": msg["n"], "adverts": self._adverts() if self._adverts is not None else []}
+        held = [] if msg.get("summaries_only") or self._adverts is None else self._adverts()
+        out: dict[str, Any] = {"n": msg["n"], "adverts": held}
         if self._summaries is not None:
             held = self._summaries()
             if held:

@@ -76,7 +76,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator
         s.models = [{"path": "default", "name": f"m{i % CELLS}"}]
         s.extra = {"gossip": {"cells": "label", "summary_interval_s": SUMMARY_INTERVAL_S,
                               "summary_expiry_intervals": EXPIRY_INTERVALS, "probe_interval_s": 0.5,
-                              "probe_wait_s": 3.0}}
+                              "probe_wait_s": 10.0}}
         specs.append(s)
     index = up(d, specs, advert_interval_s=1.0, wait=False)
     try:
