@@ -87,6 +87,7 @@ class Cells:
         self._probing: dict[str, trio.Event] = {}
         self._dialled: dict[str, float] = {}
         self._pulled_at = -math.inf
+        self._seen_cells = (0, -math.inf)  # the most cells held lately, and since when
         self.rejections: dict[str, int] = {}
         self.stats = {"summaries_published": 0, "summaries_accepted": 0, "summaries_rejected": 0,
                       "cells_expired": 0, "probes_sent": 0, "probes_answered": 0,
@@ -236,15 +237,24 @@ class Cells:
         summary topic does not reach a node linked to its bootstrap peer only."""
         links = self.links
         now = trio.current_time()
+        most, since = self._seen_cells
+        if len(self.table) >= most or now - since > 2 * self.table.ttl_s:
+            self._seen_cells = (len(self.table), now)  # cells that died are not missed for long
         if links is None or now - self._pulled_at < PULL_S:
             return
-        if len(self.table) > 1 and self.membership.cell_members():
-            return
-        alive = sorted(p for p, ch in links.channels.items() if ch.alive)
-        if not alive:
+        missing = len(self.table) < self._seen_cells[0]
+        if len(self.table) > 1 and self.membership.cell_members() and not missing:
             return
         self._pulled_at = now
-        self._spawn(self._pull, self.rng.choice(alive))
+        alive = sorted(p for p, ch in links.channels.items() if ch.alive)
+        if alive:
+            self._spawn(self._pull, self.rng.choice(alive))
+            return
+        # no channel at all (its bootstrap channel failed to open): through a bootstrap peer
+        boot = [a for a in self.config.node.bootstrap if "/p2p/" in a]
+        if boot:
+            where, pid = self.rng.choice(boot).rsplit("/p2p/", 1)
+            self._spawn(self._link, pid, (where,), True)
 
     async def _pull(self, peer_id: str) -> None:
         assert self.links is not None
