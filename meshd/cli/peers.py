@@ -21,7 +21,10 @@ def register(sub: Any) -> None:
                        "the live hardware signals routing reads: free memory for KV cache, "
                        "measured power and throttling (docs/telemetry.md). --json gives each "
                        "peer's whole hardware reading under 'hardware' and those signals under "
-                       "'signals'.")
+                       "'signals'. With cells on ([gossip] cells), also each peer's cell and how "
+                       "this node knows it: advert (a member of its cell), probe (a node of another "
+                       "cell that answered a probe) or summary (only named by a cell's summary; "
+                       "--json has the fields 'cell' and 'known_by').")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_socket_arg(p)
     p.set_defaults(func=run)
@@ -55,17 +58,25 @@ def run(args: argparse.Namespace) -> int:
     if not peers:
         print("no peers yet")
         return Exit.OK
+    cells = any(p.get("cell") for p in peers)
     rows = []
     for p in peers:
         hw = p.get("hardware") or {}
         gpus = hw.get("gpus") or []
         hwtxt = f"{hw.get('kind', '?')}/{hw.get('cpu_cores', '?')}c" + (f"+{len(gpus)}gpu" if gpus else "")
-        models = ",".join(f"{m['name']}[{m['layers'][0]}-{m['layers'][1]}]" for m in p["models"]) or "-"
+        if p.get("known_by") == "summary":  # a summary names the models, not the layers
+            models = ",".join(m["name"] for m in p["models"]) or "-"
+        else:
+            models = ",".join(f"{m['name']}[{m['layers'][0]}-{m['layers'][1]}]" for m in p["models"]) or "-"
         sig = p.get("signals") or {}
-        rows.append([p["name"], p["peer_id"][-10:], p.get("region") or "-", hwtxt, models,
-                     p["queue_depth"], f"{p['advert_age_s']:.1f}s", _fmt_ms(p.get("rtt_measured_ms")),
-                     _fmt_ms(p.get("rtt_estimated_ms")), _fmt_gib(sig.get("free_memory_bytes")),
-                     _fmt_w(sig.get("power_w")), _fmt_throttle(sig)])
-    print(table(rows, ["NAME", "PEER", "REGION", "HARDWARE", "MODELS", "QUEUE", "AGE",
-                       "RTT(ms)", "EST(ms)", "FREE", "POWER", "THROTTLE"]))
+        row = [p["name"], p["peer_id"][-10:], p.get("region") or "-", hwtxt, models,
+               "-" if p.get("queue_depth") is None else p["queue_depth"], f"{p['advert_age_s']:.1f}s",
+               _fmt_ms(p.get("rtt_measured_ms")), _fmt_ms(p.get("rtt_estimated_ms")),
+               _fmt_gib(sig.get("free_memory_bytes")), _fmt_w(sig.get("power_w")), _fmt_throttle(sig)]
+        if cells:
+            row += [p.get("cell") or "-", p.get("known_by") or "-"]
+        rows.append(row)
+    header = ["NAME", "PEER", "REGION", "HARDWARE", "MODELS", "QUEUE", "AGE", "RTT(ms)", "EST(ms)",
+              "FREE", "POWER", "THROTTLE"]
+    print(table(rows, header + (["CELL", "KNOWN BY"] if cells else [])))
     return Exit.OK

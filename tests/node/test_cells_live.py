@@ -121,6 +121,8 @@ def test_status_and_peers_show_cells(mesh: dict[str, Any]) -> None:
     out = json.loads(meshd("peers", "--json", "--socket", sock(mesh, "n0")).stdout)
     assert {p["cell"] for p in out} >= {"r0"} and all("known_by" in p for p in out)
     assert json.loads(meshd("status", "--json", "--socket", sock(mesh, "n0")).stdout)["cell"] == "r0"
+    text = meshd("peers", "--socket", sock(mesh, "n0")).stdout
+    assert "KNOWN BY" in text and "summary" in text and "advert" in text, text
 
 
 def test_every_node_routes_to_every_model(mesh: dict[str, Any]) -> None:
