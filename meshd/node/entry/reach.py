@@ -25,7 +25,8 @@ async def reach(ctx: EntryContext, host: EntryHost) -> None:
     cells = host.cells
     if cells is None:
         return
-    model = ctx.req.model or host.runner.default_model() or ""
+    # the tier step may have chosen the model (model "auto"); else the one asked, else ours
+    model = ctx.model or ctx.req.model or host.runner.default_model() or ""
     if not model:
         return
     served_here = host.runner.get(model) is not None or any(
