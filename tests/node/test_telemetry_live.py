@@ -61,7 +61,10 @@ def wait_n1_sees(net: dict[str, Any], cond: Any, what: str) -> dict[str, Any]:
 
 
 def submit(net: dict[str, Any]) -> Any:
-    return meshd("submit", "--socket", net["n1"], "-n", "4", "--json", "Hello", check=False)
+    # --no-cache: the same prompt again must be routed, not answered from n1's semantic cache
+    # (it was, in a full-suite run where the embedding model was already imported)
+    return meshd("submit", "--socket", net["n1"], "-n", "4", "--json", "--no-cache", "Hello",
+                 check=False)
 
 
 def test_a_changing_reading_reaches_peers_and_changes_the_route(net):
