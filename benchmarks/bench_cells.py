@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import (  # noqa: E402
     SLOTS,
     arrivals,
+    ask_all,
     attempt,
     capacity_rps,
     log,
@@ -55,32 +56,10 @@ from loadgen import (  # noqa: E402
     request_fields,
 )
 
-from meshd.control.client import call  # noqa: E402
 from meshd.core.messages import MessageType  # noqa: E402
-from meshd.errors import MeshdError  # noqa: E402
 from meshd.testnet.launcher import NodeSpec, down, up  # noqa: E402
 
 FORM_TIMEOUT_S = 600.0
-
-
-async def ask(sock: str, mtype: MessageType) -> dict[str, Any] | None:
-    try:
-        with trio.fail_after(10):
-            return dict(await call(sock, mtype, {}))
-    except (MeshdError, trio.TooSlowError, OSError):
-        return None
-
-
-async def ask_all(socks: dict[str, str], mtype: MessageType) -> dict[str, dict[str, Any] | None]:
-    out: dict[str, dict[str, Any] | None] = {}
-
-    async def one(name: str, sock: str) -> None:
-        out[name] = await ask(sock, mtype)
-
-    async with trio.open_nursery() as nursery:
-        for name, sock in socks.items():
-            nursery.start_soon(one, name, sock)
-    return out
 
 
 def cpu_s(pid: int) -> float:
@@ -113,8 +92,8 @@ def specs_for(n: int, cells: int, mode: str, args: argparse.Namespace) -> list[N
 async def coverage(socks: dict[str, str], mode: str, n: int, cells: int) -> float:
     """The mean share of what each node should know that it knows: every other node (flat), or
     its cell-mates and every cell (cells)."""
-    peers = await ask_all(socks, MessageType.PEERS_REQ)
-    sts = await ask_all(socks, MessageType.STATUS_REQ) if mode == "cells" else {}
+    peers = await ask_all(socks, MessageType.PEERS_REQ, 10.0)
+    sts = await ask_all(socks, MessageType.STATUS_REQ, 10.0) if mode == "cells" else {}
     shares = []
     for name in socks:
         p = peers.get(name)
@@ -133,7 +112,7 @@ async def coverage(socks: dict[str, str], mode: str, n: int, cells: int) -> floa
 
 async def counters(socks: dict[str, str], pids: dict[str, int]) -> dict[str, dict[str, float]]:
     """Per node: gossip bytes received, probe answer bytes received, CPU seconds, now."""
-    sts = await ask_all(socks, MessageType.STATUS_REQ)
+    sts = await ask_all(socks, MessageType.STATUS_REQ, 10.0)
     out = {}
     for name, st in sts.items():
         if st is None:

@@ -45,6 +45,8 @@ os.environ.setdefault("MESHD_TESTNET_CACHE", "0")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from loadgen import ask_all  # noqa: E402
+
 from meshd.control.client import call, connect, raise_if_error  # noqa: E402
 from meshd.core.messages import MessageType  # noqa: E402
 from meshd.core.routing import BASELINE_STRATEGIES, STRATEGIES  # noqa: E402
@@ -72,26 +74,6 @@ def log(msg: str) -> None:
 
 
 # ------------------------------------------------------------------ control-socket helpers
-
-
-async def ask(sock: str, mtype: MessageType, timeout_s: float = 5.0) -> dict[str, Any] | None:
-    try:
-        with trio.fail_after(timeout_s):
-            return dict(await call(sock, mtype, {}))
-    except (MeshdError, trio.TooSlowError, OSError):
-        return None
-
-
-async def ask_all(socks: dict[str, str], mtype: MessageType) -> dict[str, dict[str, Any] | None]:
-    out: dict[str, dict[str, Any] | None] = {}
-
-    async def one(name: str, sock: str) -> None:
-        out[name] = await ask(sock, mtype)
-
-    async with trio.open_nursery() as n:
-        for name, sock in socks.items():
-            n.start_soon(one, name, sock)
-    return out
 
 
 @dataclass

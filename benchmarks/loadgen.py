@@ -21,7 +21,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from meshd.control.client import connect, raise_if_error  # noqa: E402
+from meshd.control.client import call, connect, raise_if_error  # noqa: E402
 from meshd.core.messages import MessageType  # noqa: E402
 from meshd.errors import MeshdError  # noqa: E402
 from meshd.testnet.launcher import NodeSpec  # noqa: E402
@@ -144,3 +144,27 @@ def machine_note() -> str:
     load = os.getloadavg()
     return (f"{os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
             "(1/5/15 min) at the end")
+
+
+async def ask(sock: str, mtype: MessageType, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """One control-socket request without fields (STATUS_REQ, PEERS_REQ...); None if the daemon
+    does not answer in time or answers with an error."""
+    try:
+        with trio.fail_after(timeout_s):
+            return dict(await call(sock, mtype, {}))
+    except (MeshdError, trio.TooSlowError, OSError):
+        return None
+
+
+async def ask_all(socks: dict[str, str], mtype: MessageType,
+                  timeout_s: float = 5.0) -> dict[str, dict[str, Any] | None]:
+    """``ask`` every daemon at once: name -> its answer (or None)."""
+    out: dict[str, dict[str, Any] | None] = {}
+
+    async def one(name: str, sock: str) -> None:
+        out[name] = await ask(sock, mtype, timeout_s)
+
+    async with trio.open_nursery() as nursery:
+        for name, sock in socks.items():
+            nursery.start_soon(one, name, sock)
+    return out

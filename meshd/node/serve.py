@@ -81,32 +81,22 @@ class RequestServer:
                             await framed.send(
                                 MessageType.PONG, {"n": msg["n"], "queue": self.runner.queue_depth()}
                             )
-                        elif t == MessageType.REQ:
+                        elif t in (MessageType.REQ, MessageType.TOK_REQ, MessageType.RAG_REQ):
+                            # a request with its own id and cancel scope on this stream
                             rid = msg["rid"]
                             if rid in scopes:
                                 await _error(framed, rid, ErrorCode.MALFORMED, "duplicate request id")
                                 continue
                             scope = trio.CancelScope()
                             scopes[rid] = scope
-                            nursery.start_soon(self._serve_one, batcher, msg, scope, scopes, peer_id)
+                            if t == MessageType.REQ:
+                                nursery.start_soon(self._serve_one, batcher, msg, scope, scopes, peer_id)
+                            elif t == MessageType.TOK_REQ:
+                                nursery.start_soon(self._serve_tokenizer, framed, msg, scope, scopes)
+                            else:
+                                nursery.start_soon(self._serve_retrieval, framed, msg, scope, scopes)
                         elif t == MessageType.SYNC_REQ:
                             await framed.send(MessageType.SYNC, self._sync_answer(msg))
-                        elif t == MessageType.TOK_REQ:
-                            rid = msg["rid"]
-                            if rid in scopes:
-                                await _error(framed, rid, ErrorCode.MALFORMED, "duplicate request id")
-                                continue
-                            scope = trio.CancelScope()
-                            scopes[rid] = scope
-                            nursery.start_soon(self._serve_tokenizer, framed, msg, scope, scopes)
-                        elif t == MessageType.RAG_REQ:
-                            rid = msg["rid"]
-                            if rid in scopes:
-                                await _error(framed, rid, ErrorCode.MALFORMED, "duplicate request id")
-                                continue
-                            scope = trio.CancelScope()
-                            scopes[rid] = scope
-                            nursery.start_soon(self._serve_retrieval, framed, msg, scope, scopes)
                         elif t == MessageType.CANCEL:
                             s = scopes.get(msg["rid"])
                             if s is not None:
