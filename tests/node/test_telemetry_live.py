@@ -25,7 +25,10 @@ KV_BYTES_PER_TOKEN = 2 * 2 * 48 * 4 * 6  # tiny-en: 2 KV heads of 48, float32 K 
 
 
 @pytest.fixture(scope="module")
-def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def net(tmp_path_factory: pytest.TempPathFactory, shipped_model: None) -> Iterator[dict[str, Any]]:
+    # shipped_model: n2 must serve tiny-en (KV_BYTES_PER_TOKEN), not the small test model that
+    # another module's session fixture leaves in $MESHD_DEFAULT_MODEL (whose KV cache fits in
+    # 16 KiB, so the full suite's run routed the request the test expects refused)
     d = tmp_path_factory.mktemp("telemetry")
     tree, nvml = d / "n2-host", d / "n2-nvml.json"
     build_host_tree(tree, mem_available_kb=12 << 20)
@@ -61,8 +64,7 @@ def wait_n1_sees(net: dict[str, Any], cond: Any, what: str) -> dict[str, Any]:
 
 
 def submit(net: dict[str, Any]) -> Any:
-    # --no-cache: the same prompt again must be routed, not answered from n1's semantic cache
-    # (it was, in a full-suite run where the embedding model was already imported)
+    # --no-cache: the same prompt again must be routed, never answered from n1's semantic cache
     return meshd("submit", "--socket", net["n1"], "-n", "4", "--json", "--no-cache", "Hello",
                  check=False)
 
