@@ -90,20 +90,11 @@ class AdvertChecker:
               revoked: Collection[int] = frozenset()) -> Advert | Rejected:
         """``data`` gossiped by ``author`` at wall-clock time ``now``; ``last_seq``: the author's
         last accepted sequence number (-1: none); ``revoked``: the revoked serials."""
-        try:
-            msg = decode_message(data, MAX_ENVELOPE_BYTES, _ADVERT_ONLY)
-        except ProtocolError as e:
-            return Rejected(MALFORMED, str(e))
-        try:
-            cert = self.certificate(msg["cert"], author, now, revoked)
-        except MeshdError as e:
-            return Rejected(f"unattested:{getattr(e, 'reason', 'certificate')}", str(e))
-        try:
-            Ed25519PublicKey.from_public_bytes(cert.public_key).verify(
-                msg["sig"], signing_payload(msg["body"])
-            )
-        except (InvalidSignature, ValueError):
-            return Rejected(BAD_SIGNATURE)
+        opened = self.open_envelope(data, author, now, _ADVERT_ONLY, MAX_ENVELOPE_BYTES,
+                                    signing_payload, revoked)
+        if isinstance(opened, Rejected):
+            return opened
+        msg, cert = opened
         try:
             adv = decode_advert(msg["body"])
         except ProtocolError as e:
@@ -114,6 +105,28 @@ class AdvertChecker:
             return Rejected(REPLAY, f"seq {adv.seq} is not above {last_seq}")
         return Advert(**{**_fields(adv), "labels": dict(cert.labels),
                          "region": cert.labels.get("region", ""), "name": cert.name})
+
+    def open_envelope(self, data: bytes, author: str, now: float, types: frozenset[int],
+                      max_bytes: int, payload: Callable[[bytes], bytes],
+                      revoked: Collection[int] = frozenset(),
+                      ) -> tuple[dict[str, Any], Certificate] | Rejected:
+        """The checks every signed gossip envelope ``{body, sig, cert}`` passes (adverts, cell
+        summaries): at most ``max_bytes``, it decodes as one of ``types``; its certificate is this CA's, the author's and
+        not revoked; the signature holds over ``payload(body)``. The message and the checked
+        certificate, or why not."""
+        try:
+            msg = decode_message(data, max_bytes, types)
+        except ProtocolError as e:
+            return Rejected(MALFORMED, str(e))
+        try:
+            cert = self.certificate(msg["cert"], author, now, revoked)
+        except MeshdError as e:
+            return Rejected(f"unattested:{getattr(e, 'reason', 'certificate')}", str(e))
+        try:
+            Ed25519PublicKey.from_public_bytes(cert.public_key).verify(msg["sig"], payload(msg["body"]))
+        except (InvalidSignature, ValueError):
+            return Rejected(BAD_SIGNATURE)
+        return dict(msg), cert
 
     def certificate(self, cert_bytes: Any, author: str, now: float,
                     revoked: Collection[int] = frozenset()) -> Certificate:

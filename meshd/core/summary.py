@@ -25,13 +25,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-from meshd.core.advert_check import MALFORMED, AdvertChecker, Rejected
+from meshd.core.advert_check import AUTHOR_MISMATCH, MALFORMED, AdvertChecker, Rejected
 from meshd.core.messages import MessageType
 from meshd.core.wire import decode_message, encode_message, pack, unpack
-from meshd.errors import MeshdError, ProtocolError
+from meshd.errors import ProtocolError
 
 SIGN_CONTEXT = b"meshd-summary-v1\0"
 SUMMARY_VERSION = 1
@@ -44,6 +41,11 @@ MAX_ADDRS = 2  # per named node
 MAX_SKEW_S = 120.0
 WRONG_CELL = "wrong_cell"
 _SUMMARY_ONLY = frozenset({int(MessageType.SUMMARY)})
+
+
+def signing_payload(body: bytes) -> bytes:
+    """What a summary's author signs: the context, then the body."""
+    return SIGN_CONTEXT + body
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +181,7 @@ def decode_summary(body: bytes) -> CellSummary:
 def seal_summary(summary: CellSummary, sign: Callable[[bytes], bytes], cert_bytes: bytes) -> bytes:
     body = summary.encode()
     return encode_message(MessageType.SUMMARY,
-                          {"body": body, "sig": sign(SIGN_CONTEXT + body), "cert": cert_bytes})
+                          {"body": body, "sig": sign(signing_payload(body)), "cert": cert_bytes})
 
 
 def claimed_author(data: object) -> str | None:
@@ -199,24 +201,17 @@ def check_summary(data: bytes, author: str, now: float, checker: AdvertChecker,
     """A gossiped ``SUMMARY`` envelope from ``author`` at wall-clock ``now``: the certificate is
     this CA's, the author's, not revoked; the signature holds; the body decodes; it names its
     author; and the author belongs to the cell it summarises (``cell_of_cert(peer id, labels)``)."""
-    try:
-        msg = decode_message(data, MAX_ENVELOPE_BYTES, _SUMMARY_ONLY)
-    except ProtocolError as e:
-        return Rejected(MALFORMED, str(e))
-    try:
-        cert = checker.certificate(msg["cert"], author, now, revoked)
-    except MeshdError as e:
-        return Rejected(f"unattested:{getattr(e, 'reason', 'certificate')}", str(e))
-    try:
-        Ed25519PublicKey.from_public_bytes(cert.public_key).verify(msg["sig"], SIGN_CONTEXT + msg["body"])
-    except (InvalidSignature, ValueError):
-        return Rejected("bad_signature")
+    opened = checker.open_envelope(data, author, now, _SUMMARY_ONLY, MAX_ENVELOPE_BYTES,
+                                   signing_payload, revoked)
+    if isinstance(opened, Rejected):
+        return opened
+    msg, cert = opened
     try:
         s = decode_summary(msg["body"])
     except ProtocolError as e:
         return Rejected(MALFORMED, str(e))
     if s.author != author:
-        return Rejected("author_mismatch")
+        return Rejected(AUTHOR_MISMATCH)
     if cell_of_cert(author, dict(cert.labels)) != s.cell:
         return Rejected(WRONG_CELL, f"the author is not a member of cell {s.cell}")
     if abs(s.ts - now) > MAX_SKEW_S:
