@@ -31,6 +31,20 @@ def cli(*args: str, check: bool = True, timeout: float = 60,
     return proc
 
 
+def ask(sock: str, mtype: MessageType, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    """One control request without fields (STATUS_REQ, PEERS_REQ...) in-process (a CLI process
+    per poll would be slow); None if the daemon cannot answer right now."""
+
+    async def go() -> Any:
+        with trio.fail_after(timeout_s):
+            return await call(sock, mtype, {})
+
+    try:
+        return dict(trio.run(go))
+    except (MeshdError, trio.TooSlowError, OSError):
+        return None
+
+
 def peers_of(sock: str) -> list[dict[str, Any]]:
     """A node's peer table, asked in-process (a CLI process per poll would be slow); empty when
     the daemon cannot be reached right now."""

@@ -23,12 +23,10 @@ from typing import Any
 import pytest
 import trio
 
-from meshd.control.client import call
 from meshd.core.cert import decode_certificate
 from meshd.core.messages import MessageType
-from meshd.errors import MeshdError
+from meshd.testnet.drive import ask, stream, wait_for
 from meshd.testnet.drive import cli as meshd
-from meshd.testnet.drive import stream, wait_for
 from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, up
 
 pytestmark = pytest.mark.slow
@@ -40,17 +38,6 @@ EXPIRY_INTERVALS = 3.0
 FORM_DEADLINE_S = 120.0
 GONE_BOUND_S = SUMMARY_INTERVAL_S * EXPIRY_INTERVALS + 1.0  # + one maintenance tick
 GONE_SLACK_S = 4.0  # gossip delay and polling 6 daemons on a shared 2-core box
-
-
-def ask(sock: str, mtype: MessageType) -> dict[str, Any] | None:
-    async def go() -> Any:
-        with trio.fail_after(5):
-            return await call(sock, mtype, {})
-
-    try:
-        return dict(trio.run(go))
-    except (MeshdError, trio.TooSlowError, OSError):
-        return None
 
 
 def status(sock: str) -> dict[str, Any] | None:

@@ -20,14 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
-from meshd.control.client import call
 from meshd.core.cert import decode_certificate
 from meshd.core.messages import MessageType
-from meshd.errors import MeshdError
+from meshd.testnet.drive import ask, wait_for
 from meshd.testnet.drive import cli as meshd
-from meshd.testnet.drive import wait_for
 from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, start_process, up
 
 pytestmark = pytest.mark.slow
@@ -37,20 +34,6 @@ CUT_OFF_DEADLINE_S = 10.0  # push -> every daemon has dropped n3 and closed its 
 SOLO_MODEL = "tiny-solo"  # served by n1 only, so n3 needs the mesh to get it served
 
 
-
-
-def ask(sock: str, mtype: MessageType) -> dict[str, Any] | None:
-    """One control request in-process (a CLI process per poll would be slow); None if the daemon
-    cannot be reached right now."""
-
-    async def go() -> Any:
-        with trio.fail_after(5):
-            return await call(sock, mtype, {})
-
-    try:
-        return dict(trio.run(go))
-    except (MeshdError, trio.TooSlowError, OSError):
-        return None
 
 
 def peer_names(sock: str) -> set[str] | None:
