@@ -248,13 +248,15 @@ def test_stage_capacity_busy_free_idle_and_entry_gone() -> None:
     async def body(server: Any, links: Any) -> None:
         entry = _Port("entry")
         links.dispatch(_open("x@4", 4, 6, prompt_ids=[1, 2, 3], gen={"temperature": 0.0}), entry, "entry")
-        links.dispatch(_open("y@4", 4, 6, prompt_ids=[1, 2, 3], gen={}, idle_ms=100), entry, "entry")
+        # y's idle timeout must outlast the open of z below, which must find both slots taken:
+        # at 100 ms a loaded box freed y first and z was admitted
+        links.dispatch(_open("y@4", 4, 6, prompt_ids=[1, 2, 3], gen={}, idle_ms=1000), entry, "entry")
         await _until(lambda: len(entry.of(MessageType.STAGE_READY)) == 2)
         links.dispatch(_open("z@4", 4, 6, prompt_ids=[1], gen={}), entry, "entry")
         await _until(lambda: entry.of(MessageType.ERROR))
         assert entry.of(MessageType.ERROR)[0]["code"] == "busy"
         assert server.stats["busy_refusals"] == 1
-        # y has a 100 ms idle timeout: it is freed and the entry node told
+        # y has a 1 s idle timeout: it is freed and the entry node told
         await _until(lambda: "y@4" not in server.sessions)
         assert any(f["rid"] == "y@4" and f["code"] == "deadline" for f in entry.of(MessageType.ERROR))
         # the last stage samples: a step of hidden states gives a token
@@ -554,7 +556,9 @@ def test_auto_layers_spread_over_the_model_settle_and_serve(auto_mesh: dict[str,
     p = wait_for(covered, 60, lambda: f"auto placement to cover the model: {placement()}",
                  poll_s=0.3)
     moves = {n: p[n]["moves"] for n in names}
-    assert 1 <= sum(moves.values()) <= 6, moves
+    # at most three moves a node: on a loaded box adverts arrive late and a node can move on a
+    # picture that is already out of date (7 and 8 moves were seen); flapping is checked below
+    assert 1 <= sum(moves.values()) <= 3 * len(names), moves
     # adverts carry the new ranges: a pipeline over the three runs and matches one node
     def served() -> dict[str, Any] | None:
         proc = meshd("submit", "--json", "-n", "16", "--model", "tinyauto", "--socket",
