@@ -163,7 +163,7 @@ class CacheConfig:
     max_entries: int = 100_000
     max_size_mb: float = 512.0  # MiB of prompts, answers and vectors
     ttl_s: float = 7 * 86_400.0  # an answer is served for at most this long after it was made
-    threshold: float = 0.91  # cosine similarity for a hit (with the guards of docs/cache.md)
+    threshold: float = 0.85  # cosine similarity for a hit (with the guards of docs/cache.md)
     tenant: str = "default"  # clients of one tenant may opt in to sharing answers
     embed_precision: str = "fp32"  # the embedding graph: fp32, or int8 (about 2x less CPU)
 

@@ -227,6 +227,190 @@ HAND: list[tuple[str, str, bool, str]] = [
     ("Book a table for 4 at 8 pm.", "Book a table for 4 at 9 pm.", False, "number"),
 ]
 
+# ---- Written after the guards of meshd/cache/guards.py and the 0.85 default were frozen
+# (split "fresh"): nothing below was looked at while choosing them. Same rules as above.
+HEIGHT = ["How tall is {x}?", "What is the height of {x}?", "What's the height of {x}?",
+          "How high is {x}?", "Tell me the height of {x}."]
+PEAKS = ["Mount Everest", "K2", "Mont Blanc", "Kilimanjaro", "Denali", "the Eiffel Tower"]
+WHERE_IS = "Where is {x}?"
+CLIMBED = "Who first climbed {x}?"
+
+CURRENCY = ["What currency does {x} use?", "Which currency is used in {x}?",
+            "What's the official currency of {x}?", "What money do they use in {x}?",
+            "Tell me the currency of {x}."]
+LANDS = ["Switzerland", "Mexico", "India", "Sweden", "Thailand", "Poland"]
+LANGUAGE = "What language is spoken in {x}?"
+
+TIMES = ["What is {a} times {b}?", "What's {a} multiplied by {b}?", "Multiply {a} by {b}.",
+         "Calculate {a} x {b}.", "What do you get when you multiply {a} and {b}?"]
+PRODUCTS = [(12, 12), (7, 8), (25, 4), (13, 17), (9, 11), (45, 3)]
+DIVIDED = "What is {a} divided by {b}?"
+
+CELSIUS = ["Convert {n} degrees Celsius to Fahrenheit.", "What is {n} °C in Fahrenheit?",
+           "How much is {n} Celsius in Fahrenheit?", "{n} C to F?",
+           "Express {n} degrees Celsius in Fahrenheit."]
+TEMPERATURES = [0, 25, 37, 100, 15, 60]
+FAHRENHEIT = "Convert {n} degrees Fahrenheit to Celsius."
+
+INSTALL = ["How do I install {x} on Ubuntu?", "What's the way to install {x} on Ubuntu?",
+           "Steps to install {x} on Ubuntu?", "How can I get {x} installed on Ubuntu?",
+           "Install {x} on Ubuntu: how?"]
+PACKAGES = [("Docker", "Podman"), ("PostgreSQL", "MySQL"), ("nginx", "Apache"),
+            ("Git", "Mercurial"), ("Redis", "Memcached")]
+UNINSTALL = "How do I uninstall {x} on Ubuntu?"
+ON_WINDOWS = "How do I install {x} on Windows?"
+UPDATE = "How do I update {x} on Ubuntu?"
+
+LIFESPAN = ["How long do {x} live?", "What is the lifespan of {x}?",
+            "What's the average life expectancy of {x}?", "How many years do {x} live?",
+            "Typical lifespan of {x}?"]
+ANIMALS = [("cats", "rabbits"), ("dogs", "wolves"), ("horses", "donkeys"),
+           ("elephants", "rhinos"), ("parrots", "pigeons"), ("goldfish", "koi")]
+WEIGH = "How much do {x} weigh?"
+EAT = "What do {x} eat?"
+
+HAND_FRESH: list[tuple[str, str, bool, str]] = [
+    ("How do I delete my account?", "What's the process for closing my account permanently?",
+     True, "paraphrase"),
+    ("How do I delete my account?", "I want to remove my account, how?", True, "paraphrase"),
+    ("How do I delete my account?", "How do I recover my deleted account?", False, "relation"),
+    ("How do I delete my account?", "How do I delete my browsing history?", False, "entity"),
+    ("What's the best way to learn Spanish?", "How should I go about learning Spanish?", True,
+     "paraphrase"),
+    ("What's the best way to learn Spanish?", "Tips for learning Spanish effectively?", True,
+     "paraphrase"),
+    ("What's the best way to learn Spanish?", "What's the best way to learn Portuguese?", False,
+     "entity"),
+    ("What's the best way to learn Spanish?", "What's the worst way to learn Spanish?", False,
+     "negation"),
+    ("When does daylight saving time start in the US?",
+     "What date do clocks spring forward in the US?", True, "paraphrase"),
+    ("When does daylight saving time start in the US?",
+     "When do Americans move their clocks forward?", True, "paraphrase"),
+    ("When does daylight saving time start in the US?",
+     "When does daylight saving time end in the US?", False, "negation"),
+    ("When does daylight saving time start in the US?",
+     "When does daylight saving time start in Europe?", False, "entity"),
+    ("Can dogs eat grapes?", "Are grapes safe for dogs?", True, "paraphrase"),
+    ("Can dogs eat grapes?", "Is it OK to give my dog grapes?", True, "paraphrase"),
+    ("Can dogs eat grapes?", "Can cats eat grapes?", False, "entity"),
+    ("Can dogs eat grapes?", "Can dogs eat carrots?", False, "entity"),
+    ("How many calories are in a banana?", "What's the calorie count of a banana?", True,
+     "paraphrase"),
+    ("How many calories are in a banana?", "A banana has how many calories?", True,
+     "paraphrase"),
+    ("How many calories are in a banana?", "How many calories are in an apple?", False,
+     "entity"),
+    ("How many calories are in a banana?", "How much potassium is in a banana?", False,
+     "relation"),
+    ("What is the difference between a virus and a bacterium?",
+     "How do viruses differ from bacteria?", True, "paraphrase"),
+    ("What is the difference between a virus and a bacterium?",
+     "Virus vs bacteria: what's the difference?", True, "paraphrase"),
+    ("What is the difference between a virus and a bacterium?",
+     "What is the difference between a virus and a fungus?", False, "entity"),
+    ("What is the difference between a virus and a bacterium?",
+     "What do a virus and a bacterium have in common?", False, "relation"),
+    ("How do I convert a string to an integer in Python?",
+     "Python: turn a string into an int?", True, "paraphrase"),
+    ("How do I convert a string to an integer in Python?",
+     "What's the way to parse an integer from a string in Python?", True, "paraphrase"),
+    ("How do I convert a string to an integer in Python?",
+     "How do I convert an integer to a string in Python?", False, "relation"),
+    ("How do I convert a string to an integer in Python?",
+     "How do I convert a string to an integer in Java?", False, "entity"),
+    ("What is the refund policy?", "Can I get my money back?", True, "paraphrase"),
+    ("What is the refund policy?", "How do refunds work here?", True, "paraphrase"),
+    ("What is the refund policy?", "What is the shipping policy?", False, "entity"),
+    ("What is the refund policy?", "What is the privacy policy?", False, "entity"),
+    ("Is coffee bad for your heart?", "Does drinking coffee harm the heart?", True,
+     "paraphrase"),
+    ("Is coffee bad for your heart?", "Can coffee cause heart problems?", True, "paraphrase"),
+    ("Is coffee bad for your heart?", "Is coffee good for your heart?", False, "negation"),
+    ("Is coffee bad for your heart?", "Is coffee bad for your teeth?", False, "entity"),
+    ("How long does it take to fly from London to New York?",
+     "What's the flight time between London and New York?", True, "paraphrase"),
+    ("How long does it take to fly from London to New York?",
+     "How many hours is a flight from London to New York?", True, "paraphrase"),
+    ("How long does it take to fly from London to New York?",
+     "How long does it take to fly from New York to London?", False, "relation"),
+    ("How long does it take to fly from London to New York?",
+     "How long does it take to drive from London to Edinburgh?", False, "entity"),
+    ("What should I do if I get a flat tire?", "My tire is flat, what now?", True,
+     "paraphrase"),
+    ("What should I do if I get a flat tire?", "Steps to handle a flat tyre?", True,
+     "paraphrase"),
+    ("What should I do if I get a flat tire?", "What should I do if my car battery dies?",
+     False, "entity"),
+    ("What should I do if I get a flat tire?", "How do I prevent a flat tire?", False,
+     "relation"),
+    ("Who won the 2018 World Cup?", "Which country won the World Cup in 2018?", True,
+     "paraphrase"),
+    ("Who won the 2018 World Cup?", "2018 World Cup winner?", True, "paraphrase"),
+    ("Who won the 2018 World Cup?", "Who won the 2014 World Cup?", False, "number"),
+    ("Who won the 2018 World Cup?", "Who hosted the 2018 World Cup?", False, "relation"),
+    ("How much water should I drink a day?", "What's the recommended daily water intake?",
+     True, "paraphrase"),
+    ("How much water should I drink a day?", "How many liters of water per day should I drink?",
+     True, "paraphrase"),
+    ("How much water should I drink a day?", "How much coffee should I drink a day?", False,
+     "entity"),
+    ("How much water should I drink a day?", "How much water should a dog drink a day?", False,
+     "entity"),
+    ("What's the fastest land animal?", "Which animal runs the fastest on land?", True,
+     "paraphrase"),
+    ("What's the fastest land animal?", "Which land animal has the highest top speed?", True,
+     "paraphrase"),
+    ("What's the fastest land animal?", "What's the slowest land animal?", False, "negation"),
+    ("What's the fastest land animal?", "What's the fastest bird?", False, "entity"),
+    ("How do I take a screenshot on a Mac?", "How can I capture my screen on macOS?", True,
+     "paraphrase"),
+    ("How do I take a screenshot on a Mac?", "Mac screenshot shortcut?", True, "paraphrase"),
+    ("How do I take a screenshot on a Mac?", "How do I take a screenshot on Windows?", False,
+     "entity"),
+    ("How do I take a screenshot on a Mac?", "How do I record my screen on a Mac?", False,
+     "relation"),
+    ("Why do cats purr?", "What makes cats purr?", True, "paraphrase"),
+    ("Why do cats purr?", "What's the reason cats purr?", True, "paraphrase"),
+    ("Why do cats purr?", "Why do cats hiss?", False, "relation"),
+    ("Why do cats purr?", "Why do dogs wag their tails?", False, "entity"),
+    ("Is it going to rain in Seattle this weekend?", "Will it rain in Seattle on the weekend?",
+     True, "paraphrase"),
+    ("Is it going to rain in Seattle this weekend?", "Weekend rain forecast for Seattle?", True,
+     "paraphrase"),
+    ("Is it going to rain in Seattle this weekend?",
+     "Is it going to snow in Seattle this weekend?", False, "entity"),
+    ("Is it going to rain in Seattle this weekend?",
+     "Is it going to rain in Seattle next weekend?", False, "number"),
+    ("How do I cancel my flight booking?", "I need to cancel my flight reservation, how?", True,
+     "paraphrase"),
+    ("How do I cancel my flight booking?", "What's the procedure to cancel a flight I booked?",
+     True, "paraphrase"),
+    ("How do I cancel my flight booking?", "How do I change my flight booking?", False,
+     "relation"),
+    ("How do I cancel my flight booking?", "How do I cancel my hotel booking?", False, "entity"),
+    ("What are the side effects of aspirin?", "Does aspirin have side effects?", True,
+     "paraphrase"),
+    ("What are the side effects of aspirin?", "What adverse effects can aspirin cause?", True,
+     "paraphrase"),
+    ("What are the side effects of aspirin?", "What are the side effects of paracetamol?",
+     False, "entity"),
+    ("What are the side effects of aspirin?", "What are the benefits of aspirin?", False,
+     "negation"),
+    ("What is the tallest building in the world?", "Which building is the tallest on Earth?",
+     True, "paraphrase"),
+    ("What is the tallest building in the world?", "World's tallest building?", True,
+     "paraphrase"),
+    ("What is the tallest building in the world?", "What is the tallest building in Europe?",
+     False, "entity"),
+    ("What is the tallest building in the world?", "What is the oldest building in the world?",
+     False, "relation"),
+    ("Set a timer for 10 minutes.", "Start a ten-minute timer.", True, "paraphrase"),
+    ("Set a timer for 10 minutes.", "Timer for 10 min, please.", True, "paraphrase"),
+    ("Set a timer for 10 minutes.", "Set a timer for 15 minutes.", False, "number"),
+    ("Set a timer for 10 minutes.", "Cancel the timer for 10 minutes.", False, "negation"),
+]
+
 
 def _pair(group: str, a: str, b: str, same: bool, kind: str, ans_a: str, ans_b: str
           ) -> dict[str, Any]:
@@ -313,7 +497,59 @@ def build() -> list[dict[str, Any]]:
     for i, (a, b, same, kind) in enumerate(HAND):
         key = "hand:" + a
         rows.append(_pair(key, a, b, same, kind, key, key if same else f"hand:{i}"))
-    return rows
+    for r in rows:
+        r["split"] = _split(r, rows)
+    fresh = _family("height", HEIGHT, [{"x": x} for x in PEAKS], [
+        ("entity", "", {"x": lambda v: PEAKS[(PEAKS.index(v["x"]) + 1) % len(PEAKS)]}, ""),
+        ("relation", WHERE_IS, {}, "-where"),
+        ("relation", CLIMBED, {}, "-climbed"),
+    ])
+    fresh += _family("currency", CURRENCY, [{"x": x} for x in LANDS], [
+        ("entity", "", {"x": lambda v: LANDS[(LANDS.index(v["x"]) + 1) % len(LANDS)]}, ""),
+        ("entity", CURRENCY[2], {"x": lambda v: LANDS[(LANDS.index(v["x"]) + 2) % len(LANDS)]},
+         ""),
+        ("relation", LANGUAGE, {}, "-language"),
+    ])
+    fresh += _family("times", TIMES, [{"a": a, "b": b} for a, b in PRODUCTS], [
+        ("number", "", {"b": lambda v: v["b"] + 1}, ""),
+        ("number", TIMES[1], {"a": lambda v: v["a"] * 2}, ""),
+        ("relation", DIVIDED, {}, "-divided"),
+    ])
+    fresh += _family("celsius", CELSIUS, [{"n": n} for n in TEMPERATURES], [
+        ("number", "", {"n": lambda v: v["n"] + 5}, ""),
+        ("number", CELSIUS[2], {"n": lambda v: v["n"] * 2 + 10}, ""),
+        ("relation", FAHRENHEIT, {}, "-f"),
+    ])
+    fresh += _family("install", INSTALL, [{"x": x, "_o": o} for x, o in PACKAGES], [
+        ("entity", "", {"x": lambda v: v["_o"]}, ""),
+        ("negation", UNINSTALL, {}, "-uninstall"),
+        ("entity", ON_WINDOWS, {}, "-windows"),
+        ("relation", UPDATE, {}, "-update"),
+    ])
+    fresh += _family("lifespan", LIFESPAN, [{"x": x, "_o": o} for x, o in ANIMALS], [
+        ("entity", "", {"x": lambda v: v["_o"]}, ""),
+        ("entity", LIFESPAN[3], {"x": lambda v: v["_o"]}, ""),
+        ("relation", WEIGH, {}, "-weigh"),
+        ("relation", EAT, {}, "-eat"),
+    ])
+    for i, (a, b, same, kind) in enumerate(HAND_FRESH):
+        key = "handfresh:" + a
+        fresh.append(_pair(key, a, b, same, kind, key, key if same else f"handfresh:{i}"))
+    for r in fresh:
+        r["split"] = "fresh"
+    return rows + fresh
+
+
+def _split(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """``tune`` or ``test`` for the first 544 pairs: the template families alternate in the
+    order they are made (capital tune, plus test, miles tune, ...); hand-written anchors
+    alternate in the order they first appear."""
+    family = row["group"].split(":")[0]
+    if family == "hand":
+        anchors = list(dict.fromkeys(r["a"] for r in rows if r["group"].startswith("hand:")))
+        return "test" if anchors.index(row["a"]) % 2 else "tune"
+    families = list(dict.fromkeys(r["group"].split(":")[0] for r in rows))
+    return "test" if families.index(family) % 2 else "tune"
 
 
 def main() -> None:

@@ -29,22 +29,14 @@ A lookup finds the nearest cached prompt (cosine similarity ``s``). Then:
 
 from __future__ import annotations
 
-import difflib
 import math
-import re
 from dataclasses import dataclass
 from typing import Literal
 
+from meshd.cache.guards import guard, minimal_edit, negations, numbers
+
 Kind = Literal["hit", "verify", "miss"]
 Observation = tuple[float, bool]  # (similarity, was the cached answer right for that prompt?)
-
-_NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
-_WORD = re.compile(r"[a-z']+")
-_SMALL = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
-          "fourteen fifteen sixteen seventeen eighteen nineteen twenty")
-_NUMBER_WORDS = {w: str(i) for i, w in enumerate(_SMALL.split())}
-_NEGATIONS = frozenset({"not", "no", "never", "without", "cannot", "nor", "none", "nothing"})
-
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -54,51 +46,11 @@ class Decision:
     reason: str
 
 
-def numbers(text: str) -> tuple[str, ...]:
-    """The numbers of a text, in order; number words up to twenty count as digits."""
-    low = text.lower()
-    found = [(m.start(), m.group().replace(",", "")) for m in _NUMBER.finditer(low)]
-    found += [(m.start(), _NUMBER_WORDS[m.group()]) for m in _WORD.finditer(low)
-              if m.group() in _NUMBER_WORDS]
-    return tuple(n for _, n in sorted(found))
-
-
-def negations(text: str) -> int:
-    words = _WORD.findall(text.lower())
-    return sum(w in _NEGATIONS or w.endswith("n't") for w in words)
-
-
-def minimal_edit(query: str, cached: str, max_words: int = 2) -> bool:
-    """Whether two different prompts are one small edit apart: the same words but for one
-    replaced run of at most ``max_words`` words, or two words trading places."""
-    a: list[str] = _WORD.findall(query.lower())
-    b: list[str] = _WORD.findall(cached.lower())
-    if a == b:
-        return False
-    if sorted(a) == sorted(b):
-        return sum(x != y for x, y in zip(a, b, strict=True)) == 2  # two words traded places
-    ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
-           if op[0] != "equal"]
-    return bool(len(ops) == 1 and ops[0][0] == "replace" and ops[0][2] - ops[0][1] <= max_words
-                and ops[0][4] - ops[0][3] <= max_words)
-
-
-def guard(query: str, cached: str) -> str | None:
-    """Why ``cached``'s answer must not answer ``query`` whatever their similarity, or None."""
-    if sorted(numbers(query)) != sorted(numbers(cached)):
-        return "numbers differ"
-    if negations(query) % 2 != negations(cached) % 2:
-        return "negation differs"
-    if minimal_edit(query, cached):
-        return "minimal edit"
-    return None
-
-
 @dataclass(frozen=True, slots=True)
 class FixedThreshold:
     """Serve when the similarity reaches ``threshold`` (the baseline)."""
 
-    threshold: float = 0.91
+    threshold: float = 0.85
     guards: bool = True
 
     def decide(self, similarity: float, query: str, cached: str,

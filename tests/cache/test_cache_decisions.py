@@ -64,8 +64,22 @@ def test_greedy_settings_ignore_top_k_top_p_seed() -> None:
     ("Is the store open on Sunday?", "Is the store not open on Sunday?", "negation differs"),
     ("Is the store open?", "Isn't the store open?", "negation differs"),
     ("What's the weather in Paris today?", "What's the weather in Paris tomorrow?",
-     "minimal edit"),
-    ("Convert 5 miles to kilometers.", "Convert 5 kilometers to miles.", "minimal edit"),
+     "opposite words"),
+    ("Is it safe to drink tap water?", "Is it unsafe to drink tap water?", "opposite words"),
+    ("How do I turn on 2FA on my account?", "Steps to turn off 2FA on my account?",
+     "opposite words"),  # "on" twice vs once: counted as multisets
+    ("Convert 5 miles to kilometers.", "Convert 5 kilometers to miles.", "word order"),
+    ("Visa to visit Japan from the US?", "Visa to visit the US from Japan?", "word order"),
+    ("What is the capital of France?", "What is the capital of Germany?", "minimal edit"),
+    ("Is 97 a prime number?", "Is 97 an even number?", "minimal edit"),
+    ("What is the capital of France?", "Which city is the capital of France?", None),  # framing
+    ("What's the weather in Paris today?", "How is the weather in Paris today?", None),
+    ("Who wrote Hamlet?", "When was Hamlet first published?", "question differs"),
+    ("Who wrote Hamlet?", "Hamlet was written by whom?", None),  # who = whom
+    ("Is tap water safe in Mexico City?", "Can I drink the tap water in Copenhagen?",
+     "names differ"),
+    ("Is the store open on Sunday?", "Are you open Sundays?", None),  # plural of a name
+    ("Who wrote Moby-Dick?", "Tell me who wrote Moby-Dick.", None),  # "Tell" opens it
     ("What is the capital of France?", "Tell me the capital city of France.", None),
     ("Same prompt", "same prompt", None),
 ])
