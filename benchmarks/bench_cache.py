@@ -56,8 +56,8 @@ from meshd.cache import (  # noqa: E402
     SemanticCache,
 )
 from meshd.cache.eviction import entry_bytes  # noqa: E402
+from meshd.cache.guards import guard  # noqa: E402
 from meshd.cache.keys import prompt_key  # noqa: E402
-from meshd.cache.policy import guard  # noqa: E402
 from meshd.embed import default_embedding_model, load_embedder  # noqa: E402
 
 PAIRS = ROOT / "benchmarks" / "data" / "cache_pairs.jsonl"

@@ -99,7 +99,7 @@ def pair_quality(fp32: Embedder, int8: Embedder) -> dict[str, Any]:
     """The cache's decisions on the labelled pairs under each graph (fixed threshold + guards)."""
     from bench_cache import PAIRS, pair_rates
 
-    from meshd.cache.policy import guard
+    from meshd.cache.guards import guard
 
     rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
     texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})

@@ -8,8 +8,9 @@ LRU, TTL) are pure. See docs/cache.md.
 from __future__ import annotations
 
 from meshd.cache.eviction import CacheLimits
+from meshd.cache.guards import guard
 from meshd.cache.keys import Admission, CacheRequest, admit
-from meshd.cache.policy import AdaptiveThreshold, Decision, FixedThreshold, guard
+from meshd.cache.policy import AdaptiveThreshold, Decision, FixedThreshold
 from meshd.cache.store import EmbedderLike, Lookup, SemanticCache
 
 __all__ = [

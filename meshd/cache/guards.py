@@ -13,8 +13,9 @@ trip it), never a wrong answer; that is the trade that lets the similarity thres
    form is in the other ("safe" / "unsafe", "enable" / "disable", "legal" / "illegal"), or one
    of a fixed list of general opposites ("on" / "off", "before" / "after", "open" / "closed",
    "today" / "tomorrow", ...: ``OPPOSITES``).
-3. **word order**: the same words in another order ("Japan from the US" / "the US from
-   Japan"): who does what to whom changed.
+3. **word order**: the same words, two runs of them trading places around others ("Japan from
+   the US" / "the US from Japan"): who does what to whom changed. A phrase moved to the front
+   passes ("In a leap year, how many days are there?").
 4. **minimal edit**: equal but for one run of at most two words replaced by another, where
    both sides of the run carry content ("today" / "tomorrow", "plus" / "minus", "France" /
    "Germany"). A run whose one side is only question framing (``FRAMING``: "what", "which",
@@ -99,9 +100,23 @@ def opposite_words(query: str, cached: str) -> bool:
 
 
 def reordered(query: str, cached: str) -> bool:
-    """The same words, in another order."""
+    """The same words, with two runs of them trading places around words that stay put
+    ("[Japan] from [the US]" / "[the US] from [Japan]"). Two neighbouring runs trading places
+    is a phrase moved to the front and passes ("how many days [in a leap year]" / "[in a leap
+    year], how many days")."""
     a, b = words(query), words(cached)
-    return a != b and sorted(a) == sorted(b)
+    if a == b or sorted(a) != sorted(b):
+        return False
+    n = len(a)
+    if n > 40:
+        return True  # too long to search: the same words in another order is enough
+    for i in range(n):
+        for j in range(i + 1, n):
+            for k in range(j + 1, n):  # a[j:k] is the pivot, at least one word
+                for m in range(k + 1, n + 1):
+                    if a[:i] + a[k:m] + a[j:k] + a[i:j] + a[m:] == b:
+                        return True
+    return False
 
 
 def minimal_edit(query: str, cached: str, max_words: int = 2) -> bool:

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from meshd.cache.guards import guard, minimal_edit, negations, numbers
+from meshd.cache.guards import guard
 
 Kind = Literal["hit", "verify", "miss"]
 Observation = tuple[float, bool]  # (similarity, was the cached answer right for that prompt?)

@@ -26,6 +26,28 @@ from meshd.config import Config
 log = logging.getLogger(__name__)
 
 
+class PendingLookup:
+    """A semantic lookup running in the cache service's nursery: ``set`` once, awaited by
+    ``result``."""
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self.value: Any = None
+
+    def set(self, value: Any) -> None:
+        if not self._done.is_set():
+            self.value = value
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    async def result(self) -> Any:
+        await self._done.wait()
+        return self.value
+
+
 class EdgeCache:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -78,28 +100,63 @@ class EdgeCache:
     async def lookup(self, req: Any) -> Any:
         """``Lookup`` of ``req`` (a ``meshd.cache.CacheRequest``); None when the cache is off or
         still loading (the first call starts the loading)."""
+        got = self.lookup_exact(req)
+        if got is not None or self.cache is None:
+            return got if got is not False else None
+        return await self._semantic(req)
+
+    def lookup_exact(self, req: Any) -> Any:
+        """On the event loop: the hit for the very same prompt (one indexed SQLite read, no
+        thread hop: each can wait tens of ms for a core on a loaded box); None when the
+        semantic lookup must decide (not cached word for word, or the cache is busy in a worker
+        thread); False when the cache is off or still loading (the first call starts it)."""
         if self.cache is None:
             self.load()
             self.stats["skips"] += 1
-            return None
+            return False
         try:
-            # The very same prompt costs one indexed SQLite read: answered here, without two
-            # thread hops (each can wait tens of ms for a core on a loaded box). Anything
-            # else, or a cache busy in a worker thread, goes the worker thread's way.
             got = self.cache.lookup_exact(req, blocking=False)
-            if got is None:
-                got = await trio.to_thread.run_sync(self.cache.lookup, req,
-                                                    limiter=self._limiter)
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("semantic cache lookup failed")
+            return False
+        if got is not None:
+            self._count(got)
+        return got
+
+    def start_lookup(self, req: Any) -> PendingLookup:
+        """Start the semantic lookup of ``req`` in this service's nursery (a worker thread
+        embeds the prompt) and return at once; ``await pending.result()`` gives the ``Lookup``
+        (None on an error). The entry chain routes and starts the model meanwhile."""
+        pending = PendingLookup()
+        if self._nursery is None:
+            pending.set(None)
+        else:
+            self._nursery.start_soon(self._run_pending, req, pending)
+        return pending
+
+    async def _run_pending(self, req: Any, pending: PendingLookup) -> None:
+        try:
+            pending.set(await self._semantic(req))
+        finally:
+            pending.set(None)  # no-op once set; a cancelled lookup still wakes its waiter
+
+    async def _semantic(self, req: Any) -> Any:
+        try:
+            got = await trio.to_thread.run_sync(self.cache.lookup, req, limiter=self._limiter)
         except Exception:
             self.stats["errors"] += 1
             log.exception("semantic cache lookup failed")
             return None
+        self._count(got)
+        return got
+
+    def _count(self, got: Any) -> None:
         key = {"hit": "hits", "skip": "skips"}.get(got.kind, "misses")
         self.stats[key] += 1
         if got.kind == "hit" and not self._flush_pending and self._nursery is not None:
             self._flush_pending = True
             self._nursery.start_soon(self._flush)
-        return got
 
     async def _flush(self) -> None:
         """Write the hits' counters (queued behind this lookup's caller, not in its way)."""

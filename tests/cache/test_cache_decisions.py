@@ -7,16 +7,9 @@ from dataclasses import replace
 import pytest
 
 from meshd.cache.eviction import CacheLimits, Candidate, choose_victims, entry_bytes, overflow
+from meshd.cache.guards import guard, minimal_edit, numbers
 from meshd.cache.keys import CacheRequest, admit
-from meshd.cache.policy import (
-    AdaptiveThreshold,
-    FixedThreshold,
-    answers_match,
-    guard,
-    minimal_edit,
-    numbers,
-    posterior,
-)
+from meshd.cache.policy import AdaptiveThreshold, FixedThreshold, answers_match, posterior
 
 REQ = CacheRequest(model="m@abc", tenant="acme", client="alice", prompt="What is 2 + 2?")
 
@@ -70,6 +63,8 @@ def test_greedy_settings_ignore_top_k_top_p_seed() -> None:
      "opposite words"),  # "on" twice vs once: counted as multisets
     ("Convert 5 miles to kilometers.", "Convert 5 kilometers to miles.", "word order"),
     ("Visa to visit Japan from the US?", "Visa to visit the US from Japan?", "word order"),
+    ("How many days are there in a leap year?", "In a leap year, how many days are there?",
+     None),  # a phrase moved to the front
     ("What is the capital of France?", "What is the capital of Germany?", "minimal edit"),
     ("Is 97 a prime number?", "Is 97 an even number?", "minimal edit"),
     ("What is the capital of France?", "Which city is the capital of France?", None),  # framing

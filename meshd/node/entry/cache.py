@@ -14,11 +14,14 @@ critical path (the client already has it).
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+import trio
 
 from meshd.engine.sampling import GenerationConfig
 from meshd.node.edge_cache import EdgeCache
-from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.node.entry.context import Emit, EntryContext, EntryHost
 
 _ENGINE = GenerationConfig()  # what the engine uses for the settings a request leaves unset
 
@@ -58,17 +61,111 @@ def model_identity(host: EntryHost, model: str) -> str:
 
 
 async def edge_answer(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None:
+    """The very same prompt is answered here, at once. Anything else that the cache may take
+    starts its semantic lookup (the prompt's embedding, in a worker thread) and moves on:
+    routing and the model start meanwhile, and ``execute_or_cached`` settles which answers."""
     if ctx.req.cache is False or ctx.req.rag or cache.state == "off":
         return  # a retrieval request's answer depends on context the cache key does not hold
+    from meshd.cache.keys import admit
+
     creq = cache_request(ctx, host, host.config.cache.tenant)
-    got = await cache.lookup(creq)
+    adm = admit(creq)
+    if not adm.cacheable:
+        cache.stats["skips"] += 1
+        ctx.journal("cache_skip", {"reason": adm.reason})
+        return
+    got = cache.lookup_exact(creq)
+    if got is False:  # off or still loading
+        return
     if got is None:
+        ctx.extra["cache_pending"] = (creq, cache.start_lookup(creq))
         return
     ctx.extra["cache"] = (creq, got)
-    if got.kind != "hit":
-        if got.kind == "skip":
-            ctx.journal("cache_skip", {"reason": got.reason})
+    await _serve_hit(ctx, host, got)
+
+
+async def execute_or_cached(ctx: EntryContext, host: EntryHost,
+                            run: Callable[[], Awaitable[None]]) -> None:
+    """Run the model (``run``: the execute step) while the semantic lookup finishes. Until the
+    lookup has answered, what the model emits is held back; then a hit cancels the model (or
+    drops its answer) and streams the cached one, and a miss lets the held-back events out and
+    the model go on. So a miss delays the first token by ``max(0, lookup - the model's own
+    first token)`` instead of the whole lookup, and the lookup alone decides hit or miss."""
+    pending = ctx.extra.pop("cache_pending", None)
+    if pending is None:
+        await run()
         return
+    creq, lookup = pending
+    real_emit, gate = ctx.emit, _Gate(ctx.emit)
+    ctx.emit = gate.emit
+    model_scope = trio.CancelScope()
+    hit: Any = None
+
+    async def model() -> None:
+        with model_scope:
+            await run()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(model)
+            got = await lookup.result()
+            if got is not None:
+                ctx.extra["cache"] = (creq, got)
+            if got is not None and got.kind == "hit":
+                hit = got
+                model_scope.cancel()
+            else:
+                await gate.open()
+    finally:
+        ctx.emit = real_emit
+    if hit is not None:
+        ctx.journal("cache_overtook", {"model": "cancelled" if ctx.answer is None else "dropped"})
+        ctx.outcome = None
+        await _serve_hit(ctx, host, hit)
+
+
+async def cached_instead(ctx: EntryContext, host: EntryHost) -> bool:
+    """After routing failed: whether the pending semantic lookup is a hit (then served)."""
+    pending = ctx.extra.pop("cache_pending", None)
+    if pending is None:
+        return False
+    creq, lookup = pending
+    got = await lookup.result()
+    if got is None or got.kind != "hit":
+        return False
+    ctx.extra["cache"] = (creq, got)
+    await _serve_hit(ctx, host, got)
+    return True
+
+
+class _Gate:
+    """Holds emitted events back until ``open``, then lets them out in order."""
+
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self._held: list[tuple[str, dict[str, Any]]] = []
+        self.opened = False
+        self._flushing = False
+
+    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
+        if not self.opened or self._flushing:
+            self._held.append((kind, payload))
+            return
+        await self._emit(kind, payload)
+
+    async def open(self) -> None:
+        if self.opened:
+            return
+        self.opened = self._flushing = True
+        try:
+            while self._held:
+                kind, payload = self._held.pop(0)
+                await self._emit(kind, payload)
+        finally:
+            self._flushing = False
+
+
+async def _serve_hit(ctx: EntryContext, host: EntryHost, got: Any) -> None:
     answer = str(got.answer)
     ttft_ms = (time.perf_counter() - ctx.started) * 1000.0
     ctx.journal("cache_hit", {"similarity": _round(got.similarity), "entry": got.entry_id,
@@ -94,12 +191,13 @@ async def edge_answer(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> N
 
 async def remember(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None:
     """After a model answered: keep the answer (a cache hit is not stored again)."""
-    pending = ctx.extra.get("cache")
-    if pending is None or ctx.answer is None or ctx.answer.get("cached"):
+    if ctx.answer is None or ctx.answer.get("cached"):
         return
-    creq, got = pending
-    if got.kind in ("miss", "verify"):
-        cache.remember(creq, str(ctx.answer.get("text", "")), got)
+    text = str(ctx.answer.get("text", ""))
+    if "cache" in ctx.extra:
+        creq, got = ctx.extra["cache"]
+        if got.kind in ("miss", "verify"):
+            cache.remember(creq, text, got)
 
 
 def _bos(host: EntryHost, model: str) -> int | None:

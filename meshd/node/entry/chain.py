@@ -9,13 +9,15 @@
     reach        cells on: probe a few nodes of other cells for their load   (meshd.node.entry.reach)
     prepare      model, token ids, token budget and context check    (meshd.node.entry.prepare)
     edge_answer  a prompt that means what an answered one meant: answered from this node's
-                 semantic cache, no model run                          (meshd.node.entry.cache)
+                 semantic cache, no model run; the very same prompt at once, a paraphrase by
+                 a lookup that runs on while route and execute start    (meshd.node.entry.cache)
     augment      a request naming a retrieval collection (rag) gets the nearest chunks put
                  into its prompt, trimmed to the context               (meshd.node.entry.augment)
     route        the pure decision: one node with fallbacks, or a pipeline
                                                                         (meshd.node.entry.route)
-    execute      serve here, forward with hedging/failover, or drive the pipeline
-                                                                      (meshd.node.entry.execute)
+    execute      serve here, forward with hedging/failover, or drive the pipeline; its events
+                 are held back until the cache's lookup is done, and a hit cancels it
+                                                   (meshd.node.entry.execute, entry.cache)
     remember     a model's answer goes into the semantic cache, after the client has it
                                                                         (meshd.node.entry.cache)
     record       journal, statistics, observers, however the request ended
@@ -45,7 +47,7 @@ from meshd.core.request import EntryRequest
 from meshd.errors import ErrorCode, MeshdError, RemoteError
 from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry.augment import augment
-from meshd.node.entry.cache import edge_answer, remember
+from meshd.node.entry.cache import cached_instead, edge_answer, execute_or_cached, remember
 from meshd.node.entry.context import Emit, EntryContext, EntryHost
 from meshd.node.entry.execute import execute
 from meshd.node.entry.prepare import models_heard, prepare
@@ -69,7 +71,11 @@ async def _prepare(ctx: EntryContext, chain: EntryChain) -> None:
 
 
 async def _route(ctx: EntryContext, chain: EntryChain) -> None:
-    await route(ctx, chain.host, chain.client_in_flight, chain.next_rr())
+    try:
+        await route(ctx, chain.host, chain.client_in_flight, chain.next_rr())
+    except MeshdError:
+        if not await cached_instead(ctx, chain.host):  # no route, but maybe a cached answer
+            raise
 
 
 async def _reach(ctx: EntryContext, chain: EntryChain) -> None:
@@ -77,7 +83,13 @@ async def _reach(ctx: EntryContext, chain: EntryChain) -> None:
 
 
 async def _execute(ctx: EntryContext, chain: EntryChain) -> None:
-    await execute(ctx, chain.host, chain.client_in_flight)
+    async def run() -> None:
+        await execute(ctx, chain.host, chain.client_in_flight)
+
+    if chain.cache is None:
+        await run()
+    else:  # a semantic lookup may still be running: the model starts meanwhile
+        await execute_or_cached(ctx, chain.host, run)
 
 
 async def _edge_answer(ctx: EntryContext, chain: EntryChain) -> None:

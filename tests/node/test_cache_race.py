@@ -1,0 +1,91 @@
+"""The semantic lookup runs while the model starts (meshd.node.entry.cache.execute_or_cached):
+nothing of the model reaches the client before the lookup has decided; a hit cancels the model
+(or drops its finished answer) and serves the cached one; a miss lets the model's events out in
+order. Mock clock: the model and the lookup are fakes that take a set time."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from meshd.cache import Lookup
+from meshd.core.request import parse_submit
+from meshd.node.edge_cache import PendingLookup
+from meshd.node.entry.cache import execute_or_cached
+from meshd.node.entry.context import EntryContext
+
+HOST: Any = SimpleNamespace(node_name="n1", runner=SimpleNamespace(get=lambda model: None))
+
+
+def race(lookup_s: float, kind: str, model_s: tuple[float, float]) -> tuple[
+        EntryContext, list[tuple[float, str, dict[str, Any]]], dict[str, bool]]:
+    """The client's events (time, kind, payload); the model emits its route at ``model_s[0]``
+    and its tokens and answer at ``model_s[1]``; the lookup answers ``kind`` at ``lookup_s``."""
+    seen: list[tuple[float, str, dict[str, Any]]] = []
+    model = {"cancelled": False, "finished": False}
+
+    async def emit(k: str, payload: dict[str, Any]) -> None:
+        seen.append((trio.current_time(), k, payload))
+
+    ctx = EntryContext(parse_submit({"prompt": "In a leap year, how many days?"}, lambda: "r1"),
+                       emit, lambda kind, payload: None)
+    ctx.model = "tiny"
+    pending = PendingLookup()
+    ctx.extra["cache_pending"] = ("creq", pending)
+
+    async def run() -> None:
+        try:
+            await trio.sleep(model_s[0])
+            await ctx.emit("route", {"served_by": "n2", "route": ["n2"]})
+            await trio.sleep(model_s[1] - model_s[0])
+            await ctx.emit("tokens", {"ids": [1], "text": "366 (model)"})
+            ctx.answer = {"text": "366 (model)", "cached": False}
+            model["finished"] = True
+        except trio.Cancelled:
+            model["cancelled"] = True
+            raise
+
+    async def main() -> None:
+        async def answer() -> None:
+            await trio.sleep(lookup_s)
+            answer = "366 (cached)" if kind == "hit" else None
+            pending.set(Lookup(kind, "", answer, 7 if kind == "hit" else None, 0.93, 0.85))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(answer)
+            await execute_or_cached(ctx, HOST, run)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return ctx, seen, model
+
+
+def test_a_miss_holds_the_models_events_until_the_lookup_then_lets_them_out_in_order() -> None:
+    ctx, seen, model = race(0.05, "miss", (0.01, 0.02))
+    assert [k for _, k, _ in seen] == ["route", "tokens"]
+    assert all(t == pytest.approx(0.05) for t, _, _ in seen)  # the model was done at 0.02
+    assert model["finished"] and ctx.answer == {"text": "366 (model)", "cached": False}
+    assert ctx.extra["cache"][1].kind == "miss"  # "remember" stores the model's answer
+
+
+def test_a_miss_after_a_slow_model_costs_the_first_token_nothing() -> None:
+    _, seen, _ = race(0.01, "miss", (0.02, 0.05))
+    assert [(round(t, 3), k) for t, k, _ in seen] == [(0.02, "route"), (0.05, "tokens")]
+
+
+def test_a_hit_cancels_the_model_and_serves_the_cached_answer() -> None:
+    ctx, seen, model = race(0.01, "hit", (0.005, 1.0))
+    assert model["cancelled"] and not model["finished"]
+    assert [(k, p.get("cached"), p.get("text")) for _, k, p in seen] == [
+        ("route", True, None), ("tokens", None, "366 (cached)")]  # the model's route never left
+    assert ctx.answer is not None and ctx.answer["cached"] and ctx.answer["text"] == "366 (cached)"
+
+
+def test_a_hit_after_the_model_finished_still_serves_the_cached_answer() -> None:
+    ctx, seen, model = race(0.05, "hit", (0.01, 0.02))
+    assert model["finished"]
+    assert [p.get("text") for _, k, p in seen if k == "tokens"] == ["366 (cached)"]
+    assert ctx.answer is not None and ctx.answer["cached"]
