@@ -165,7 +165,7 @@ class CacheConfig:
     ttl_s: float = 7 * 86_400.0  # an answer is served for at most this long after it was made
     threshold: float = 0.85  # cosine similarity for a hit (with the guards of docs/cache.md)
     tenant: str = "default"  # clients of one tenant may opt in to sharing answers
-    embed_precision: str = "fp32"  # the embedding graph: fp32, or int8 (about 2x less CPU)
+    embed_precision: str = "int8"  # the cache's embedding graph: int8 (about 2x less CPU than fp32)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ every lookup is a ``skip`` with the reason, said once in the log. ``lookup`` and
 gone to the client, in this service's own nursery, so it never delays a response; so does
 writing a hit's ``last_used`` and hit count (``SemanticCache.flush``): a hit reads SQLite and
 the index and writes nothing. The very same prompt again is looked up on the event loop (one
-indexed read, never waiting for the cache's lock), everything else in a worker thread. The embedding graph is ``[cache] embed_precision`` (fp32 by
-default; int8 takes about half the CPU per prompt, docs/embeddings.md).
+indexed read, never waiting for the cache's lock), everything else in a worker thread. The embedding graph is ``[cache] embed_precision`` (int8 by
+default: about half the CPU per prompt of fp32 and the same decisions on the labelled pairs,
+docs/cache.md); ``/v1/embeddings``, retrieval and the tier classifier use the float graph.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class EdgeCache:
         self._limiter = trio.CapacityLimiter(1)
         self._nursery: trio.Nursery | None = None
         self._flush_pending = False
+        self._float: Any = None  # the float embedder, when the cache's is int8 (float_embedder)
         self.stats = {"hits": 0, "misses": 0, "skips": 0, "inserts": 0, "errors": 0}
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -202,14 +204,26 @@ class EdgeCache:
                     await trio.sleep(0.05)
         if self.cache is None:
             raise RemoteError(f"this node has no embedding model: {self.reason}", ErrorCode.UNSUPPORTED)
-        embedder = self.cache.embedder
-
         def work() -> tuple[list[list[float]], int]:
+            embedder = self.float_embedder()
             tokens = sum(len(ids) for ids in embedder.token_ids(texts))
             return embedder.embed(texts).tolist(), tokens
 
         vectors, tokens = await trio.to_thread.run_sync(work, limiter=self._limiter)
-        return str(getattr(embedder, "name", "embedding")), vectors, tokens
+        return str(getattr(self.float_embedder(), "name", "embedding")), vectors, tokens
+
+    def float_embedder(self) -> Any:
+        """The float graph of the cache's embedding model (the cache's own embedder when that is
+        float; else loaded once, in the calling thread). The API's ``/v1/embeddings`` answers
+        with it: its vectors keep the 1e-4 bound to the reference, the int8 ones do not."""
+        emb = self.cache.embedder
+        if getattr(emb, "precision", "fp32") == "fp32":
+            return emb
+        if self._float is None:
+            from meshd.embed import load_embedder
+
+            self._float = load_embedder()
+        return self._float
 
     async def clear(self) -> int:
         """Drop every entry; returns how many there were."""

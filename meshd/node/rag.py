@@ -117,8 +117,8 @@ class RagService:
 
     def _embedder(self) -> Any:
         cache = self.edge_cache.cache if self.edge_cache is not None else None
-        if cache is not None:
-            return cache.embedder
+        if cache is not None and getattr(cache.embedder, "precision", "fp32") == "fp32":
+            return cache.embedder  # the cache's int8 graph is not shared: collections are float
         from meshd.embed import load_embedder
 
         return load_embedder()

@@ -58,7 +58,8 @@ class Tiering:
         clf = load_classifier(self.config.path(self.config.tiers.classifier)
                               if self.config.tiers.classifier else None)
         shared = getattr(getattr(self.cache, "cache", None), "embedder", None)
-        if shared is not None and str(shared.identity).startswith(clf.embedding + "@"):
+        if (shared is not None and str(shared.identity).startswith(clf.embedding + "@")
+                and getattr(shared, "precision", "fp32") == "fp32"):  # trained on float vectors
             return clf, shared
         from meshd.embed import load_embedder
 
