@@ -24,7 +24,7 @@ with ``--precision fp32,int8`` every lookup is made once with each embedding gra
 (the index holds the first graph's vectors).
 
 On a daemon (``--daemon N``): one real ``meshd run`` serving the shipped tiny-en with the cache
-on, default settings. The anchors of the labelled pairs are asked once each; then,
+on, default settings but the first of ``--precision``. The anchors of the labelled pairs are asked once each; then,
 interleaved: their paraphrases (cache hits: submit to DONE on the client, through the control
 socket), exact repeats, new prompts with the cache on (misses) and the same sentence with
 ``cache: false`` (no cache step: the baseline of the miss). A miss's cost is the difference of
@@ -345,15 +345,15 @@ def speed(embs: dict[str, Any], rows: list[dict[str, Any]], vec: dict[str, np.nd
     }
 
 
-def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int) -> dict[str, Any]:
+def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, precision: str) -> dict[str, Any]:
     import trio
 
     from meshd.testing.wait import wait_for
     from meshd.testnet.drive import cli, stream
     from meshd.testnet.launcher import NodeSpec, down, up
 
-    index = up(root / "net", [NodeSpec(name="c1", extra={"cache": {"enabled": True}})],
-               advert_interval_s=1.0)
+    index = up(root / "net", [NodeSpec(name="c1", extra={"cache": {
+        "enabled": True, "embed_precision": precision}})], advert_interval_s=1.0)
     sock = index["nodes"][0]["socket"]
 
     def stats() -> dict[str, Any]:
@@ -468,7 +468,7 @@ def main() -> None:
         if not args.skip_speed:
             result["speed"] = speed(embs, rows, vec, args.entries, Path(tmp))
         if args.daemon:
-            result["daemon"] = daemon_e2e(rows, Path(tmp), args.daemon)
+            result["daemon"] = daemon_e2e(rows, Path(tmp), args.daemon, precisions[0])
         result["loadavg_1min_end"] = os.getloadavg()[0]
     summary = {k: v for k, v in result.items() if k != "quality"}
     summary["defaults"] = {sp: qs["defaults"] for sp, qs in q.items()}

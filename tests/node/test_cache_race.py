@@ -1,7 +1,8 @@
-"""The semantic lookup runs while the model starts (meshd.node.entry.cache.execute_or_cached):
-nothing of the model reaches the client before the lookup has decided; a hit cancels the model
-(or drops its finished answer) and serves the cached one; a miss lets the model's events out in
-order. Mock clock: the model and the lookup are fakes that take a set time."""
+"""The semantic lookup and the model (meshd.node.entry.cache.execute_or_cached). Forwarded to a
+peer, the model starts while the lookup runs: nothing of it reaches the client before the lookup
+has decided; a hit cancels it (or drops its finished answer) and serves the cached one; a miss
+lets its events out in order. Served here, the lookup decides first and a hit runs no model.
+Mock clock: the model and the lookup are fakes that take a set time."""
 
 from __future__ import annotations
 
@@ -18,15 +19,17 @@ from meshd.node.edge_cache import PendingLookup
 from meshd.node.entry.cache import execute_or_cached
 from meshd.node.entry.context import EntryContext
 
-HOST: Any = SimpleNamespace(node_name="n1", runner=SimpleNamespace(get=lambda model: None))
+HOST: Any = SimpleNamespace(node_name="n1", peer_id="me",
+                            runner=SimpleNamespace(get=lambda model: None))
 
 
-def race(lookup_s: float, kind: str, model_s: tuple[float, float]) -> tuple[
-        EntryContext, list[tuple[float, str, dict[str, Any]]], dict[str, bool]]:
+def race(lookup_s: float, kind: str, model_s: tuple[float, float], served_by: str = "peer2"
+         ) -> tuple[
+        EntryContext, list[tuple[float, str, dict[str, Any]]], dict[str, Any]]:
     """The client's events (time, kind, payload); the model emits its route at ``model_s[0]``
     and its tokens and answer at ``model_s[1]``; the lookup answers ``kind`` at ``lookup_s``."""
     seen: list[tuple[float, str, dict[str, Any]]] = []
-    model = {"cancelled": False, "finished": False}
+    model: dict[str, Any] = {"cancelled": False, "finished": False, "started": -1.0}
 
     async def emit(k: str, payload: dict[str, Any]) -> None:
         seen.append((trio.current_time(), k, payload))
@@ -34,10 +37,12 @@ def race(lookup_s: float, kind: str, model_s: tuple[float, float]) -> tuple[
     ctx = EntryContext(parse_submit({"prompt": "In a leap year, how many days?"}, lambda: "r1"),
                        emit, lambda kind, payload: None)
     ctx.model = "tiny"
+    ctx.decision = SimpleNamespace(route=SimpleNamespace(order=(served_by,)))  # type: ignore[assignment]
     pending = PendingLookup()
     ctx.extra["cache_pending"] = ("creq", pending)
 
     async def run() -> None:
+        model["started"] = trio.current_time()
         try:
             await trio.sleep(model_s[0])
             await ctx.emit("route", {"served_by": "n2", "route": ["n2"]})
@@ -89,3 +94,12 @@ def test_a_hit_after_the_model_finished_still_serves_the_cached_answer() -> None
     assert model["finished"]
     assert [p.get("text") for _, k, p in seen if k == "tokens"] == ["366 (cached)"]
     assert ctx.answer is not None and ctx.answer["cached"]
+
+
+def test_served_here_the_lookup_decides_before_the_model_starts() -> None:
+    ctx, seen, model = race(0.05, "hit", (0.01, 0.02), served_by="me")
+    assert model["started"] == -1.0  # a hit runs no model on this CPU
+    assert ctx.answer is not None and ctx.answer["cached"]
+    ctx, seen, model = race(0.05, "miss", (0.01, 0.02), served_by="me")
+    assert model["started"] == pytest.approx(0.05) and model["finished"]
+    assert [(round(t, 3), k) for t, k, _ in seen] == [(0.06, "route"), (0.07, "tokens")]
