@@ -5,12 +5,10 @@ number come in, a ``Decision`` comes out. Nothing here reads a clock or a file.
 
 A lookup finds the nearest cached prompt (cosine similarity ``s``). Then:
 
-1. *Guards* refuse pairs that embeddings are known to confuse: a number that differs
-   ("17 + 25" vs "17 + 26"), a negation present in one prompt only ("open" vs "not open"),
-   and *minimal edits*: prompts equal but for one or two words swapped for others ("today" /
-   "tomorrow", "plus" / "minus", "enable" / "disable") or two words trading places ("miles to
-   kilometers" / "kilometers to miles"). A minimal edit that keeps the meaning (a synonym) is
-   refused too: it costs a hit, never a wrong answer.
+1. *Guards* (meshd.cache.guards) refuse pairs that embeddings are known to confuse: numbers
+   that differ, a negation or opposite word in one prompt only, two runs of words trading
+   places, a content word swapped, another question word, another name. A guard costs a hit,
+   never a wrong answer.
 2. The *threshold policy* decides:
    - ``FixedThreshold(t)``: serve when ``s >= t``.
    - ``AdaptiveThreshold`` (in the spirit of vCache, "verified semantic prompt caching"): each

@@ -86,7 +86,7 @@ class Lookup:
 class SemanticCache:
     """Open (creating if needed) the cache at ``path`` (``":memory:"`` for a throwaway one).
 
-    ``policy``: ``FixedThreshold()`` (0.91, guards on) by default: on the labelled pairs it
+    ``policy``: ``FixedThreshold()`` (0.85, guards on) by default: on the labelled pairs it
     measured better than ``AdaptiveThreshold`` (docs/cache.md); ``clock`` and ``rng`` are
     injectable for tests.
     """

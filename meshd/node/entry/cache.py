@@ -99,8 +99,8 @@ async def execute_or_cached(ctx: EntryContext, host: EntryHost,
         return
     creq, lookup = pending
     if not _served_elsewhere(ctx, host):
-        # This CPU would run the model beside the embedding, and a cancelled local run goes on
-        # in its thread: measured, overlapping made hits 4x slower and misses no faster here.
+        # This CPU would run the model beside the embedding: measured, overlapping made hits
+        # 3-4x slower and misses no faster here (docs/benchmarks.md, the cache's last section).
         got = await lookup.result()
         if got is not None:
             ctx.extra["cache"] = (creq, got)
