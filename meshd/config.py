@@ -108,6 +108,9 @@ class RoutingConfig:
     # long as going to the next candidate would take, never less than wait_bound_min_ms
     wait_bound_attempts: int = 2
     wait_bound_min_ms: float = 50.0
+    # strategy meshd: while the eligible nodes hold fewer requests per slot than this, choose the
+    # global minimum of predicted TTFT rather than compare sample_d drawn candidates (0: never)
+    argmin_below_occupancy: float = 0.5
     max_hops: int = 4
     request_timeout_s: float = 120.0
     first_token_timeout_s: float = 20.0
@@ -346,6 +349,8 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[routing] sample_d", "must be >= 1")
     if cfg.routing.wait_bound_attempts < 0:
         raise bad("[routing] wait_bound_attempts", "must be >= 0")
+    if not cfg.routing.argmin_below_occupancy >= 0:
+        raise bad("[routing] argmin_below_occupancy", "must be >= 0 (0 = always sample)")
     if cfg.routing.wait_bound_min_ms < 0:
         raise bad("[routing] wait_bound_min_ms", "must be >= 0")
     if cfg.routing.max_hops < 1:

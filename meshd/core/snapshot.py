@@ -137,6 +137,10 @@ class Policy:
     # it: sharper while the mesh is less than half busy (floor 1: as before issue 18).
     known_temperature_floor: float = 0.1
     known_temperature_full_at: float = 0.5
+    # meshd: while occupancy is below this, choose the global minimum of the score (every
+    # candidate compared, not sample_d): with free slots nearly everywhere herding costs little
+    # and two candidates can miss the free node next door (0: always sample)
+    argmin_below_occupancy: float = 0.5
     # meshd: ms of predicted TTFT worth one joule per generated token, from nodes' measured
     # power (meshd.core.energy, docs/telemetry.md); 0 = energy is not weighed
     energy_weight: float = 0.0

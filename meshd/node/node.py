@@ -248,5 +248,6 @@ def policy_of(config: Config) -> Policy:
         max_hops=r.max_hops,
         wait_bound_attempts=r.wait_bound_attempts,
         wait_bound_min_ms=r.wait_bound_min_ms,
+        argmin_below_occupancy=r.argmin_below_occupancy,
         energy_weight=r.energy_weight,
     )

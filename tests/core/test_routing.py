@@ -361,9 +361,27 @@ def test_meshd_compares_with_the_local_node() -> None:
     local = node("a", rtt_ms=0.0, is_local=True)
     peers = [node(f"p{i}", rtt_ms=10.0) for i in range(10)]
     assert {decide(snap(local, *peers), seed=k).chosen for k in range(50)} == {"a"}
-    # Without the local comparison the peers get work too.
-    picks = {decide(snap(local, *peers), seed=k, sample_local=False).chosen for k in range(50)}
+    # Without the local comparison the peers get work too (when sampling: not on an idle mesh,
+    # where meshd takes the global minimum, which is the local node here too).
+    picks = {decide(snap(local, *peers), seed=k, sample_local=False, argmin_below_occupancy=0.0).chosen
+             for k in range(50)}
     assert len(picks) > 3
+    assert {decide(snap(local, *peers), seed=k, sample_local=False).chosen for k in range(50)} == {"a"}
+
+
+def test_meshd_takes_the_global_minimum_only_while_the_mesh_is_lightly_busy() -> None:
+    """Two candidates can miss the free node next door: below ``argmin_below_occupancy`` meshd
+    compares every candidate; above it, it samples (and so spreads work over near-equals)."""
+    local = node("a", rtt_ms=0.0, is_local=True, in_flight=2, max_concurrency=2, queue_depth=3)
+    near = node("n", rtt_ms=10.0)  # the one free node nearby
+    far = [node(f"f{i}", rtt_ms=150.0, in_flight=i % 2) for i in range(8)]
+    light = snap(local, near, *far)
+    assert {decide(light, seed=k).chosen for k in range(100)} == {"n"}
+    off = Counter(decide(light, seed=k, argmin_below_occupancy=0.0).chosen for k in range(100))
+    assert off["n"] < 100, off  # what two sampled candidates did: some requests went far
+    # a busy mesh (every slot taken): meshd samples again, whatever the threshold
+    busy = snap(local, *[dataclasses.replace(x, in_flight=4, queue_depth=1) for x in (near, *far)])
+    assert len({decide(busy, seed=k).chosen for k in range(100)}) > 1
 
 
 def test_meshd_spreads_stale_load_where_lwsq_herds() -> None:
@@ -665,7 +683,8 @@ def _fast_share(floor: float, queue: int) -> float:
               for i in range(10)]  # fmt: skip
     peers.append(node("a", prefill_tps=200.0, rtt_ms=0.0, is_local=True, max_concurrency=8))
     s = snap(*peers, local="a")
-    pol = Policy(known_temperature_floor=floor)
+    # the temperature alone (below argmin_below_occupancy meshd would take the global minimum)
+    pol = Policy(known_temperature_floor=floor, argmin_below_occupancy=0.0)
     rng = random.Random(5)
     picks = [route(req(prompt_tokens=256), s, pol, rng).chosen for _ in range(2000)]
     return sum(p.startswith("f") for p in picks) / len(picks)

@@ -265,8 +265,12 @@ def _choose_meshd(
         one = _pick(w, rng, set())
         return (one if one is not None else _argmin(score)), score
     tk = None
-    if policy.known_temperature_floor < 1.0:
-        tk = known_temperature_ms(policy, _occupancy(idx, pr.e))
+    if policy.known_temperature_floor < 1.0 or policy.argmin_below_occupancy > 0.0:
+        occupancy = _occupancy(idx, pr.e)
+        if occupancy < policy.argmin_below_occupancy:
+            return _argmin(score), score
+        if policy.known_temperature_floor < 1.0:
+            tk = known_temperature_ms(policy, occupancy)
     weights = _weights(pr, known, policy, tk)
     taken = set(picked)
     for _ in range(max(policy.sample_d, 1) - len(picked)):
