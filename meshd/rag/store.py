@@ -177,7 +177,7 @@ class RagStore:
             fixed = cast(EmbedderLike, embedder)
             self._embedders[_precision_of(fixed)] = fixed
         elif embedder is not None:
-            self._loader = cast(Callable[[str], EmbedderLike], embedder)
+            self._loader = embedder
         self.precision = check_precision(precision)
         self._exact_max = exact_max
         self._lock = threading.RLock()
