@@ -133,3 +133,20 @@ def test_the_cli_precision_option_config_default_and_listing(tmp_path: Path, cor
     assert Path(hits[0]["source"]).name == "tides.txt"
     bad = meshd("rag", "add", "kb8", str(corpus), "--db", db, "--precision", "fp16", check=False)
     assert bad.returncode == 2 and "invalid choice: 'fp16'" in bad.stderr
+
+
+def test_rag_embed_precision_in_the_config_is_the_default_of_new_collections(
+        tmp_path: Path, corpus: Path) -> None:
+    from meshd.config import load_config
+    from meshd.errors import ConfigError
+
+    cfg = tmp_path / "meshd.toml"
+    cfg.write_text(f'[node]\ndata_dir = "{tmp_path / "state"}"\n\n[rag]\nembed_precision = "fp16"\n')
+    with pytest.raises(ConfigError, match=r"\[rag\] embed_precision must be int8 or fp32"):
+        load_config(cfg)
+    cfg.write_text(cfg.read_text().replace('"fp16"', '"int8"'))
+    assert load_config(cfg).rag.embed_precision == "int8"
+    meshd("rag", "add", "kb", str(corpus), "--config", str(cfg), timeout=180)
+    listing = json.loads(meshd("rag", "ls", "--config", str(cfg), "--json").stdout)
+    assert [(c["name"], c["precision"]) for c in listing] == [("kb", "int8")]
+    assert (tmp_path / "state" / "rag.db").exists()
