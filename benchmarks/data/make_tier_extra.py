@@ -11,10 +11,10 @@ asks *as an instruction* ("Summarise...", "Rewrite...") over a passage is comple
 learnt the form of the ask (a question word first, a question mark) rather than what it asks:
 on the held-out split it sent a question-form reasoning ask over a passage down to micro.
 
-The rule of this file: for the two material-carrying kinds (docs passages, code), asks in the
-form the training split lacks for each label: question-form asks that need a large model
-(several steps of reasoning about the material) and instruction-form asks a micro model can
-answer (a lookup or a surface edit of the material). Labels follow the families' rule
+The rule of this file: for prompts that carry a docs passage, asks in the form the training
+split lacks for each label: question-form asks that need a large model (several steps of
+reasoning about the passage) and instruction-form asks a micro model can answer (a lookup or a
+surface edit of the passage). Labels follow the families' rule
 (benchmarks/data/README.md). Every row has ``split = "train"``: the held-out split of
 tier_prompts.jsonl is unchanged, and none of these templates is a held-out one (checked below).
 Written after seeing the held-out errors, so the held-out figure no longer measures a phrasing
@@ -29,12 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from make_tier_prompts import OUT as MAIN
-from make_tier_prompts import code_functions, doc_passages, pick
+from make_tier_prompts import doc_passages, pick
 
 OUT = Path(__file__).resolve().parent / "tier_prompts_extra.jsonl"
 PER_TEMPLATE = 16
 
-# (family, label, template); {passage} is a docs paragraph, {code} a function of meshd
+# (family, label, template); {passage} is a docs paragraph. The same rule applied to code
+# (question-form debugging asks over a function, instruction-form lookups) was tried and left
+# out: on the training folds (cross-validation by template, the original rows only) it sent more
+# simple prompts up (13.5% vs 10.3% at the threshold each variant chose) for 1.9% vs 2.6% of
+# complex prompts sent down; both are under the 3% bound, and this one is cheaper.
 EXTRA: list[tuple[str, str, str]] = [
     # complex asks over a passage, as questions
     ("passage_reason", "complex", "Why does this passage argue as it does, and is its reasoning sound?\n\n{passage}"),
@@ -48,13 +52,6 @@ EXTRA: list[tuple[str, str, str]] = [
     ("passage_lookup", "simple", "Say how many sentences the following paragraph has.\n{passage}"),
     ("passage_lookup", "simple", "Return the paragraph below in upper case.\n\n{passage}"),
     ("passage_lookup", "simple", "Name one technical term used in this text.\n{passage}"),
-    # complex asks over code, as questions
-    ("code_debug", "complex", "What bugs could this function have, and how would you test for each of them?\n{code}"),
-    ("code_debug", "complex", "Why is this function written this way, and how would you refactor it to be easier to test?\n```\n{code}\n```"),
-    ("code_write", "complex", "How would you rewrite this function in Rust, keeping its behaviour? Show the code.\n{code}"),
-    # simple asks over code, as instructions
-    ("code_lookup", "simple", "Name the function defined below.\n{code}"),
-    ("code_lookup", "simple", "Say which keyword starts this function's definition.\n```\n{code}\n```"),
 ]
 
 
@@ -65,21 +62,21 @@ def held_out_templates() -> set[str]:
 
 
 def generate() -> list[dict[str, Any]]:
-    passages, funcs = doc_passages(), code_functions()
+    passages = doc_passages()
     held = held_out_templates()
     rows: list[dict[str, Any]] = []
     for ti, (family, label, template) in enumerate(EXTRA):
         rng = random.Random(5000 + ti)
         seen: set[str] = set()
         while len(seen) < PER_TEMPLATE:
-            slots = {"passage": pick(rng, passages), "code": pick(rng, funcs)[1]}
+            slots = {"passage": pick(rng, passages)}
             text = template.format(**slots)
             if text in seen or text in held:
                 continue
             seen.add(text)
             rows.append({"text": text, "label": label, "family": family,
                          "template": f"extra:{family}:{ti}",
-                         "source": "repo-docs" if "{passage}" in template else "repo-code",
+                         "source": "repo-docs",
                          "split": "train"})
     return rows
 
