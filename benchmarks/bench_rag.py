@@ -2,7 +2,12 @@
 questions, indexing rate, and retrieval latency over 50,000 chunks.
 
     .venv/bin/python benchmarks/bench_rag.py [--chunks 50000] [--queries 300] [--out FILE.json]
-                                             [--embed-all]
+                                             [--embed-all] [--precisions fp32,int8] [--quick]
+
+Every figure is taken for each embedding precision of ``--precisions`` (a collection's
+precision, docs/rag.md: ``fp32`` the float graph, ``int8`` the quantized one), side by side in
+the same run: one store per precision, indexed and asked with its own graph; the latency
+questions go to each in turn, so they share the box's load. ``int8_over_fp32`` gives the ratios.
 
 Quality, on benchmarks/data/rag_questions.jsonl over the snapshot of meshd's docs in
 benchmarks/data/rag_corpus/ (made by benchmarks/data/make_rag_questions.py): the snapshot is
@@ -94,13 +99,14 @@ def quality(store: RagStore, corpus: Path, qs: list[dict[str, Any]]) -> dict[str
                 "mrr_at_10": round(sum(m for _, m in v) / len(v), 3)} for k, v in per_kind.items()}
 
 
-def latency(stores: dict[str, RagStore], qs: list[dict[str, Any]], n: int) -> dict[str, Any]:
+def latency(stores: dict[str, RagStore], qs: list[dict[str, Any]], n: int,
+            collection: str = "big") -> dict[str, Any]:
     """Each question asked of every store in turn (so they share the box's load), ``n`` each."""
     times: dict[str, tuple[list[float], list[float], list[float]]] = {k: ([], [], []) for k in stores}
     for i in range(n):
         for name, store in stores.items():
             t0 = time.perf_counter()
-            got = store.query("big", qs[i % len(qs)]["question"], 5)
+            got = store.query(collection, qs[i % len(qs)]["question"], 5)
             total, embed, search = times[name]
             total.append((time.perf_counter() - t0) * 1e3)
             embed.append(got.embed_ms)
@@ -116,103 +122,135 @@ def latency(stores: dict[str, RagStore], qs: list[dict[str, Any]], n: int) -> di
     return out
 
 
+def compose(texts: list[str], vecs: np.ndarray, need: int, seed: int,
+            embed: Any = None) -> tuple[list[str], np.ndarray]:
+    """``need`` generated chunks (half of one real chunk + half of another, seeded) and their
+    vectors: composed from the two real ones (mixed, noised, renormalised), or ``embed``ded."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, len(texts), need)
+    b = rng.integers(0, len(texts), need)
+    w = rng.uniform(0.3, 0.7, need).astype(np.float32)
+    made = [texts[i][len(texts[i]) // 2:] + "\n\n" + texts[j][:len(texts[j]) // 2]
+            for i, j in zip(a.tolist(), b.tolist(), strict=True)]
+    if embed is not None:
+        return made, np.asarray(embed(made), np.float32)
+    mix = w[:, None] * vecs[a] + (1 - w)[:, None] * vecs[b]
+    mix += rng.normal(0, 0.02, mix.shape).astype(np.float32)
+    return made, (mix / np.linalg.norm(mix, axis=1, keepdims=True)).astype(np.float32)
+
+
+def run_precision(precision: str, emb: Any, tmp: Path, qs: list[dict[str, Any]],
+                  args: argparse.Namespace) -> tuple[dict[str, Any], RagStore, RagStore]:
+    """Quality, indexing rate and the 50,000-chunk store for one precision; returns its
+    figures, its store (HNSW) and an exact-search store on the same file."""
+    out: dict[str, Any] = {"embedder": emb.identity}
+    store = RagStore(tmp / f"docs-{precision}.db", emb, precision=precision)
+    rep = store.add("docs", [CORPUS])
+    out["indexing"] = {"files": rep.files_added, "chunks": rep.chunks,
+                       "seconds": round(rep.seconds, 2),
+                       "chunks_per_s": round(rep.chunks / rep.seconds, 2),
+                       "embed_share": round(rep.embed_seconds / rep.seconds, 3)}
+    print(f"[{precision}] indexed {rep.chunks} chunks of {rep.files_added} files in "
+          f"{rep.seconds:.1f} s: {rep.chunks / rep.seconds:.1f} chunks/s "
+          f"({rep.embed_seconds / rep.seconds:.0%} embedding)", flush=True)
+    out["quality"] = quality(store, CORPUS, qs)
+    print(f"[{precision}] quality (headings kept):", json.dumps(out["quality"]), flush=True)
+    if not args.quick:
+        bare = tmp / f"bare-{precision}"
+        blank_headings(CORPUS, bare)
+        plain = RagStore(tmp / f"bare-{precision}.db", emb, precision=precision)
+        plain.add("docs", [bare])
+        out["quality_no_headings"] = quality(plain, bare, qs)
+        print(f"[{precision}] quality (no headings):  ", json.dumps(out["quality_no_headings"]),
+              flush=True)
+        plain.close()
+    # -- --chunks chunks -------------------------------------------------------------------
+    rows = store.db.execute("SELECT text, vector FROM chunks WHERE collection = 'docs'").fetchall()
+    texts = [r[0] for r in rows]
+    vecs = np.frombuffer(b"".join(r[1] for r in rows), np.float32).reshape(len(rows), -1)
+    t0 = time.perf_counter()
+    made, made_vecs = compose(texts, vecs, max(0, args.chunks - len(texts)), args.seed,
+                              emb.embed if args.embed_all else None)
+    all_texts = texts + made
+    allv = np.concatenate([vecs, made_vecs]).astype(np.float32)
+    gen_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    per_file = 1000
+    for f in range(0, len(all_texts), per_file):
+        store.put_chunks("big", f"/generated/part-{f // per_file:03d}.txt",
+                         [Chunk(t, 1, 1) for t in all_texts[f:f + per_file]],
+                         allv[f:f + per_file])
+    write_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    store.query("big", "warm up: build the graph", 5)
+    build_s = time.perf_counter() - t0
+    n = len(all_texts)
+    out["big"] = {"chunks": n, "vectors": "embedded" if args.embed_all else "composed",
+                  "generate_s": round(gen_s, 2), "sqlite_write_s": round(write_s, 2),
+                  "sqlite_rows_per_s": round(n / write_s, 1), "hnsw_build_s": round(build_s, 2)}
+    print(f"[{precision}] {n} chunks: sqlite {write_s:.1f} s, first query (builds the HNSW "
+          f"graph) {build_s:.1f} s", flush=True)
+    exact = RagStore(tmp / f"docs-{precision}.db", emb, exact_max=10**9, precision=precision)
+    exact.query("big", "warm up", 5)
+    return out, store, exact
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--chunks", type=int, default=50_000)
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--seed", type=int, default=16)
+    ap.add_argument("--precisions", default="fp32,int8",
+                    help="embedding precisions to measure side by side (comma-separated)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="onnxruntime intra-op threads of the embedders (default: one per core)")
     ap.add_argument("--embed-all", action="store_true",
                     help="embed every generated chunk instead of composing its vector")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--quick", action="store_true", help="skip the no_headings variant")
     ap.add_argument("--keep", type=Path, help="keep the stores in this folder (default: a temporary one)")
     args = ap.parse_args()
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     qs = questions()
-    emb = load_embedder()
-    result: dict[str, Any] = {"questions": len(qs), "embedder": emb.identity,
-                              "threads": emb.threads, "load_avg_start": os.getloadavg()}
+    embs = {p: load_embedder(precision=p, threads=args.threads) for p in precisions}
+    result: dict[str, Any] = {"questions": len(qs), "precisions": precisions,
+                              "threads": embs[precisions[0]].threads,
+                              "load_avg_start": os.getloadavg()}
     with tempfile.TemporaryDirectory() as scratch:
-        tmp = str(args.keep or scratch)
-        Path(tmp).mkdir(parents=True, exist_ok=True)
-        # -- quality and indexing rate ------------------------------------------------------
-        store = RagStore(Path(tmp) / "docs.db", emb)
-        rep = store.add("docs", [CORPUS])
-        result["indexing"] = {"files": rep.files_added, "chunks": rep.chunks,
-                              "seconds": round(rep.seconds, 2),
-                              "chunks_per_s": round(rep.chunks / rep.seconds, 2),
-                              "embed_share": round(rep.embed_seconds / rep.seconds, 3)}
-        print(f"indexed {rep.chunks} chunks of {rep.files_added} files in {rep.seconds:.1f} s: "
-              f"{rep.chunks / rep.seconds:.1f} chunks/s ({rep.embed_seconds / rep.seconds:.0%} "
-              "embedding)", flush=True)
-        result["quality"] = quality(store, CORPUS, qs)
-        print("quality (headings kept):", json.dumps(result["quality"]), flush=True)
-        if not args.quick:
-            bare = Path(tmp) / "bare"
-            blank_headings(CORPUS, bare)
-            plain = RagStore(Path(tmp) / "bare.db", emb)
-            plain.add("docs", [bare])
-            result["quality_no_headings"] = quality(plain, bare, qs)
-            print("quality (no headings):  ", json.dumps(result["quality_no_headings"]), flush=True)
-            plain.close()
-        # -- latency over --chunks chunks ----------------------------------------------------
-        rows = store.db.execute("SELECT text, vector FROM chunks WHERE collection = 'docs'").fetchall()
-        texts = [r[0] for r in rows]
-        vecs = np.frombuffer(b"".join(r[1] for r in rows), np.float32).reshape(len(rows), -1)
-        rng = np.random.default_rng(args.seed)
-        t0 = time.perf_counter()
-        made_texts: list[str] = list(texts)
-        made_vecs = [vecs]
-        need = max(0, args.chunks - len(texts))
-        a = rng.integers(0, len(texts), need)
-        b = rng.integers(0, len(texts), need)
-        w = rng.uniform(0.3, 0.7, need).astype(np.float32)
-        made_texts += [texts[i][len(texts[i]) // 2:] + "\n\n" + texts[j][:len(texts[j]) // 2]
-                       for i, j in zip(a.tolist(), b.tolist(), strict=True)]
-        if args.embed_all:
-            made_vecs.append(emb.embed(made_texts[len(texts):]))
-        else:
-            mix = w[:, None] * vecs[a] + (1 - w)[:, None] * vecs[b]
-            mix += rng.normal(0, 0.02, mix.shape).astype(np.float32)
-            made_vecs.append(mix / np.linalg.norm(mix, axis=1, keepdims=True))
-        allv = np.concatenate(made_vecs).astype(np.float32)
-        gen_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        per_file = 1000
-        for f in range(0, len(made_texts), per_file):
-            part = made_texts[f:f + per_file]
-            store.put_chunks("big", f"/generated/part-{f // per_file:03d}.txt",
-                             [Chunk(t, 1, 1) for t in part], allv[f:f + per_file])
-        write_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        store.query("big", "warm up: build the graph", 5)
-        build_s = time.perf_counter() - t0
-        n = len(made_texts)
-        result["big"] = {"chunks": n, "vectors": "embedded" if args.embed_all else "composed",
-                         "generate_s": round(gen_s, 2), "sqlite_write_s": round(write_s, 2),
-                         "sqlite_rows_per_s": round(n / write_s, 1),
-                         "hnsw_build_s": round(build_s, 2)}
-        print(f"{n} chunks: sqlite {write_s:.1f} s, first query (builds the HNSW graph) "
-              f"{build_s:.1f} s", flush=True)
-        exact = RagStore(Path(tmp) / "docs.db", emb, exact_max=10**9)
-        exact.query("big", "warm up", 5)
-        both = latency({"hnsw": store, "exact": exact}, qs, args.queries)
-        result.update(both)
-        print("hnsw: ", json.dumps(result["hnsw"]), flush=True)
-        print("exact:", json.dumps(result["exact"]), flush=True)
-        agree = []
-        for q in qs[:100]:
-            got = {h.chunk_id for h in store.query("big", q["question"], 5).hits}
-            want = {h.chunk_id for h in exact.query("big", q["question"], 5).hits}
-            agree.append(len(got & want) / max(1, len(want)))
-        result["hnsw_recall_of_exact_top5"] = round(float(np.mean(agree)), 4)
-        result["ratio_p50_hnsw_over_exact"] = round(result["hnsw"]["p50_ms"] / result["exact"]["p50_ms"], 3)
-        result["ratio_search_p50_hnsw_over_exact"] = round(
-            result["hnsw"]["search_p50_ms"] / max(1e-9, result["exact"]["search_p50_ms"]), 4)
-        print(f"hnsw/exact p50 {result['ratio_p50_hnsw_over_exact']}x, search only "
-              f"{result['ratio_search_p50_hnsw_over_exact']}x; hnsw recall of the exact top 5 "
-              f"{result['hnsw_recall_of_exact_top5']}", flush=True)
-        exact.close()
-        store.close()
+        tmp = Path(args.keep or scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        stores: dict[str, RagStore] = {}
+        exacts: dict[str, RagStore] = {}
+        for p in precisions:
+            result[p], stores[p], exacts[p] = run_precision(p, embs[p], tmp, qs, args)
+        # -- latency: every question to each store in turn; the exact fp32 search as baseline --
+        asked = dict(stores)
+        if "fp32" in exacts:
+            asked["exact_fp32"] = exacts["fp32"]
+        lat = latency(asked, qs, args.queries)
+        result["load_avg_latency"] = os.getloadavg()
+        for name, figures in lat.items():
+            print(f"latency {name}: ", json.dumps(figures), flush=True)
+            (result[name] if name in result else result.setdefault(name, {}))["latency"] = figures
+        for p in precisions:
+            agree = []
+            for q in qs[:100]:
+                got = {h.chunk_id for h in stores[p].query("big", q["question"], 5).hits}
+                want = {h.chunk_id for h in exacts[p].query("big", q["question"], 5).hits}
+                agree.append(len(got & want) / max(1, len(want)))
+            result[p]["hnsw_recall_of_exact_top5"] = round(float(np.mean(agree)), 4)
+        if "fp32" in precisions and "int8" in precisions:
+            f, i = result["fp32"], result["int8"]
+            result["int8_over_fp32"] = {
+                "p50": round(i["latency"]["p50_ms"] / f["latency"]["p50_ms"], 3),
+                "embed_p50": round(i["latency"]["embed_p50_ms"] / f["latency"]["embed_p50_ms"], 3),
+                "recall_at_5": round(i["quality"]["all"]["recall_at_5"]
+                                     / max(1e-9, f["quality"]["all"]["recall_at_5"]), 3),
+                "indexing_chunks_per_s": round(i["indexing"]["chunks_per_s"]
+                                               / f["indexing"]["chunks_per_s"], 3)}
+            print("int8 / fp32:", json.dumps(result["int8_over_fp32"]), flush=True)
+        for s in [*stores.values(), *exacts.values()]:
+            s.close()
     result["load_avg_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     if args.out:

@@ -180,6 +180,7 @@ class RagConfig:
     path: str = ""  # the store; default: data_dir/rag.db (vector graphs in data_dir/rag.db.idx/)
     top_k: int = 4  # chunks retrieved per request (the lowest-scoring go first if they do not fit)
     remote_timeout_s: float = 10.0  # a retrieval forwarded to the nearest node holding the collection
+    embed_precision: str = "fp32"  # of collections `meshd rag add` creates without --precision: fp32 or int8
 
 
 @dataclass(frozen=True)
@@ -368,6 +369,8 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[rag] top_k", "must be in [1, 64]")
     if cfg.rag.remote_timeout_s <= 0:
         raise bad("[rag] remote_timeout_s", "must be > 0")
+    if cfg.rag.embed_precision not in ("int8", "fp32"):
+        raise bad("[rag] embed_precision", "must be int8 or fp32")
     if c.embed_precision not in ("int8", "fp32"):
         raise bad("[cache] embed_precision", "must be int8 or fp32")
     for key in ("max_age_days", "max_size_mb", "prune_interval_s"):

@@ -1,10 +1,13 @@
 """Train the tier classifier (docs/tiers.md) and write it as ONNX into the package data.
 
-    PYTHONPATH=. .venv/bin/python scripts/train_tier_classifier.py [--data FILE] [--out DIR]
+    PYTHONPATH=. .venv/bin/python scripts/train_tier_classifier.py [--data FILE] [--extra FILE]
+                                                                   [--out DIR]
 
 Dev-only; numpy and onnx.helper only (no torch). Reads benchmarks/data/tier_prompts.jsonl
 (made by benchmarks/data/make_tier_prompts.py: each prompt labelled ``simple`` or ``complex``,
-with its ``split``: one template in five of every generator family is held out whole), embeds
+with its ``split``: one template in five of every generator family is held out whole) and the
+training-only rows of benchmarks/data/tier_prompts_extra.jsonl (``--extra``; made by
+benchmarks/data/make_tier_extra.py, which says why), embeds
 every prompt with meshd's sentence encoder (all-MiniLM-L6-v2, ``meshd.embed.load_embedder``),
 adds the cheap features (``meshd.core.prompt_features``), and fits a tiny MLP (one hidden ReLU layer of 32),
 P(complex) = sigmoid(w2 . relu(W1 [embedding, standardised features] + b1) + b2), with L2 regularisation chosen
@@ -39,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from meshd.core.prompt_features import FEATURE_NAMES, prompt_features  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "tier_prompts.jsonl"
+EXTRA = ROOT / "benchmarks" / "data" / "tier_prompts_extra.jsonl"
 OUT = ROOT / "meshd" / "data" / "classifier"
 RESULTS = ROOT / "docs" / "results" / "tier-classifier.txt"
 NAME = "complexity-v1"
@@ -171,6 +175,8 @@ def to_onnx(prm: Params, mean: np.ndarray, scale: np.ndarray) -> onnx.ModelProto
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--extra", type=Path, default=EXTRA,
+                    help="training-only rows added to --data's training split ('' for none)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--cache", type=Path, default=Path("/tmp/meshd-tier-train"))
     ap.add_argument("--max-complex-down", type=float, default=0.03,
@@ -179,10 +185,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     rows = load(args.data)
+    extra = load(args.extra) if str(args.extra) not in ("", ".") else []
+    if any(r["split"] != "train" for r in extra):
+        raise SystemExit(f"{args.extra}: every row must have split = train")
+    held = {r["text"] for r in rows if r["split"] != "train"}
+    if any(r["text"] in held for r in extra):
+        raise SystemExit(f"{args.extra}: holds a prompt of the held-out split")
+    emb = embed_all([r["text"] for r in rows], args.cache)  # cached per file
+    if extra:
+        emb = np.concatenate([emb, embed_all([r["text"] for r in extra], args.cache)])
+    rows = rows + extra
     texts = [r["text"] for r in rows]
     y = np.array([1.0 if r["label"] == "complex" else 0.0 for r in rows])
     train = np.array([r["split"] == "train" for r in rows])
-    emb = embed_all(texts, args.cache)
     feats = np.array([prompt_features(t).values for t in texts], dtype=np.float64)
     x = np.concatenate([emb.astype(np.float64), feats], axis=1)
     mean = np.zeros(x.shape[1])
@@ -221,9 +236,11 @@ def main(argv: list[str] | None = None) -> int:
         "name": NAME, "kind": f"mlp-{HIDDEN}", "input": "x", "output": "p_complex",
         "embedding": "all-minilm-l6-v2", "embedding_dim": int(k), "features": list(FEATURE_NAMES),
         "threshold": threshold, "l2": l2, "cv_accuracy_at_0.5": cv,
-        "data": {"file": str(args.data.relative_to(ROOT)) if args.data.is_relative_to(ROOT) else str(args.data),
+        "data": {"file": _rel(args.data),
                  "sha256": hashlib.sha256(args.data.read_bytes()).hexdigest(),
-                 "train": int(train.sum()), "test": int((~train).sum())},
+                 "train": int(train.sum()), "test": int((~train).sum()),
+                 "extra": ({"file": _rel(args.extra), "sha256": hashlib.sha256(args.extra.read_bytes()).hexdigest(),
+                            "rows": len(extra)} if extra else None)},
         "heldout": {"accuracy": round(acc, 4), "accuracy_at_0.5": round(acc05, 4),
                     "confusion": cm,
                     "complex_down": round(cm["complex_as_simple"] / max(1, int((y_test == 1).sum())), 4),
@@ -243,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _rel(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def render(meta: dict[str, Any]) -> str:
     h = meta["heldout"]
     cm = h["confusion"]
@@ -250,7 +272,9 @@ def render(meta: dict[str, Any]) -> str:
         f"tier classifier {meta['name']}: {meta['kind']} (one ReLU layer) over {meta['embedding']} "
         f"({meta['embedding_dim']}-d) + {len(meta['features'])} cheap features; l2={meta['l2']:g}",
         f"data {meta['data']['file']} sha256={meta['data']['sha256'][:16]} "
-        f"train={meta['data']['train']} held-out={meta['data']['test']} (templates held out whole)",
+        f"train={meta['data']['train']} held-out={meta['data']['test']} (templates held out whole)"
+        + (f"; train includes {meta['data']['extra']['rows']} rows of {meta['data']['extra']['file']} "
+           f"sha256={meta['data']['extra']['sha256'][:16]}" if meta["data"].get("extra") else ""),
         f"threshold {meta['threshold']:.2f} (chosen on training-fold predictions)",
         f"held-out accuracy {h['accuracy']:.3f} at the threshold, {h['accuracy_at_0.5']:.3f} at 0.5",
         "confusion (rows: truth; columns: predicted simple, complex)",

@@ -12,9 +12,10 @@
   ``no_collection``;
 - ``serve(collection, question, k)``: a peer's RAG_REQ, answered from this node's store.
 
-The embedding model is the semantic cache's when that one is loaded, else loaded here in a
-worker thread on first use (or at start when the store holds collections, so the first request
-does not wait for it). Searches run in worker threads, one at a time.
+The embedding model of each collection's precision (``fp32`` or ``int8``, fixed when it was
+indexed) is the semantic cache's when that one is loaded with the same precision, else loaded
+here in a worker thread on first use (or at start when the store holds collections, so the
+first request does not wait for it). Searches run in worker threads, one at a time.
 """
 
 from __future__ import annotations
@@ -84,9 +85,8 @@ class RagService:
                     if tuple(names) != self.names:
                         log.info("rag collections held=%s", ",".join(names) or "-")
                     self.names = tuple(names)
-                    if self.names:
-                        await trio.to_thread.run_sync(lambda: self.store.embedder,
-                                                      limiter=self._limiter)
+                    if self.names:  # load the embedders the collections need, before a request does
+                        await trio.to_thread.run_sync(self._warm, limiter=self._limiter)
                         self.state = "ready"
                 except MeshdError as e:
                     self._off(str(e))
@@ -109,19 +109,25 @@ class RagService:
         try:
             from meshd.rag.store import RagStore
 
-            self.store = await trio.to_thread.run_sync(RagStore, self.path, self._embedder)
+            self.store = await trio.to_thread.run_sync(
+                lambda: RagStore(self.path, self._embedder, precision=self.config.rag.embed_precision))
             self.reason = ""
         finally:
             self._opening.set()
             self._opening = None
 
-    def _embedder(self) -> Any:
+    def _warm(self) -> None:
+        for precision in self.store.precisions():
+            self.store.embedder_for(precision)
+
+    def _embedder(self, precision: str) -> Any:
+        """The embedder of a collection's precision: the cache's when it has that one."""
         cache = self.edge_cache.cache if self.edge_cache is not None else None
-        if cache is not None and getattr(cache.embedder, "precision", "fp32") == "fp32":
-            return cache.embedder  # the cache's int8 graph is not shared: collections are float
+        if cache is not None and getattr(cache.embedder, "precision", "fp32") == precision:
+            return cache.embedder  # the cache's graph (int8 by default) serves int8 collections
         from meshd.embed import load_embedder
 
-        return load_embedder()
+        return load_embedder(precision=precision)
 
     # ------------------------------------------------------------------ retrieval
 

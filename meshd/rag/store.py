@@ -4,7 +4,8 @@ Synchronous and thread-safe (one lock around the connection and the indexes); th
 it from worker threads, ``meshd rag`` from the command line, both on the same file (WAL: the
 daemon reads while the CLI writes). Tables:
 
-    collections  name, embedder identity and dimension, chunking settings, version
+    collections  name, embedder identity and dimension, embedding precision, chunking
+                 settings, version
     files        (collection, source): sha256, bytes, chunk count, when indexed
     chunks       id, collection, source, position, line range, heading, text, vector (f32 bytes)
     meta         schema version
@@ -15,6 +16,11 @@ cache's: exact below 4,096 vectors, an HNSW graph from ``usearch`` above). A col
 graph saved beside the database (``<db>.idx/<collection>.<version>.usearch``) by the writer.
 Re-adding a file whose bytes are unchanged (sha256) does nothing; a changed file's chunks are
 replaced in one transaction. Chunking is the pure ``meshd.rag.chunking``.
+
+A collection has one embedding **precision** (``fp32``: the float graph of the embedding model,
+or ``int8``: its quantized graph, about half the CPU per question), fixed when it is created:
+its chunks are embedded with it and so is every question asked of it, so the vectors of one
+index always come from one graph. Adding with another precision is refused.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ DB_NAME = "rag.db"  # in the node's data_dir
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_FILE_BYTES = 8 << 20  # a larger file is skipped, and said so
 EMBED_BATCH = 64
+PRECISIONS = ("fp32", "int8")  # meshd.embed.embedder.PRECISIONS (the core of this store needs no onnxruntime)
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", ".mypy_cache",
              ".pytest_cache", ".ruff_cache", ".tox", "dist", "build"}
 
@@ -142,15 +149,36 @@ def _read_text(path: Path) -> tuple[bytes, str | None, str]:
         return data, None, "not UTF-8 text"
 
 
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise RagError(f"embedding precision {precision!r}: use {' or '.join(PRECISIONS)}")
+    return precision
+
+
+def _precision_of(emb: EmbedderLike) -> str:
+    return str(getattr(emb, "precision", "fp32"))
+
+
 class RagStore:
-    """Open (creating if needed) the store at ``path``. ``embedder`` may be a callable that
-    loads it on first use (listing and removing need no model)."""
+    """Open (creating if needed) the store at ``path``.
+
+    ``embedder``: an embedder (then every collection used must have its precision), or a
+    callable ``load(precision) -> embedder`` called once per precision on first use (listing
+    and removing need no model). ``precision``: the precision of collections created without
+    one (``[rag] embed_precision``)."""
 
     def __init__(self, path: str | os.PathLike[str],
-                 embedder: EmbedderLike | Callable[[], EmbedderLike] | None = None, *,
-                 exact_max: int = EXACT_MAX) -> None:
+                 embedder: EmbedderLike | Callable[[str], EmbedderLike] | None = None, *,
+                 exact_max: int = EXACT_MAX, precision: str = "fp32") -> None:
         self.path = Path(path)
-        self._embedder = embedder
+        self._loader: Callable[[str], EmbedderLike] | None = None
+        self._embedders: dict[str, EmbedderLike] = {}
+        if embedder is not None and hasattr(embedder, "embed"):
+            fixed = cast(EmbedderLike, embedder)
+            self._embedders[_precision_of(fixed)] = fixed
+        elif embedder is not None:
+            self._loader = embedder
+        self.precision = check_precision(precision)
         self._exact_max = exact_max
         self._lock = threading.RLock()
         self._indexes: dict[str, tuple[int, PartitionIndex]] = {}  # name -> (version, index)
@@ -178,8 +206,15 @@ class RagStore:
                                f"{SCHEMA_VERSION}")
             if "collections" not in db.table_names():
                 db.table("collections").create({"name": str, "embedder": str, "dim": int,
+                                          "precision": str,
                                           "max_chars": int, "overlap_chars": int, "version": int,
                                           "created": float, "updated": float}, pk="name")
+            elif "precision" not in db.table("collections").columns_dict:
+                # a store written before collections had a precision: the embedder identity
+                # says which graph made its vectors ("+int8" for the quantized one)
+                db.execute("ALTER TABLE collections ADD COLUMN precision TEXT")
+                db.execute("UPDATE collections SET precision = CASE WHEN embedder LIKE '%+int8' "
+                           "THEN 'int8' ELSE 'fp32' END")
             if "files" not in db.table_names():
                 db.table("files").create({"collection": str, "source": str, "sha256": str,
                                     "bytes": int, "chunks": int, "indexed": float},
@@ -192,14 +227,28 @@ class RagStore:
 
     @property
     def embedder(self) -> EmbedderLike:
-        e = self._embedder
-        if e is None:
-            raise RagError("no embedding model given to the retrieval store")
-        if hasattr(e, "embed"):
-            return cast(EmbedderLike, e)
-        loaded = e()
-        self._embedder = loaded
-        return loaded
+        """The embedder of the store's default precision."""
+        return self.embedder_for(self.precision)
+
+    def embedder_for(self, precision: str) -> EmbedderLike:
+        """The embedder of ``precision`` (loaded on first use when the store has a loader)."""
+        check_precision(precision)
+        with self._lock:
+            got = self._embedders.get(precision)
+            if got is not None:
+                return got
+            if self._loader is None:
+                if self._embedders:
+                    have = ", ".join(sorted(self._embedders))
+                    raise RagError(f"this retrieval store was given the {have} embedder only, "
+                                   f"not the {precision} one")
+                raise RagError("no embedding model given to the retrieval store")
+            loaded = self._loader(precision)
+            if _precision_of(loaded) != precision:
+                raise RagError(f"asked for the {precision} embedder, got the "
+                               f"{_precision_of(loaded)} one")
+            self._embedders[precision] = loaded
+            return loaded
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -210,6 +259,7 @@ class RagStore:
     def collections(self) -> list[dict[str, Any]]:
         """Every collection with its files, chunks, text bytes and when it last changed."""
         q = """SELECT c.name, c.embedder, c.version, c.updated, c.max_chars, c.overlap_chars,
+                      c.precision,
                       (SELECT count(*) FROM files f WHERE f.collection = c.name),
                       (SELECT coalesce(sum(f.chunks), 0) FROM files f WHERE f.collection = c.name),
                       (SELECT coalesce(sum(f.bytes), 0) FROM files f WHERE f.collection = c.name)
@@ -217,8 +267,14 @@ class RagStore:
         with self._lock:
             rows = self.db.execute(q).fetchall()
         return [{"name": r[0], "embedder": r[1], "version": r[2], "updated": r[3],
-                 "max_chars": r[4], "overlap_chars": r[5], "files": r[6], "chunks": r[7],
-                 "bytes": r[8]} for r in rows]
+                 "max_chars": r[4], "overlap_chars": r[5], "precision": r[6] or "fp32",
+                 "files": r[7], "chunks": r[8], "bytes": r[9]} for r in rows]
+
+    def precisions(self) -> list[str]:
+        """The embedding precisions of the collections held (the embedders a reader needs)."""
+        with self._lock:
+            return sorted({r[0] or "fp32" for r in
+                           self.db.execute("SELECT DISTINCT precision FROM collections")})
 
     def files(self, collection: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -235,23 +291,23 @@ class RagStore:
                 [collection, source])]
 
     def _collection(self, name: str) -> dict[str, Any]:
-        row = self.db.execute("SELECT embedder, dim, version, max_chars, overlap_chars FROM "
-                              "collections WHERE name = ?", [name]).fetchone()
+        row = self.db.execute("SELECT embedder, dim, version, max_chars, overlap_chars, precision "
+                              "FROM collections WHERE name = ?", [name]).fetchone()
         if row is None:
             raise NoCollection(f"no collection {name!r} in {self.path}"
                                + (f" (collections: {', '.join(self.names())})" if self.names()
                                   else " (it holds none; add one with `meshd rag add`)"))
         return {"embedder": row[0], "dim": row[1], "version": row[2], "max_chars": row[3],
-                "overlap_chars": row[4]}
+                "overlap_chars": row[4], "precision": row[5] or "fp32"}
 
     def query(self, collection: str, question: str, k: int = 4) -> Retrieval:
         """The ``k`` chunks most similar to ``question``, best first, with the time taken by
-        the question's embedding and by the search (ms)."""
+        the question's embedding (with the collection's precision) and by the search (ms)."""
         if k < 1:
             raise RagError("k must be >= 1")
         with self._lock:
             col = self._collection(collection)
-        emb = self.embedder
+        emb = self.embedder_for(col["precision"])
         if col["embedder"] != emb.identity:
             raise RagError(f"collection {collection!r} was indexed with {col['embedder']}, not "
                            f"{emb.identity}: add its files again into a new collection")
@@ -327,17 +383,21 @@ class RagStore:
 
     def add(self, collection: str, paths: Iterable[str | os.PathLike[str]], *,
             max_chars: int = MAX_CHARS, overlap_chars: int = OVERLAP_CHARS,
+            precision: str | None = None,
             progress: Callable[[str], None] | None = None) -> AddReport:
-        """Index the text files under ``paths`` into ``collection`` (created if new): new files
-        are added, changed ones replaced, unchanged ones (same sha256) skipped."""
+        """Index the text files under ``paths`` into ``collection`` (created if new, with
+        ``precision`` or the store's default): new files are added, changed ones replaced,
+        unchanged ones (same sha256) skipped. ``precision`` other than an existing collection's
+        is refused (``RagError``) before anything is read."""
         check_name(collection)
         t0 = time.perf_counter()
         rep = AddReport(files_skipped=[])
+        precision = self._precision_for(collection, precision)
         files, problems = file_sources(paths)
         rep.files_skipped = list(problems)
         if not files and problems:
             raise RagError("; ".join(problems))
-        emb = self.embedder
+        emb = self.embedder_for(precision)
         with self._lock, self.db.conn:
             col = self._ensure(collection, emb, max_chars, overlap_chars)
         with self._lock:  # hold the index (the saved graph, if any) so changes update it in place
@@ -380,14 +440,31 @@ class RagStore:
         return rep
 
     def put_chunks(self, collection: str, source: str, chunks: Sequence[Any], vectors: np.ndarray,
-                   *, digest: str = "", size: int = 0) -> int:
+                   *, digest: str = "", size: int = 0, precision: str | None = None) -> int:
         """Store already-embedded chunks as the whole content of ``source`` (benchmarks, and
         importers that embed elsewhere); returns how many old chunks it replaced."""
         check_name(collection)
+        emb = self.embedder_for(self._precision_for(collection, precision))
         with self._lock, self.db.conn:
-            self._ensure(collection, self.embedder, MAX_CHARS, OVERLAP_CHARS)
+            self._ensure(collection, emb, MAX_CHARS, OVERLAP_CHARS)
         return self._replace(collection, source, digest, size, chunks,
                              np.asarray(vectors, np.float32))
+
+    def _precision_for(self, collection: str, asked: str | None) -> str:
+        """The precision to embed ``collection``'s new chunks with: its own when it exists
+        (``asked`` must then agree), else ``asked`` or the store's default."""
+        if asked is not None:
+            check_precision(asked)
+        with self._lock:
+            try:
+                have = self._collection(collection)["precision"]
+            except NoCollection:
+                return asked or self.precision
+        if asked is not None and asked != have:
+            raise RagError(f"collection {collection!r} is indexed with {have} embeddings, not "
+                           f"{asked}: one collection never mixes the two (add with "
+                           f"--precision {have}, or remove it first: meshd rag rm {collection})")
+        return str(have)
 
     def _ensure(self, name: str, emb: EmbedderLike, max_chars: int,
                 overlap_chars: int) -> dict[str, Any]:
@@ -396,7 +473,8 @@ class RagStore:
         except NoCollection:
             now = time.time()
             self.db.table("collections").insert({"name": name, "embedder": emb.identity,
-                                           "dim": int(emb.dim), "max_chars": max_chars,
+                                           "dim": int(emb.dim), "precision": _precision_of(emb),
+                                           "max_chars": max_chars,
                                            "overlap_chars": overlap_chars, "version": 0,
                                            "created": now, "updated": now})
             return self._collection(name)

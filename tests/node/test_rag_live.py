@@ -147,3 +147,23 @@ def test_a_changed_file_is_reindexed_and_its_old_chunks_are_gone(mesh: dict[str,
     for node in ("r1", "r2"):
         stats = ask(mesh, node, "Where does lava come from?", max_tokens=4)
         assert names(stats["sources"])[0] == "bees.md"
+
+
+def test_an_int8_collection_is_retrieved_with_the_int8_graph(mesh: dict[str, Any]) -> None:
+    # `meshd rag add --precision int8`: the daemon embeds the collection's questions with the
+    # int8 graph (with the float one, the store refuses: the embedder identities differ)
+    added = json.loads(meshd("rag", "add", "kb8", str(mesh["corpus"]), "--precision", "int8",
+                             "--config", mesh["cfg"], "--json", timeout=180).stdout)
+    assert added["files_added"] == 3
+    listing = json.loads(meshd("rag", "ls", "--config", mesh["cfg"], "--json").stdout)
+    assert {c["name"]: c["precision"] for c in listing} == {"kb": "fp32", "kb8": "int8"}
+    refused = meshd("rag", "add", "kb8", str(mesh["corpus"]), "--precision", "fp32",
+                    "--config", mesh["cfg"], check=False)
+    assert refused.returncode != 0 and "indexed with int8 embeddings, not fp32" in refused.stderr
+    wait_for(lambda: any(p["name"] == "r1" and "kb8" in p["collections"]
+                         for p in peers_of(sock(mesh["index"], "r2"))), 60, "r1 to advertise kb8")
+    for node in ("r1", "r2"):  # r2 retrieves on r1, over RAG_REQ
+        stats = ask(mesh, node, "Why does the sea go up and down every day?", rag="kb8",
+                    max_tokens=4)
+        assert stats["rag"]["collection"] == "kb8" and stats["rag"]["retrieved_by"] == "r1"
+        assert names(stats["sources"])[0] == "tides.txt"
