@@ -16,6 +16,17 @@ It samples every node's queue once a second, the CPU the testnet uses, and at th
 60 s after the mesh formed) compares each node's Vivaldi estimate of its RTT to every peer with
 the scenario's configured RTT. One table per run, the command line in its header; ``--out``
 also writes every figure as JSON. A full run takes ~8 minutes, ``--quick`` ~4.
+
+``--rates 0.5,1,2`` offers absolute requests/s instead of fractions of the measured capacity.
+``--compare-batching`` (with ``--rates``) runs the whole benchmark twice on the same scenario,
+once with every daemon at ``[engine] batching = false`` and ``--off-concurrency`` slots per model
+(2, the default before continuous batching) and once with batching on and ``--on-concurrency``
+(8, today's default), and prints, per strategy (default: meshd alone), the p95 TTFT of both at
+each rate side by side and the highest rate each sustains before its p95 reaches twice its p95 at
+the lowest rate (``meshd.testnet.sweep.sustained_rate``):
+
+    .venv/bin/python benchmarks/bench_testnet.py --compare-batching --rates 0.5,1,2,3,4,6 \
+        --duration 45 --out benchmarks/results-testnet-batching.json
 """
 
 from __future__ import annotations
@@ -55,6 +66,8 @@ from meshd.testnet.launcher import _alive, down  # noqa: E402
 from meshd.testnet.netem import percentile  # noqa: E402
 from meshd.testnet.scenario import Scenario, load_scenario  # noqa: E402
 from meshd.testnet.scenario_up import up_scenario  # noqa: E402
+from meshd.testnet.sweep import RatePoint, sustained_rate, with_batching  # noqa: E402
+from meshd.testnet.sweep import ratio as sweep_ratio  # noqa: E402
 
 PROMPTS = [
     "In the beginning", "And the LORD said unto Moses", "Blessed are the meek",
@@ -502,16 +515,17 @@ async def bench(args: argparse.Namespace, scenario: Scenario, index: dict[str, A
     measured, configured, slots = capacity(st, args.max_tokens, prompt_tokens, scenario)
     base = measured if measured > 0 else configured
     log(f"capacity measured {measured:.2f} rps, configured {configured:.2f} rps")
-    wait = t_mesh + VIVALDI_AFTER_S - time.monotonic()
+    wait = t_mesh + args.vivaldi_wait_s - time.monotonic()
     if wait > 0:
-        log(f"waiting {wait:.0f} s on the idle mesh so Vivaldi has had {VIVALDI_AFTER_S:.0f} s")
+        log(f"waiting {wait:.0f} s on the idle mesh so Vivaldi has had {args.vivaldi_wait_s:.0f} s")
         await trio.sleep(wait)
     viv = await vivaldi_errors(socks, scenario)
     viv["after_s"] = round(time.monotonic() - t_mesh, 1)
     log(f"Vivaldi on the idle mesh: median relative error {viv['median_rel_error_pct']}%")
     loads = []
-    for li, load in enumerate(args.loads):
-        rate = load * base
+    levels = ([(r, r / base if base > 0 else 0.0) for r in args.rates] if args.rates
+              else [(load * base, load) for load in args.loads])
+    for li, (rate, load) in enumerate(levels):
         duration = args.requests / rate if args.requests else args.duration
         per_seed: list[list[dict[str, Any]]] = []
         for seed in args.seeds:
@@ -573,7 +587,7 @@ def best_other(by: dict[str, dict[str, Any]], q: int) -> tuple[str, float]:
 def report_load(args: argparse.Namespace, scenario: Scenario, out: dict[str, Any], at: dict[str, Any]) -> list[str]:
     runs = at["runs"]
     lines = []
-    lines.append(f"offered load: {at['offered_rps']} requests/s = {at['load']:.0%} of measured capacity "
+    lines.append(f"{out.get('label', '')}offered load: {at['offered_rps']} requests/s = {at['load']:.0%} of measured capacity "
                  f"{out['capacity_measured_rps']} rps (configured caps: {out['capacity_configured_rps']} rps); "
                  f"{at['requests_per_strategy']} requests per strategy and seed over {at['duration_s']:.0f} s, "
                  f"seeds {', '.join(map(str, at['seeds']))}, "
@@ -656,12 +670,102 @@ def report_vivaldi(out: dict[str, Any]) -> list[str]:
     return lines
 
 
+def compare_batching(outs: dict[str, dict[str, Any]], strategies: list[str]) -> dict[str, Any]:
+    """Per strategy: each rate's p95 TTFT with batching off and on, and each side's highest rate
+    sustained before its p95 doubles."""
+    out: dict[str, Any] = {}
+    for strategy in strategies:
+        per: dict[str, list[RatePoint]] = {}
+        for side, o in outs.items():
+            pts = []
+            for at in o["loads"]:
+                r = next((x for x in at["runs"] if x["strategy"] == strategy), None)
+                if r is None:
+                    continue
+                p95 = r["ttft_ms"][95] if r["completed"] else None
+                pts.append(RatePoint(at["offered_rps"], p95, r["failed"] / max(r["submitted"], 1)))
+            per[side] = pts
+        rows = []
+        for off, on in zip(per["off"], per["on"], strict=True):
+            rows.append({"rate_rps": off.rate_rps, "p95_off_ms": off.p95_ms, "p95_on_ms": on.p95_ms,
+                         "failed_off": round(off.failed_share, 3), "failed_on": round(on.failed_share, 3),
+                         "on_over_off": sweep_ratio(on.p95_ms, off.p95_ms)})
+        sustained = {side: sustained_rate(pts) for side, pts in per.items()}
+        out[strategy] = {"rates": rows,
+                         "sustained_rps": {k: v[0] for k, v in sustained.items()},
+                         "sustained_why": {k: v[1] for k, v in sustained.items()}}
+    return out
+
+
+def report_comparison(args: argparse.Namespace, cmp: dict[str, Any]) -> str:
+    lines = [f"batching off ({args.off_concurrency} slots per model, each request its own decode loop) "
+             f"vs on ({args.on_concurrency} slots, continuous batching), same scenario and arrivals:"]
+    for strategy, c in cmp.items():
+        rows = [[f"{r['rate_rps']:g}",
+                 "-" if r["p95_off_ms"] is None else f"{r['p95_off_ms']:.0f}",
+                 "-" if r["p95_on_ms"] is None else f"{r['p95_on_ms']:.0f}",
+                 "-" if r["on_over_off"] is None else f"{r['on_over_off']:.2f}",
+                 f"{100 * r['failed_off']:.0f}% / {100 * r['failed_on']:.0f}%"] for r in c["rates"]]
+        lines.append("")
+        lines.append(f"strategy {strategy}:")
+        lines.append(fmt_table(rows, ["offered rps", "TTFT p95 off", "p95 on", "on / off",
+                                      "failed off / on"]))
+        for side in ("off", "on"):
+            rate = c["sustained_rps"][side]
+            lines.append(f"sustained before p95 TTFT doubles, batching {side}: "
+                         f"{'none' if rate is None else f'{rate:g} rps'} ({c['sustained_why'][side]})")
+        off, on = c["sustained_rps"]["off"], c["sustained_rps"]["on"]
+        if off and on:
+            lines.append(f"sustained rate on / off: {on / off:.2f}x")
+    return "\n".join(lines)
+
+
+def run_mesh(args: argparse.Namespace, scenario: Scenario, directory: Path, label: str = "") -> dict[str, Any]:
+    """Start the scenario in ``directory``, run the benchmark on it, stop it; its figures."""
+    t_start = time.monotonic()
+    log(f"starting {scenario.name} in {directory}")
+    index = up_scenario(directory, scenario, isolation=args.isolation)
+    t_mesh = time.monotonic()
+    net = index.get("network") or {}
+    if net.get("mode") == "netns":
+        net_line = "network: one namespace per node, links emulated in user space (delay, jitter, loss)"
+    else:
+        net_line = f"network: LOOPBACK WITHOUT LATENCY EMULATION ({net.get('reason')}): RTTs are not the scenario's"
+    print(f"# {label}{net_line}; mesh formed in {t_mesh - t_start:.1f} s", flush=True)
+    try:
+        probes = probe_links(index, scenario)
+        out = trio.run(bench, args, scenario, index, t_mesh)
+        out["probes"] = probes
+        stats = net.get("stats")
+        if stats and Path(stats).exists():
+            out["forwarder"] = json.loads(Path(stats).read_text())
+    finally:
+        log("stopping the testnet")
+        down(directory)
+    out["network"] = net_line
+    out["label"] = label
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    out["wall_s"] = round(time.monotonic() - t_start, 1)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", default=str(ROOT / "testnet" / "regions-12.toml"))
     p.add_argument("--quick", action="store_true", help="20 s per strategy instead of 45")
     p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per strategy")
     p.add_argument("--load", default="0.7", help="offered load(s) as a fraction of capacity, e.g. 0.4,0.7,0.9")
+    p.add_argument("--rates", default=None,
+                   help="offered loads as absolute requests/s, e.g. 0.5,1,2,4 (instead of --load; the "
+                        "same for every mesh, as --compare-batching needs)")
+    p.add_argument("--compare-batching", action="store_true",
+                   help="run everything twice, [engine] batching off (--off-concurrency slots) and on "
+                        "(--on-concurrency slots), and compare p95 TTFT per rate and the rate each "
+                        "sustains before p95 doubles; needs --rates")
+    p.add_argument("--off-concurrency", type=int, default=2,
+                   help="max_concurrency per model with batching off (2: the default before batching)")
+    p.add_argument("--on-concurrency", type=int, default=8,
+                   help="max_concurrency per model with batching on (8: today's default)")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--entries", type=int, default=6, help="entry nodes, spread over the regions")
     p.add_argument("--seed", type=int, default=1, help="arrival seed (one run per strategy)")
@@ -672,7 +776,10 @@ def main() -> int:
                    help="requests per strategy and seed (sets the duration from the offered rate)")
     p.add_argument("--slowest", type=int, default=5,
                    help="keep the explain records of meshd's N slowest requests per seed in the JSON")
-    p.add_argument("--strategies", default=",".join(BASELINE_STRATEGIES))
+    p.add_argument("--strategies", default=None,
+                   help=f"default: {','.join(BASELINE_STRATEGIES)}; meshd alone with --compare-batching")
+    p.add_argument("--vivaldi-wait-s", type=float, default=VIVALDI_AFTER_S,
+                   help="wait on the idle mesh until it is this old before measuring Vivaldi and the loads")
     p.add_argument("--isolation", default="auto", choices=("auto", "netns", "loopback"))
     p.add_argument("--dir", help="testnet directory (default: a fresh temporary one)")
     p.add_argument("--out", help="write every figure to this JSON file")
@@ -685,11 +792,23 @@ def main() -> int:
     if not args.loads or not all(0.0 < x <= 2.0 for x in args.loads):
         p.error("--load: each load must be above 0 and at most 2")
     try:
+        args.rates = sorted(float(x) for x in args.rates.split(",") if x.strip()) if args.rates else []
+    except ValueError:
+        p.error(f"--rates: not a list of numbers: {args.rates!r}")
+    if not all(x > 0 for x in args.rates):
+        p.error("--rates: each rate must be above 0")
+    if args.compare_batching and len(args.rates) < 2:
+        p.error("--compare-batching needs --rates with at least two rates (the meshes' capacities differ)")
+    if args.off_concurrency < 1 or args.on_concurrency < 1:
+        p.error("--off-concurrency and --on-concurrency: at least 1")
+    try:
         args.seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else [args.seed]
     except ValueError:
         p.error(f"--seeds: not a list of integers: {args.seeds!r}")
     if args.requests is not None and args.requests < 20:
         p.error("--requests: at least 20")
+    if args.strategies is None:
+        args.strategies = "meshd" if args.compare_batching else ",".join(BASELINE_STRATEGIES)
     args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for s in args.strategies:
         if s not in STRATEGIES:
@@ -699,7 +818,7 @@ def main() -> int:
         "# bench_testnet: " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
         f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  {platform.node()}  {os.cpu_count()} CPUs  "
         f"python {platform.python_version()}  scenario {scenario.name} ({len(scenario.nodes)} nodes, "
-        f"{len(scenario.regions)} regions)",
+        f"{len(scenario.regions)} regions); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
     ]
     print("\n".join(header), flush=True)
     directory = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-testnet-"))
@@ -709,30 +828,25 @@ def main() -> int:
         raise KeyboardInterrupt  # so that `finally` stops the testnet
 
     signal.signal(signal.SIGTERM, on_term)
-    log(f"starting {scenario.name} in {directory}")
-    index = up_scenario(directory, scenario, isolation=args.isolation)
-    t_mesh = time.monotonic()
-    net = index.get("network") or {}
-    if net.get("mode") == "netns":
-        net_line = "network: one namespace per node, links emulated in user space (delay, jitter, loss)"
+    if not args.compare_batching:
+        out = run_mesh(args, scenario, directory)
+        print(report(args, scenario, out))
     else:
-        net_line = f"network: LOOPBACK WITHOUT LATENCY EMULATION ({net.get('reason')}): RTTs are not the scenario's"
-    print(f"# {net_line}; mesh formed in {t_mesh - t_start:.1f} s", flush=True)
-    try:
-        probes = probe_links(index, scenario)
-        out = trio.run(bench, args, scenario, index, t_mesh)
-        out["probes"] = probes
-        stats = net.get("stats")
-        if stats and Path(stats).exists():
-            out["forwarder"] = json.loads(Path(stats).read_text())
-    finally:
-        log("stopping the testnet")
-        down(directory)
+        sides = {"off": (False, args.off_concurrency), "on": (True, args.on_concurrency)}
+        outs = {}
+        for side, (batching, slots) in sides.items():
+            label = f"batching {side}, {slots} slots: "
+            outs[side] = run_mesh(args, with_batching(scenario, batching, slots), directory / side, label)
+            print(report(args, scenario, outs[side]), flush=True)
+            print(flush=True)
+        cmp = compare_batching(outs, args.strategies)
+        print(report_comparison(args, cmp))
+        out = {"compare_batching": cmp, "batching_off": outs["off"], "batching_on": outs["on"],
+               "off_concurrency": args.off_concurrency, "on_concurrency": args.on_concurrency}
     out["command"] = header[0][len("# bench_testnet: "):]
-    out["network"] = net_line
     out["wall_s"] = round(time.monotonic() - t_start, 1)
-    print(report(args, scenario, out))
-    print(f"# wall time {out['wall_s']} s; daemon and emulator logs in {directory}")
+    print(f"# wall time {out['wall_s']} s; load average now "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}; daemon and emulator logs in {directory}")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2))
     return 0

@@ -132,6 +132,10 @@ class EngineConfig:
     providers: str = "auto"  # "auto", "cpu", "cuda", "tensorrt"
     threads: int = 0  # onnxruntime intra-op threads; 0 lets it choose
     workers: int = 2  # onnxruntime calls at once
+    # decode a whole local model's requests together, one onnxruntime call per step (the batch
+    # scheduler, docs/engine.md); false: each request runs its own one-sequence loop, at most
+    # `workers` onnxruntime calls at once (how nodes ran before batching; for comparisons)
+    batching: bool = True
 
 
 @dataclass(frozen=True)
@@ -360,6 +364,10 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[routing] tokenizer_wait_s", "must be >= 0")
     if cfg.engine.providers not in ("auto", "cpu", "cuda", "tensorrt"):
         raise bad("[engine] providers", "must be auto, cpu, cuda or tensorrt")
+    if cfg.engine.workers < 1:
+        raise bad("[engine] workers", "must be >= 1")
+    if cfg.engine.threads < 0:
+        raise bad("[engine] threads", "must be >= 0 (0 = onnxruntime chooses)")
     c = cfg.cache
     if c.max_entries < 1 or c.max_size_mb <= 0 or c.ttl_s <= 0:
         raise bad("[cache]", "max_entries must be >= 1, max_size_mb and ttl_s > 0")

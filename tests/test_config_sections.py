@@ -28,3 +28,29 @@ def test_every_section_reads_from_a_file(tmp_path: Path) -> None:
     for name in _SECTIONS:
         if name != "models":
             assert getattr(cfg, name) == _SECTIONS[name]()
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("", True),  # on by default
+    ("[engine]\nbatching = false\n", False),
+    ("[engine]\nbatching = true\n", True),
+])
+def test_engine_batching_switch(tmp_path: Path, text: str, want: bool) -> None:
+    f = tmp_path / "meshd.toml"
+    f.write_text(text)
+    assert load_config(f).engine.batching is want
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[engine]\nbatching = "no"\n', "[engine].batching must be true or false"),
+    ("[engine]\nbatching = 0\n", "[engine].batching must be true or false"),
+    ("[engine]\nworkers = 0\n", "[engine] workers must be >= 1"),
+])
+def test_engine_keys_are_checked(tmp_path: Path, text: str, message: str) -> None:
+    from meshd.errors import ConfigError
+
+    f = tmp_path / "meshd.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
+        load_config(f)
+    assert "\n" not in str(err.value) and str(f) in str(err.value)

@@ -129,7 +129,8 @@ def _ewma(old: float, new: float) -> float:
 
 
 class Runner:
-    def __init__(self) -> None:
+    def __init__(self, *, batching: bool = True) -> None:
+        self.batching = batching  # [engine] batching: start the local models' batch schedulers
         self.models: dict[str, Served] = {}
         self.changed = trio.Event()  # set when queue figures move (for early adverts)
 
@@ -158,10 +159,14 @@ class Runner:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Run the batch scheduler of every local whole model (meshd.engine.scheduler): while
         it runs, the model's generations decode together, one onnxruntime call per step. A
-        model swapped in later (autoplace) gets its scheduler when the runner is poked."""
+        model swapped in later (autoplace) gets its scheduler when the runner is poked. With
+        ``batching`` off it starts none: each request runs its own one-sequence loop."""
         started: set[int] = set()
         async with trio.open_nursery() as nursery:
             task_status.started()
+            if not self.batching:
+                log.info("batching off: each request runs its own decode loop")
+                return
             while True:
                 changed = self.changed
                 for s in list(self.models.values()):

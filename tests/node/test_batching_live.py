@@ -86,3 +86,27 @@ def test_eight_api_streams_decode_in_one_batch_as_if_alone(mesh: dict[str, Any])
     m = wait_for(advertised, 30, "n1's advert to carry its batch capacity")
     assert m["batch"] >= 8
     assert len(m["batch_tps"]) >= 4 and m["batch_tps"][0] > 0  # measured at 1, 2, 4, 8
+
+
+def test_a_node_with_batching_off_serves_each_request_in_its_own_loop(
+        mesh: dict[str, Any], tmp_path: Path) -> None:
+    """``[engine] batching = false``: no batch scheduler runs, and a request is served by the
+    one-sequence loop with the same tokens as the batching node gives."""
+    import trio
+
+    from meshd.testnet.drive import stream
+
+    fields = {"prompt": "And it came to pass", "max_tokens": 12, "temperature": 0.0,
+              "cache": False}
+    index = up(tmp_path / "net", [NodeSpec(name="solo", extra={"engine": {"batching": False}})],
+               advert_interval_s=1.0)
+    try:
+        solo = index["nodes"][0]
+        got = trio.run(stream, solo["socket"], {**fields, "rid": "off-1"})
+        model = next(m for m in _status(solo)["models"] if m["model"] == "tiny-en")
+    finally:
+        down(tmp_path / "net")
+    assert got["served"] and got["ids"]
+    assert model["served"] == 1 and "batch" not in model  # served, and no scheduler ran
+    want = trio.run(stream, mesh["nodes"][0]["socket"], {**fields, "rid": "on-1"})
+    assert got["ids"] == want["ids"]
