@@ -25,8 +25,11 @@ once with every daemon at ``[engine] batching = false`` and ``--off-concurrency`
 each rate side by side and the highest rate each sustains before its p95 reaches twice its p95 at
 the lowest rate (``meshd.testnet.sweep.sustained_rate``):
 
-    .venv/bin/python benchmarks/bench_testnet.py --compare-batching --rates 0.5,1,2,3,4,6 \
+    .venv/bin/python benchmarks/bench_testnet.py --compare-batching --rates 1,2,4,6,8,10,12,16,20 \
         --duration 45 --out benchmarks/results-testnet-batching.json
+
+Each mesh stops its sweep at the first rate where the p95 of every strategy has doubled (or more
+than 1% of its requests failed); ``--full-sweep`` runs every rate.
 """
 
 from __future__ import annotations
@@ -554,9 +557,16 @@ async def bench(args: argparse.Namespace, scenario: Scenario, index: dict[str, A
         loads.append({"load": load, "offered_rps": round(rate, 3), "duration_s": round(duration, 1),
                       "requests_per_strategy": sum(r["submitted"] for r in per_seed[0]) // len(per_seed[0]),
                       "seeds": list(args.seeds), "runs": pooled(per_seed), "per_seed": strip(per_seed)})
+        if args.rates and not args.full_sweep and li + 1 < len(levels):
+            stopped = [sustained_rate(rate_points(loads, st))[0] for st in args.strategies]
+            if all(x is None or x < rate for x in stopped):
+                log(f"every strategy's p95 TTFT has doubled (or requests failed) at {rate:g} rps: "
+                    f"the higher rates are not run (--full-sweep runs them)")
+                break
     viv_load = await vivaldi_errors(socks, scenario)
     viv_load["after_s"] = round(time.monotonic() - t_mesh, 1)
-    return {"loads": loads, "runs": loads[-1]["runs"], "vivaldi": viv, "vivaldi_after_load": viv_load,
+    batched = sum(1 for x in st.values() if x and any("batch" in m for m in x["data"]["models"]))
+    return {"loads": loads, "runs": loads[-1]["runs"], "batch_schedulers": batched, "vivaldi": viv, "vivaldi_after_load": viv_load,
             "idle_testnet_cores": round(idle_cores, 2),
             "idle_machine_cores": round(machine_cores, 2), "capacity_measured_rps": round(measured, 3),
             "capacity_configured_rps": round(configured, 3), "entries": entries,
@@ -670,27 +680,35 @@ def report_vivaldi(out: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rate_points(loads: list[dict[str, Any]], strategy: str) -> list[RatePoint]:
+    """One strategy's outcome at each offered rate run so far (pooled over the seeds)."""
+    pts = []
+    for at in loads:
+        r = next((x for x in at["runs"] if x["strategy"] == strategy), None)
+        if r is not None:
+            p95 = r["ttft_ms"][95] if r["completed"] else None
+            pts.append(RatePoint(at["offered_rps"], p95, r["failed"] / max(r["submitted"], 1)))
+    return pts
+
+
 def compare_batching(outs: dict[str, dict[str, Any]], strategies: list[str]) -> dict[str, Any]:
     """Per strategy: each rate's p95 TTFT with batching off and on, and each side's highest rate
-    sustained before its p95 doubles."""
+    sustained before its p95 doubles. A rate one side did not run (it had doubled below it)
+    shows None there."""
     out: dict[str, Any] = {}
     for strategy in strategies:
-        per: dict[str, list[RatePoint]] = {}
-        for side, o in outs.items():
-            pts = []
-            for at in o["loads"]:
-                r = next((x for x in at["runs"] if x["strategy"] == strategy), None)
-                if r is None:
-                    continue
-                p95 = r["ttft_ms"][95] if r["completed"] else None
-                pts.append(RatePoint(at["offered_rps"], p95, r["failed"] / max(r["submitted"], 1)))
-            per[side] = pts
+        per = {side: {p.rate_rps: p for p in rate_points(o["loads"], strategy)}
+               for side, o in outs.items()}
         rows = []
-        for off, on in zip(per["off"], per["on"], strict=True):
-            rows.append({"rate_rps": off.rate_rps, "p95_off_ms": off.p95_ms, "p95_on_ms": on.p95_ms,
-                         "failed_off": round(off.failed_share, 3), "failed_on": round(on.failed_share, 3),
-                         "on_over_off": sweep_ratio(on.p95_ms, off.p95_ms)})
-        sustained = {side: sustained_rate(pts) for side, pts in per.items()}
+        for rate in sorted(set(per["off"]) | set(per["on"])):
+            off, on = per["off"].get(rate), per["on"].get(rate)
+            rows.append({"rate_rps": rate, "p95_off_ms": off.p95_ms if off else None,
+                         "p95_on_ms": on.p95_ms if on else None,
+                         "failed_off": round(off.failed_share, 3) if off else None,
+                         "failed_on": round(on.failed_share, 3) if on else None,
+                         "on_over_off": sweep_ratio(on.p95_ms if on else None,
+                                                    off.p95_ms if off else None)})
+        sustained = {side: sustained_rate(list(pts.values())) for side, pts in per.items()}
         out[strategy] = {"rates": rows,
                          "sustained_rps": {k: v[0] for k, v in sustained.items()},
                          "sustained_why": {k: v[1] for k, v in sustained.items()}}
@@ -699,13 +717,17 @@ def compare_batching(outs: dict[str, dict[str, Any]], strategies: list[str]) -> 
 
 def report_comparison(args: argparse.Namespace, cmp: dict[str, Any]) -> str:
     lines = [f"batching off ({args.off_concurrency} slots per model, each request its own decode loop) "
-             f"vs on ({args.on_concurrency} slots, continuous batching), same scenario and arrivals:"]
+             f"vs on ({args.on_concurrency} slots, continuous batching), same scenario and arrivals "
+             f"(nodes running a batch scheduler: off {cmp['_nodes']['off']}, on {cmp['_nodes']['on']}):"]
     for strategy, c in cmp.items():
+        if strategy.startswith("_"):
+            continue
         rows = [[f"{r['rate_rps']:g}",
                  "-" if r["p95_off_ms"] is None else f"{r['p95_off_ms']:.0f}",
                  "-" if r["p95_on_ms"] is None else f"{r['p95_on_ms']:.0f}",
                  "-" if r["on_over_off"] is None else f"{r['on_over_off']:.2f}",
-                 f"{100 * r['failed_off']:.0f}% / {100 * r['failed_on']:.0f}%"] for r in c["rates"]]
+                 " / ".join("not run" if f is None else f"{100 * f:.0f}%"
+                            for f in (r["failed_off"], r["failed_on"]))] for r in c["rates"]]
         lines.append("")
         lines.append(f"strategy {strategy}:")
         lines.append(fmt_table(rows, ["offered rps", "TTFT p95 off", "p95 on", "on / off",
@@ -716,7 +738,10 @@ def report_comparison(args: argparse.Namespace, cmp: dict[str, Any]) -> str:
                          f"{'none' if rate is None else f'{rate:g} rps'} ({c['sustained_why'][side]})")
         off, on = c["sustained_rps"]["off"], c["sustained_rps"]["on"]
         if off and on:
-            lines.append(f"sustained rate on / off: {on / off:.2f}x")
+            open_ended = [side for side in ("off", "on") if "lower bound" in c["sustained_why"][side]]
+            note = (f" (only a bound: the sweep did not reach the limit with batching "
+                    f"{' and '.join(open_ended)})" if open_ended else "")
+            lines.append(f"sustained rate on / off: {on / off:.2f}x{note}")
     return "\n".join(lines)
 
 
@@ -762,6 +787,9 @@ def main() -> int:
                    help="run everything twice, [engine] batching off (--off-concurrency slots) and on "
                         "(--on-concurrency slots), and compare p95 TTFT per rate and the rate each "
                         "sustains before p95 doubles; needs --rates")
+    p.add_argument("--full-sweep", action="store_true",
+                   help="with --rates: run every rate, even above the one where every strategy's p95 "
+                        "TTFT had doubled (by default the sweep stops there)")
     p.add_argument("--off-concurrency", type=int, default=2,
                    help="max_concurrency per model with batching off (2: the default before batching)")
     p.add_argument("--on-concurrency", type=int, default=8,
@@ -840,6 +868,7 @@ def main() -> int:
             print(report(args, scenario, outs[side]), flush=True)
             print(flush=True)
         cmp = compare_batching(outs, args.strategies)
+        cmp["_nodes"] = {side: f"{o['batch_schedulers']}/{len(scenario.nodes)}" for side, o in outs.items()}
         print(report_comparison(args, cmp))
         out = {"compare_batching": cmp, "batching_off": outs["off"], "batching_on": outs["on"],
                "off_concurrency": args.off_concurrency, "on_concurrency": args.on_concurrency}
