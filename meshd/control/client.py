@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -74,14 +74,18 @@ async def call(explicit: str | None, mtype: MessageType, fields: dict[str, Any])
 
 
 async def submit_events(
-    explicit: str | None, fields: dict[str, Any], *, recv_timeout_s: float | None = None
+    explicit: str | None, fields: dict[str, Any], *, recv_timeout_s: float | None = None,
+    on_sent: Callable[[], None] | None = None,
 ) -> AsyncGenerator[Message, None]:
     """Submit a request and yield its ROUTE and TOKENS frames, then its DONE frame (last).
 
     An ERROR frame raises ``RemoteError``; the daemon closing the socket mid-request raises
-    ``PeerGoneError``; ``recv_timeout_s`` bounds the wait for each frame.
+    ``PeerGoneError``; ``recv_timeout_s`` bounds the wait for each frame. ``on_sent`` is called
+    once the connection is open and the SUBMIT frame is about to leave (benchmarks time from it).
     """
     async with connect(explicit) as framed:
+        if on_sent is not None:
+            on_sent()
         await framed.send(MessageType.SUBMIT, fields)
         while True:
             with trio.fail_after(recv_timeout_s if recv_timeout_s is not None else float("inf")):

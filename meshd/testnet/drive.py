@@ -57,11 +57,14 @@ def peers_of(sock: str) -> list[dict[str, Any]]:
 
 async def stream(sock: str, fields: dict[str, Any], on_first: Any = None) -> dict[str, Any]:
     """Submit ``fields`` through a control socket and collect the answer: token ``ids``, the
-    nodes that ``served`` it (one per ROUTE frame), the DONE frame's ``stats`` and when it came
-    (``done_at``, time.monotonic); ``on_first(served_by)`` is called at the first tokens."""
+    nodes that ``served`` it (one per ROUTE frame), the DONE frame's ``stats``, when it came
+    (``done_at``, time.monotonic) and when the SUBMIT frame left on the open connection
+    (``sent_at``); ``on_first(served_by)`` is called at the first tokens."""
     ids: list[int] = []
     routes: list[str] = []
-    async with aclosing(submit_events(sock, fields, recv_timeout_s=60)) as events:
+    sent: list[float] = []
+    async with aclosing(submit_events(sock, fields, recv_timeout_s=60,
+                                      on_sent=lambda: sent.append(time.monotonic()))) as events:
         async for msg in events:
             if msg["t"] == MessageType.ROUTE:
                 routes.append(msg["served_by"])
@@ -71,7 +74,7 @@ async def stream(sock: str, fields: dict[str, Any], on_first: Any = None) -> dic
                 ids.extend(msg["ids"])
             elif msg["t"] == MessageType.DONE:
                 return {"ids": ids, "served": routes, "stats": msg["stats"],
-                        "done_at": time.monotonic()}
+                        "done_at": time.monotonic(), "sent_at": sent[0]}
     raise AssertionError("the request ended without a DONE frame")
 
 
