@@ -133,6 +133,45 @@ def open_fds(pid: int) -> int | None:
         return None
 
 
+def unix_socket_paths() -> dict[str, tuple[str, str]]:
+    """Every unix socket of this network namespace: inode -> (flags, path). An accepted
+    connection shows the path of the socket it was accepted on; a listening one has flag
+    ``00010000`` (__SO_ACCEPTCON)."""
+    out: dict[str, tuple[str, str]] = {}
+    try:
+        with open("/proc/net/unix") as f:
+            next(f)
+            for line in f:
+                x = line.split()
+                if len(x) >= 7:
+                    out[x[6]] = (x[3], x[7] if len(x) > 7 else "")
+    except OSError:
+        pass
+    return out
+
+
+def fd_census(pid: int, control_socket: str, unix: dict[str, tuple[str, str]]) -> tuple[int, int] | None:
+    """(open file descriptors, of which control-socket connections accepted from clients) of
+    daemon ``pid``; ``unix`` from ``unix_socket_paths()``. Each accepted connection is one
+    client's request in flight at this instant (closed when it is answered), so their number
+    follows the offered load; the rest are what the daemon itself holds."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    accepted = 0
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            flags, path = unix.get(link[8:-1], ("", ""))
+            if path == control_socket and flags != "00010000":
+                accepted += 1
+    return len(fds), accepted
+
+
 def percentile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     if not s:
