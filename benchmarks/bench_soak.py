@@ -3,7 +3,7 @@ daemon's memory and open file descriptors.
 
     .venv/bin/python benchmarks/bench_soak.py [--nodes 5] [--duration 600] [--load 0.6]
         [--cap 10] [--max-tokens 16] [--sample-every 10] [--seed 1]
-        [--out soak.json] [--plot docs/img/soak.png] [--memtrace DIR]
+        [--out soak.json] [--plot docs/img/soak.png] [--memtrace DIR] [--census DIR]
 
 It starts ``--nodes`` daemons on loopback (``meshd.testnet.launcher``, the shipped model, each
 node capped at ``--cap`` decode tokens/s with 2 slots, so the mesh's capacity is
@@ -23,6 +23,12 @@ JSON and plots them.
 starts every daemon with tracemalloc (benchmarks/memtrace/sitecustomize.py), snapshots each one
 at the end of the first minute and at the end of the run, and prints the source lines whose
 live memory grew most in between, summed over the daemons.
+
+``--census DIR`` (cheap enough for runs of an hour: no allocation hook) has every daemon write,
+each ``--census-every`` seconds, its RSS, glibc's heap in use, SQLite's heap, pymalloc's blocks,
+its live objects per type and its largest containers with their owners (Class.attribute); the
+summary prints what grew between the first minute and the end. A structure that keeps growing
+shows by its length; a cache shows by stopping at its bound.
 """
 
 from __future__ import annotations
@@ -107,8 +113,8 @@ async def census_loop(pids: dict[str, int], every_s: float, stop: trio.Event) ->
 def census_report(directory: Path, pids: dict[str, int]) -> list[str]:
     """Each daemon's census at the end of the first minute against its last: RSS, glibc's heap in
     use, pymalloc's blocks, gc objects, the types and the containers that grew most."""
-    lines = ["census (first minute -> end): RSS MiB, glibc heap in use MiB, pymalloc blocks, "
-             "gc objects; types and containers that grew"]
+    lines = ["census (first minute -> end): RSS MiB, glibc heap in use MiB (of which SQLite's), "
+             "pymalloc blocks, gc objects; types and containers that grew"]
     for name, pid in pids.items():
         path = directory / f"{pid}-census.jsonl"
         if not path.exists():
@@ -121,7 +127,8 @@ def census_report(directory: Path, pids: dict[str, int]) -> list[str]:
         last = recs[-1]
         lines.append(
             f"{name}: RSS {first['rss_kb'] / 1024:.1f} -> {last['rss_kb'] / 1024:.1f}; heap "
-            f"{first.get('heap_in_use', 0) / 2**20:.1f} -> {last.get('heap_in_use', 0) / 2**20:.1f}; "
+            f"{first.get('heap_in_use', 0) / 2**20:.1f} -> {last.get('heap_in_use', 0) / 2**20:.1f} "
+            f"({first.get('sqlite_memory', 0) / 2**20:.1f} -> {last.get('sqlite_memory', 0) / 2**20:.1f}); "
             f"blocks {first['pymalloc_blocks']} -> {last['pymalloc_blocks']}; objects "
             f"{first['gc_objects']} -> {last['gc_objects']} ({len(recs)} censuses)")
         grew = sorted(((last["types"].get(k, 0) - first["types"].get(k, 0), k)

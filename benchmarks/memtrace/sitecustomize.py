@@ -31,7 +31,7 @@ if _DIR:
 
 
 # --census: SIGUSR2 appends one line to $MESHD_MEMTRACE_CENSUS_DIR/<pid>-census.jsonl: RSS, glibc's
-# heap in use (mallinfo2), pymalloc's allocated blocks, the live objects per type and the largest
+# heap in use (mallinfo2), SQLite's heap, pymalloc's allocated blocks, the live objects per type and the largest
 # containers with what holds them. Cheap enough to take every minute of a long run (one walk over
 # the gc's objects, no allocation hook), so a structure that keeps growing shows by its length.
 _CENSUS = os.environ.get("MESHD_MEMTRACE_CENSUS_DIR")
@@ -58,6 +58,17 @@ if _CENSUS:
             return {"heap_in_use": m.uordblks, "heap_free": m.fordblks, "mmapped": m.hblkhd}
         except (OSError, AttributeError):
             return {}
+
+    def _sqlite_memory() -> dict:
+        """SQLite's own heap, all connections of the process (sqlite3_status64 MEMORY_USED)."""
+        try:
+            lib = ctypes.CDLL("libsqlite3.so.0")
+            cur, high = ctypes.c_int64(), ctypes.c_int64()
+            if lib.sqlite3_status64(0, ctypes.byref(cur), ctypes.byref(high), 0) == 0:
+                return {"sqlite_memory": cur.value}
+        except (OSError, AttributeError):
+            pass
+        return {}
 
     def _owner(obj) -> str:
         """Where a container hangs: Class.attribute, module.name, or a dict's key."""
@@ -105,7 +116,7 @@ if _CENSUS:
                 if line.startswith("VmRSS:"):
                     rss = int(line.split()[1])
         rec = {"t": time.time(), "rss_kb": rss, "pymalloc_blocks": sys.getallocatedblocks(),
-               "gc_objects": len(objs), **_mallinfo(),
+               "gc_objects": len(objs), **_mallinfo(), **_sqlite_memory(),
                "types": dict(kinds.most_common(40)),
                "attrs": {k: n for k, n in attrs.most_common(60) if n >= 50},
                "largest": [{"type": type(o).__name__, "len": len(o), "owner": _owner(o),
