@@ -16,6 +16,13 @@ peerstore update each time, ~0.5 ms), and our own record is looked up once per
 address list through multiaddr parsing, ~1 ms). The record only feeds the certified address
 book, which meshd does not use: peers are attested on connect.
 
+Memory: py-libp2p's ``GossipSub.publish`` appends the time of every message it publishes or
+forwards to ``recent_message_deliveries[topic]`` and trims that list only in the adaptive-gossip
+health check, which is off here; so the list grew by one float per advert for as long as the
+daemon ran (found by the soak: ~160 entries a minute at 5 nodes, linear over 30 minutes, and
+proportional to the mesh's advert rate). ``open_gossip`` gives the router lists that keep only
+their newest ``RECENT_DELIVERIES_MAX`` entries.
+
 ``on_heard(peer_id_base58)``, when set, is called whenever bytes arrive on a peer's gossip
 stream: the node counts them as a sign of life of that peer (no ping needed).
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -46,6 +54,7 @@ Validator = Callable[[str, bytes], bool]
 
 RECORD_CACHE_MAX = 4096  # (peer, record) pairs remembered per host
 RECORD_REUSE_S = 30.0  # our own signed record is rebuilt at most this often
+RECENT_DELIVERIES_MAX = 1024  # delivery times the router keeps per topic (see the docstring)
 _clock = time.monotonic
 
 
@@ -194,6 +203,22 @@ def _install_record_cache() -> None:
             mod.env_to_send_in_RPC = _own_record_reused  # type: ignore[attr-defined]
 
 
+class RecentTimes(list[float]):
+    """A list that keeps only its newest ``RECENT_DELIVERIES_MAX`` items as it is appended to
+    (still a list: the library's own trimming assigns to a slice of it)."""
+
+    def append(self, item: float) -> None:
+        super().append(item)
+        excess = len(self) - RECENT_DELIVERIES_MAX
+        if excess > 0:
+            del self[:excess]
+
+
+def bound_router_memory(router: GossipSub) -> None:
+    """Replace the router's per-topic delivery-time lists with bounded ones."""
+    router.recent_message_deliveries = defaultdict(RecentTimes)
+
+
 @asynccontextmanager
 async def open_gossip(
     host: Any,
@@ -212,6 +237,7 @@ async def open_gossip(
         eclipse_protection_enabled=False,
         adaptive_gossip_enabled=False,
     )
+    bound_router_memory(router)
     _install_record_cache()
     pubsub = Pubsub(host, router, strict_signing=True)
     gossip = Gossip(pubsub, router)
