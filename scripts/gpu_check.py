@@ -23,6 +23,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,16 @@ while time.time() < end:
         c = a @ b
     torch.cuda.synchronize()
 """
+
+
+def under_load(burn_s: float, every_s: float, sample: Callable[[], None]) -> None:
+    """Run the GPU load for ``burn_s`` seconds, calling ``sample`` every ``every_s`` meanwhile."""
+    burner = subprocess.Popen([sys.executable, "-c", BURN, str(burn_s)])
+    t_end = time.monotonic() + burn_s
+    while time.monotonic() < t_end and burner.poll() is None:
+        time.sleep(every_s)
+        sample()
+    burner.wait()
 
 
 def gpu_view(hw: Any) -> list[dict[str, Any]]:
@@ -67,12 +78,7 @@ def step_nvml(rec: dict[str, Any], burn_s: float) -> None:
     for _ in range(3):
         sample("idle")
         time.sleep(1)
-    burner = subprocess.Popen([sys.executable, "-c", BURN, str(burn_s)])
-    t_end = time.monotonic() + burn_s
-    while time.monotonic() < t_end and burner.poll() is None:
-        time.sleep(1)
-        sample("load")
-    burner.wait()
+    under_load(burn_s, 1.0, lambda: sample("load"))
     for _ in range(3):
         time.sleep(1)
         sample("after")
@@ -107,12 +113,7 @@ def step_testnet(rec: dict[str, Any], burn_s: float) -> None:
 
     try:
         view("idle")
-        burner = subprocess.Popen([sys.executable, "-c", BURN, str(burn_s)])
-        t_end = time.monotonic() + burn_s
-        while time.monotonic() < t_end and burner.poll() is None:
-            time.sleep(2)
-            view("load")
-        burner.wait()
+        under_load(burn_s, 2.0, lambda: view("load"))
         time.sleep(3)
         view("after")
         st = json.loads(meshd("status", "--json", "--socket", socks[0]).stdout)

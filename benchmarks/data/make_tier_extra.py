@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from make_tier_prompts import OUT as MAIN
-from make_tier_prompts import doc_passages, pick
+from make_tier_prompts import doc_passages, pick, write_jsonl
 
 OUT = Path(__file__).resolve().parent / "tier_prompts_extra.jsonl"
 PER_TEMPLATE = 16
@@ -83,10 +83,7 @@ def generate() -> list[dict[str, Any]]:
 
 def main() -> None:
     rows = generate()
-    with OUT.open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    n = {k: sum(1 for r in rows if r["label"] == k) for k in ("simple", "complex")}
+    n = write_jsonl(OUT, rows)
     print(f"wrote {OUT} rows={len(rows)} simple={n['simple']} complex={n['complex']} (all train)")
 
 

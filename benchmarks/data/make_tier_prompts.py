@@ -449,12 +449,17 @@ def generate() -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
-    rows = generate()
-    with OUT.open("w", encoding="utf-8") as f:
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Write ``rows`` one JSON object a line; returns the count of each label."""
+    with path.open("w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    n = {k: sum(1 for r in rows if r["label"] == k) for k in ("simple", "complex")}
+    return {k: sum(1 for r in rows if r["label"] == k) for k in ("simple", "complex")}
+
+
+def main() -> None:
+    rows = generate()
+    n = write_jsonl(OUT, rows)
     t = sum(1 for r in rows if r["split"] == "test")
     print(f"wrote {OUT} rows={len(rows)} simple={n['simple']} complex={n['complex']} test={t}")
 
