@@ -4,7 +4,7 @@ embedding model, loaded off the event loop at start, used from worker threads.
 The embedding model (about 90 MB, a few seconds of CPU) is loaded on the first request the cache
 could take part in, in a worker thread, so a node that never sees one stays light; until it is
 loaded (and for good, if the ``meshd[edge]`` extra is missing or the file cannot be opened)
-every lookup is a ``skip`` with the reason, said once in the log. ``lookup`` and ``insert`` run in worker threads
+every lookup is a ``skip`` with the reason, said once in the log. the semantic lookup (``start_lookup``) and ``insert`` run in worker threads
 (one at a time: the embedding takes most of a core). Inserting happens after the answer has
 gone to the client, in this service's own nursery, so it never delays a response; so does
 writing a hit's ``last_used`` and hit count (``SemanticCache.flush``): a hit reads SQLite and
@@ -99,14 +99,6 @@ class EdgeCache:
     def ready(self) -> bool:
         return self.cache is not None
 
-    async def lookup(self, req: Any) -> Any:
-        """``Lookup`` of ``req`` (a ``meshd.cache.CacheRequest``); None when the cache is off or
-        still loading (the first call starts the loading)."""
-        got = self.lookup_exact(req)
-        if got is not None or self.cache is None:
-            return got if got is not False else None
-        return await self._semantic(req)
-
     def lookup_exact(self, req: Any) -> Any:
         """On the event loop: the hit for the very same prompt (one indexed SQLite read, no
         thread hop: each can wait tens of ms for a core on a loaded box); None when the
@@ -194,7 +186,7 @@ class EdgeCache:
             log.exception("semantic cache insert failed")
 
     async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
-        """(model name, vectors, tokens read) with the cache's embedding model."""
+        """(model name, vectors, tokens read) with the float graph of the cache's embedding model."""
         from meshd.errors import ErrorCode, RemoteError
 
         if self.cache is None and self.state in ("idle", "loading"):
@@ -204,13 +196,12 @@ class EdgeCache:
                     await trio.sleep(0.05)
         if self.cache is None:
             raise RemoteError(f"this node has no embedding model: {self.reason}", ErrorCode.UNSUPPORTED)
-        def work() -> tuple[list[list[float]], int]:
+        def work() -> tuple[str, list[list[float]], int]:
             embedder = self.float_embedder()
             tokens = sum(len(ids) for ids in embedder.token_ids(texts))
-            return embedder.embed(texts).tolist(), tokens
+            return str(getattr(embedder, "name", "embedding")), embedder.embed(texts).tolist(), tokens
 
-        vectors, tokens = await trio.to_thread.run_sync(work, limiter=self._limiter)
-        return str(getattr(self.float_embedder(), "name", "embedding")), vectors, tokens
+        return await trio.to_thread.run_sync(work, limiter=self._limiter)
 
     def float_embedder(self) -> Any:
         """The float graph of the cache's embedding model (the cache's own embedder when that is
