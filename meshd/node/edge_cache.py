@@ -17,6 +17,7 @@ docs/cache.md); ``/v1/embeddings``, retrieval and the tier classifier use the fl
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ class EdgeCache:
         self._nursery: trio.Nursery | None = None
         self._flush_pending = False
         self._float: Any = None  # the float embedder, when the cache's is int8 (float_embedder)
+        self._float_lock = threading.Lock()  # worker threads of the API and of retrieval ask
         self.stats = {"hits": 0, "misses": 0, "skips": 0, "inserts": 0, "errors": 0}
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -206,14 +208,16 @@ class EdgeCache:
     def float_embedder(self) -> Any:
         """The float graph of the cache's embedding model (the cache's own embedder when that is
         float; else loaded once, in the calling thread). The API's ``/v1/embeddings`` answers
-        with it: its vectors keep the 1e-4 bound to the reference, the int8 ones do not."""
+        with it (its vectors keep the 1e-4 bound to the reference, the int8 ones do not), and
+        fp32 retrieval collections embed their questions with it (meshd.node.rag)."""
         emb = self.cache.embedder
         if getattr(emb, "precision", "fp32") == "fp32":
             return emb
-        if self._float is None:
-            from meshd.embed import load_embedder
+        with self._float_lock:
+            if self._float is None:
+                from meshd.embed import load_embedder
 
-            self._float = load_embedder()
+                self._float = load_embedder()
         return self._float
 
     async def clear(self) -> int:

@@ -125,6 +125,8 @@ class RagService:
         cache = self.edge_cache.cache if self.edge_cache is not None else None
         if cache is not None and getattr(cache.embedder, "precision", "fp32") == precision:
             return cache.embedder  # the cache's graph (int8 by default) serves int8 collections
+        if cache is not None and self.edge_cache is not None and precision == "fp32":
+            return self.edge_cache.float_embedder()  # the one /v1/embeddings answers with
         from meshd.embed import load_embedder
 
         return load_embedder(precision=precision)
