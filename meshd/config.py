@@ -42,6 +42,9 @@ class GossipConfig:
     advert_interval_s: float = 5.0  # periodic advert; also sent early on a significant change
     min_advert_gap_s: float = 1.0  # never two adverts closer than this
     expiry_intervals: float = 3.0  # a peer expires after this many silent advert intervals
+    # a linked peer of our cell whose adverts gossip has not brought for this many intervals is
+    # asked for its advert directly over the link (0: never); see docs/routing.md
+    pull_after_intervals: float = 2.0
     degree: int = 4  # gossipsub mesh degree D (low = D-1, high = D+2)
     heartbeat_interval_s: float = 1.0
     # liveness (meshd/node/liveness.py): any frame from a peer proves it alive; pings are only for
@@ -305,6 +308,8 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[gossip] advert_interval_s", "must be > 0")
     if g.expiry_intervals < 1:
         raise bad("[gossip] expiry_intervals", "must be >= 1")
+    if g.pull_after_intervals < 0:
+        raise bad("[gossip] pull_after_intervals", "must be >= 0 (0 turns pulls off)")
     if g.degree < 2:
         raise bad("[gossip] degree", "must be >= 2")
     for key in ("ping_interval_s", "busy_ping_after_s", "stall_timeout_s"):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import multiaddr
@@ -63,6 +63,10 @@ class LinkedMembership(Protocol):
 
     def accept_synced(self, items: list[Any]) -> int: ...
 
+    def pulls_due(self, now: float, linked: Sequence[str]) -> list[str]: ...
+
+    def accept_probed(self, peer_id: str, items: list[Any], *, pulled: bool = False) -> bool: ...
+
     def drop_peer(self, peer_id: str) -> bool: ...
 
     def on_rtt(self, peer_id: str, raw_ms: float) -> None: ...
@@ -82,7 +86,7 @@ class Links:
         self.liveness = Liveness(ping_interval_s=g.ping_interval_s, busy_silence_s=g.busy_ping_after_s,
                                  stall_timeout_s=g.stall_timeout_s, rng=rng)
         self.stats = {"dials": 0, "dial_failures": 0, "dials_yielded": 0, "channels_opened": 0,
-                      "stalls": 0, "pings": 0}
+                      "stalls": 0, "pings": 0, "pulls": 0, "pulls_answered": 0}
         # what a SYNC brought besides adverts (cells: the summaries the peer holds)
         self.on_sync_summaries: Callable[[list[Any]], None] | None = None
 
@@ -285,12 +289,23 @@ class Links:
                 # a task each: a write to a peer whose TCP window is full can block, and that
                 # must not hold up the other peers' pings (the unanswered ping stalls it)
                 self.nursery.start_soon(self._ping, ch)
+            linked = [p for p, ch in self.channels.items() if ch.alive]
+            for peer in self.membership.pulls_due(now, linked):
+                self.stats["pulls"] += 1
+                self.nursery.start_soon(self._pull, self.channels[peer])
 
     async def _ping(self, ch: PeerChannel) -> None:
         try:
             await ch.ping()
         except PeerGoneError as e:
             ch.close(f"ping failed: {e}")
+
+    async def _pull(self, ch: PeerChannel) -> None:
+        """Ask a linked peer whose adverts gossip stopped bringing for its advert, signed now
+        (the probe's SYNC_REQ ``fresh``); checked and taken like gossip."""
+        reply = await ch.sync_reply(DIAL_TIMEOUT_S, None, fresh=True)
+        if self.membership.accept_probed(ch.peer_id, reply.get("adverts") or [], pulled=True):
+            self.stats["pulls_answered"] += 1
 
     async def _sync(self, ch: PeerChannel) -> None:
         """Learn the mesh from a new link at once (a joining node need not wait an advert period)."""

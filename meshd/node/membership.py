@@ -18,6 +18,7 @@ links open a channel to a new peer; revocations re-gossip the list to a newcomer
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -114,6 +115,8 @@ class Membership:
         self.via: dict[str, str] = {}  # peer id -> "cell" or "probe": how its advert came
         self.probe_ttl_s = 3.0 * g.probe_interval_s
         self.table = PeerTable(self.peer_id, expiry_s=g.advert_interval_s * g.expiry_intervals)
+        self.pull_after_s = g.advert_interval_s * g.pull_after_intervals  # 0: never pull
+        self._pulled_at: dict[str, float] = {}
         self.checker = AdvertChecker(self.peer_id, identity.ca_public_key,
                                      clock_skew_s=attestor.clock_skew_s)
         self.coord = Coord.origin()
@@ -133,6 +136,7 @@ class Membership:
             "adverts_timed": 0,
             "adverts_synced": 0,
             "adverts_probed": 0,
+            "adverts_pulled": 0,
             "adverts_other_cell": 0,
         }
         self.rejections: dict[str, int] = {}
@@ -418,23 +422,56 @@ class Membership:
         self._own_signed = data
         return data
 
-    def accept_probed(self, peer_id: str, items: list[Any]) -> bool:
+    def accept_probed(self, peer_id: str, items: list[Any], *, pulled: bool = False) -> bool:
         """A probe's answer from ``peer_id``: its own fresh advert, checked like gossip (the
         author must be the peer asked). Taken into the table as a candidate of this node's
-        decisions until ``probe_ttl_s`` old; True if it was."""
+        decisions until ``probe_ttl_s`` old; True if it was. ``pulled``: the answer to a pull
+        (``pulls_due``), taken only from a member of this node's cell."""
         for data in items[:1]:
             claimed = read_claim(data)
             if isinstance(claimed, Rejected) or claimed.peer_id != peer_id or peer_id in self.revoked_peer_ids:
                 self.reject("bad_probe")
                 return False
             adv = self._validated.pop(data, None) if self._check(peer_id, data) else None
-            if adv is None:
+            if adv is None or (pulled and not self.same_cell(adv)):
                 return False
             via = "cell" if self.same_cell(adv) else "probe"
             if self._apply(adv, data, via):
-                self.stats["adverts_probed"] += 1
+                self.stats["adverts_pulled" if pulled else "adverts_probed"] += 1
                 return True
         return False
+
+    def pulls_due(self, now: float, linked: Sequence[str]) -> list[str]:
+        """The linked peers to ask for their advert now: members of this node's cell whose
+        adverts gossip has not brought for ``pull_after_s`` (or that the table lost while the
+        link stayed up), each at most once per ``pull_after_s``.
+
+        Gossip alone is not enough to keep a table: gossipsub can leave a node with an empty
+        mesh for a whole prune back-off (60 s in py-libp2p), and then the node hears nobody's
+        adverts and nobody hears its own, while every link is up (seen on the loaded testnet:
+        docs/routing.md). A pull over the link is one small round trip, and when gossip works
+        it never happens: adverts arrive every ``advert_interval_s``."""
+        if self.pull_after_s <= 0:
+            return []
+        due = []
+        for pid in linked:
+            e = self.table.get(pid)
+            if e is not None:
+                if self.via.get(pid) != "cell" or now - e.heard_at < self.pull_after_s:
+                    continue
+            else:
+                cert = self.attestor.certificate_of(pid)
+                if (cert is None or pid in self.revoked_peer_ids
+                        or self.cell_of(pid, dict(cert.labels)) != self.cell):
+                    continue
+            if now - self._pulled_at.get(pid, -math.inf) < self.pull_after_s:
+                continue
+            self._pulled_at[pid] = now
+            due.append(pid)
+        if len(self._pulled_at) > 4 * self.config.node.max_peers:  # forget departed peers
+            keep = set(linked)
+            self._pulled_at = {p: t for p, t in self._pulled_at.items() if p in keep}
+        return due
 
     def _expire_probed(self, now: float) -> None:
         for pid, via in list(self.via.items()):

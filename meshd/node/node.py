@@ -101,8 +101,8 @@ class Node:
                                     adverts=self.membership.signed_adverts,
                                     accept_adverts=self.membership.accept_synced,
                                     retrieve=self.rag.serve,
-                                    fresh_advert=self.membership.fresh_signed_advert
-                                    if self.cells is not None else None,
+                                    # probes (cells) and pulls (gossip fell silent)
+                                    fresh_advert=self.membership.fresh_signed_advert,
                                     summaries=self.cells.signed_summaries if self.cells is not None else None)
         self.stage_links = StageLinks(self, self.stage_server, self.membership.table)
         self.stage_server.links = self.stage_links

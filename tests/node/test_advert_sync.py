@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "keys"))
 
 from keys_helpers import new_ca  # noqa: E402
 
-from meshd.config import Config  # noqa: E402
+from meshd.config import Config, parse_config  # noqa: E402
 from meshd.net.attest import Attestor  # noqa: E402
 from meshd.node.membership import Membership  # noqa: E402
 from meshd.node.runner import Runner  # noqa: E402
@@ -103,5 +103,48 @@ def test_a_revoked_peers_held_advert_is_not_forwarded() -> None:
         me.attestor.revoke({peer.identity.certificate.serial})
         me.table.drop(peer.peer_id)  # what a revocation list in force does to the table
         assert me.validate(peer.peer_id, latest) is False
+
+    run(main)
+
+
+def test_a_linked_peer_that_gossip_stopped_bringing_is_pulled_once_per_period() -> None:
+    """Gossip can fall silent while links stay up (an empty gossipsub mesh for a prune back-off):
+    the peer is pulled over its link before it would expire, at most once per period, and its
+    fresh advert keeps it in the table; a peer heard recently is never pulled."""
+    async def main() -> None:
+        me, peer, other = nodes("me", "peer", "other")
+        assert me.accept_synced([peer.sign_advert(), other.sign_advert()]) == 2
+        now = trio.current_time()
+        linked = [peer.peer_id, other.peer_id]
+        after = me.pull_after_s
+        assert 0 < after < me.table.expiry_s  # pulled before it would expire
+        assert me.pulls_due(now + after / 2, linked) == []  # heard recently: gossip works
+        me.table.get(other.peer_id).heard_at = now + after  # type: ignore[union-attr]
+        due = me.pulls_due(now + after + 0.1, linked)
+        assert due == [peer.peer_id]
+        assert me.pulls_due(now + after + 0.2, linked) == []  # once per period
+        # the answer: the peer's advert signed now, checked and taken like gossip
+        assert me.accept_probed(peer.peer_id, [peer.fresh_signed_advert()], pulled=True)
+        assert me.stats["adverts_pulled"] == 1 and me.stats["adverts_probed"] == 0
+        assert me.via[peer.peer_id] == "cell"
+        assert me.table.expire(trio.current_time() + me.table.expiry_s / 2) == []
+        # an answer signed by anyone but the peer asked is refused
+        assert not me.accept_probed(peer.peer_id, [other.fresh_signed_advert()], pulled=True)
+        # not linked: nothing to pull over
+        assert me.pulls_due(now + 10 * after, []) == []
+
+    run(main)
+
+
+def test_pulls_can_be_turned_off() -> None:
+    async def main() -> None:
+        ca = new_ca()
+        ids = [ca.issue(n) for n in ("me", "peer")]
+        cfg = parse_config({"gossip": {"pull_after_intervals": 0}})
+        runner = Runner()
+        me = Membership(cfg, ids[0], Attestor(ids[0].ca_public_key), runner, StageServer(runner, "me"))
+        peer = Membership(Config(), ids[1], Attestor(ids[1].ca_public_key), runner, StageServer(runner, "peer"))
+        assert me.accept_synced([peer.sign_advert()]) == 1
+        assert me.pulls_due(trio.current_time() + 3600, [peer.peer_id]) == []
 
     run(main)

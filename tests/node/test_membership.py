@@ -21,7 +21,7 @@ from meshd.node.stages import StageServer  # noqa: E402
 
 # what `meshd status --json` has carried under services.node (tests and the metrics read them)
 NODE_COUNTERS = ["adverts_published", "adverts_accepted", "adverts_rejected", "adverts_replayed",
-                 "adverts_timed", "adverts_synced", "adverts_probed", "adverts_other_cell",
+                 "adverts_timed", "adverts_synced", "adverts_probed", "adverts_pulled", "adverts_other_cell",
                  "requests_submitted", "requests_failed",
                  "requests_local", "requests_forwarded", "handler_errors"]
 SERVICES = ["node", "advert_rejections", "gossip", "advert_delay_ms", "attestation", "links",
