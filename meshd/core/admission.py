@@ -6,12 +6,16 @@ many requests wait and when each running one should finish. So meshd's default s
 its first attempts with a bound, ``max_wait_ms``: the wait beyond which the entry node would
 rather go to its next candidate. A server that cannot start the request within the bound
 answers ``busy`` at once, with its own estimate of the wait, instead of queueing it; the entry
-node moves on, one round trip later. The last attempt carries no bound, and goes to whichever
-is predicted sooner: the next candidate, or the refuser that reported the shortest wait.
+node moves on, one round trip later. Once the planned bounded attempts are spent, the request
+goes to whichever is predicted sooner: the next candidate, or the refuser that reported the
+shortest wait. A refuser's reported wait is exact, the next candidate's prediction is an advert
+old, so going on is checked: the next candidate gets the refuser's wait as its bound, and if it
+cannot beat it the request goes back to that refuser, without a bound (``after_refusals``).
 
 Two pure parts, used by the daemon (``meshd.node.entry``, ``meshd.node.runner``):
 
 - ``wait_bounds``: the bound for each peer of a routing decision's order;
+- ``after_refusals``: where an attempt goes after refusals, and with what bound;
 - ``slot_wait_ms``: the server's estimate of how long a new request would wait for a slot.
 
 See docs/routing.md, "Wait-bounded admission".
@@ -26,6 +30,9 @@ from meshd.core.routing import RouteDecision
 from meshd.core.snapshot import Policy
 
 STRATEGIES_WITH_BOUNDS = ("meshd",)
+# checked attempts (bounded by the best refuser's wait) after the planned bounded ones: each
+# refusal costs one round trip, so a request gives up checking after this many more
+CHECKED_ATTEMPTS = 2
 
 
 def wait_bounds(decision: RouteDecision, policy: Policy) -> dict[str, float]:
@@ -87,3 +94,27 @@ def back_to_refuser(next_predicted_ms: float | None, refused_ms: Sequence[float]
     if next_predicted_ms is not None and next_predicted_ms <= refused_ms[k]:
         return None
     return k
+
+
+def after_refusals(
+    next_predicted_ms: float | None, next_known_ms: float | None, refused_ms: Sequence[float],
+    policy: Policy,
+) -> tuple[int | None, float | None]:
+    """The planned bounded attempts are over and ``refused_ms`` refused: where to go now.
+
+    Returns ``(k, None)`` to go back to refuser ``k`` without a bound (``back_to_refuser``),
+    or ``(None, bound)`` to go on to the next candidate with ``max_wait_ms = bound`` (None: no
+    bound). Going on is checked while the refusals number fewer than the planned bounded
+    attempts plus ``CHECKED_ATTEMPTS``: the bound is the best refuser's known time less the
+    next candidate's own RTT and prefill (``next_known_ms``), so a candidate whose advert said
+    it was free but is not refuses at once, and the request goes back to the refuser whose wait
+    it knows, instead of queueing behind a stale advert (measured on the regions testnet: the
+    slowest requests had been refused twice and then waited seconds on a node of another region
+    predicted free). ``next_predicted_ms`` None: no next candidate."""
+    k = back_to_refuser(next_predicted_ms, refused_ms)
+    if k is not None or next_predicted_ms is None:
+        return k, None
+    if not refused_ms or len(refused_ms) >= policy.wait_bound_attempts + CHECKED_ATTEMPTS:
+        return None, None
+    bound = min(refused_ms) - max(next_known_ms or 0.0, 0.0)
+    return None, max(policy.wait_bound_min_ms, bound)

@@ -27,8 +27,9 @@ from typing import Any
 
 import trio
 
-from meshd.core.admission import back_to_refuser
+from meshd.core.admission import after_refusals
 from meshd.core.routing import RouteDecision
+from meshd.core.snapshot import Policy
 from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
 
 log = logging.getLogger(__name__)
@@ -91,8 +92,10 @@ async def serve_request(
     hedge_after_s: float | None,
     first_token_timeout_s: float,
     journal: Callable[[str, dict[str, Any]], None],
+    policy: Policy | None = None,
 ) -> Outcome:
-    """Run the request along ``decision.order`` with failover and hedging.
+    """Run the request along ``decision.order`` with failover and hedging (``policy``: the
+    wait-bound settings of checked attempts after refusals; None: the defaults).
 
     ``start_attempt(target, resume_ids, channel)`` runs one attempt and reports on ``channel``
     tuples ``(kind, payload)`` with kind "tokens" ({"ids", "text"}), "done" ({"stats"}), or
@@ -100,6 +103,7 @@ async def serve_request(
     "tokens".
     """
     out = Outcome()
+    policy = policy or Policy()
     queue = [targets[p] for p in decision.order if p in targets]
     refused: list[tuple[float, Target]] = []  # (predicted TTFT back there, who) after wait refusals
     attempts = 0
@@ -113,7 +117,7 @@ async def serve_request(
             break
         primary = queue.pop(0)
         if primary.max_wait_ms is None and refused:
-            primary = _unbounded_choice(primary, queue, refused, journal)
+            primary = _after_refusals(primary, queue, refused, policy, journal)
         attempts += 1
         n_refused = len(refused)
         result = await _race(primary, queue, out, start_attempt, sink, entry_name,
@@ -124,21 +128,22 @@ async def serve_request(
             break
         if len(refused) > n_refused:
             attempts -= 1  # a wait refusal costs a round trip, not one of the attempts
-        # failed: move on (the failed target is not retried, except as _unbounded_choice says)
+        # failed: move on (the failed target is not retried, except as _after_refusals says)
     out.ended = time.perf_counter()
     return out
 
 
-def _unbounded_choice(
-    nxt: Target, queue: list[Target], refused: list[tuple[float, Target]],
+def _after_refusals(
+    nxt: Target, queue: list[Target], refused: list[tuple[float, Target]], policy: Policy,
     journal: Callable[[str, dict[str, Any]], None],
 ) -> Target:
-    """The bounded attempts are over: go to ``nxt`` or back to the refuser whose reported wait
-    makes it sooner (``meshd.core.admission.back_to_refuser``, the simulator's rule too); either
-    way without a bound. A refuser gone back to leaves ``refused``."""
-    k = back_to_refuser(nxt.predicted_ms, [ms for ms, _ in refused])
+    """The planned bounded attempts are over: go on to ``nxt``, bounded by the best refuser's
+    wait while checks are left, or back to the refuser whose reported wait makes it sooner,
+    without a bound (``meshd.core.admission.after_refusals``, the simulator's rule too). A
+    refuser gone back to leaves ``refused``."""
+    k, bound = after_refusals(nxt.predicted_ms, nxt.known_ms, [ms for ms, _ in refused], policy)
     if k is None:
-        return nxt
+        return replace(nxt, max_wait_ms=bound)
     best_ms, best = refused.pop(k)
     queue.insert(0, nxt)
     journal("back_to_refuser", {"target": best.name, "predicted_ms": round(best_ms, 1),

@@ -4,9 +4,11 @@ For the strategies ``wait_bounds`` gives bounds to (meshd's), the first attempts
 carry ``max_wait_ms``. A server with no free slot computes its wait with ``slot_wait_ms`` from
 the running requests' end times and its queue; over the bound, it answers at once (half a round
 trip back) with that wait instead of queueing the request. The entry node moves on to the next
-peer of the decision's order without counting an attempt; an attempt without a bound goes to
-whichever is predicted sooner, that peer or the refuser with the shortest reported wait (plus
-its RTT and prefill as the router saw them), as ``meshd.node.entry`` does.
+peer of the decision's order without counting an attempt; once the planned bounds are spent it
+goes to whichever is predicted sooner, that peer (bounded by the best refuser's wait while
+checks are left) or the refuser with the shortest reported wait (plus its RTT and prefill as the
+router saw them), unbounded: ``meshd.core.admission.after_refusals``, as ``meshd.node.forward``
+does.
 
 Hedged copies carry no bound (the daemon bounds a copy sent to one of the first peers; the
 difference is a hedge that would have been refused queueing instead).
@@ -18,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from meshd.core import predict
-from meshd.core.admission import back_to_refuser, slot_wait_ms
+from meshd.core.admission import after_refusals, slot_wait_ms
 
 if TYPE_CHECKING:
     from meshd.core.routing import RouteDecision
@@ -69,13 +71,16 @@ def next_target(eng: Engine, r: SimRequest, wait_ms: float, now: float) -> None:
         r.pos += 1
     nxt = r.order[r.pos] if r.pos < len(r.order) else -1
     if nxt < 0 or nxt not in bounds:
-        # Unbounded from here: the next peer, or back to the refuser predicted sooner.
-        nxt_ms = r.pred.get(nxt, (None, 0.0))[0] if nxt >= 0 and r.pred else None
-        k = back_to_refuser(nxt_ms if nxt >= 0 else None, [ms for ms, _ in refused])
+        # The planned bounds are spent: the next peer, checked against the best refuser's wait,
+        # or back to the refuser predicted sooner, unbounded.
+        nxt_ms, nxt_known = r.pred.get(nxt, (None, 0.0)) if nxt >= 0 and r.pred else (None, 0.0)
+        k, bound = after_refusals(nxt_ms, nxt_known, [ms for ms, _ in refused], eng.policy)
         if k is not None:
             best = refused[k][1]
             del refused[k]
             bounds.pop(best, None)
             r.tried.discard(best)
             r.order.insert(r.pos, best)
+        elif bound is not None:
+            bounds[nxt] = bound
     eng._send(r, now)

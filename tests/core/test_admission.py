@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from meshd.core.admission import slot_wait_ms, wait_bounds
+from meshd.core.admission import CHECKED_ATTEMPTS, after_refusals, slot_wait_ms, wait_bounds
 from meshd.core.routing import Candidate, RouteDecision
 from meshd.core.snapshot import Policy
 
@@ -58,3 +58,21 @@ def decision(strategy: str, *ttfts: float | None) -> RouteDecision:
 def test_wait_bounds(strategy: str, ttfts: tuple[float | None, ...], policy: dict[str, float],
                      want: dict[str, float]) -> None:
     assert wait_bounds(decision(strategy, *ttfts), Policy(**policy)) == want  # type: ignore[arg-type]
+
+
+def test_after_refusals_checks_the_next_candidate_against_the_best_refusers_wait() -> None:
+    policy = Policy(wait_bound_attempts=2, wait_bound_min_ms=50.0)
+    # next predicted sooner than the refusers (1,200 ms and 800 ms known there): on, bounded by
+    # the best refuser's time less the next candidate's own RTT + prefill (100 ms)
+    assert after_refusals(300.0, 100.0, [1200.0, 800.0], policy) == (None, 700.0)
+    # never tighter than the floor
+    assert after_refusals(30.0, 20.0, [60.0, 90.0], policy) == (None, 50.0)
+    # next predicted later than the best refuser: back to it, unbounded
+    assert after_refusals(900.0, 100.0, [1200.0, 800.0], policy) == (1, None)
+    # no next candidate: back to the soonest refuser
+    assert after_refusals(None, None, [1200.0, 800.0], policy) == (1, None)
+    # checks spent (planned bounded attempts + CHECKED_ATTEMPTS refusals): on, unbounded
+    spent = [1000.0] * (policy.wait_bound_attempts + CHECKED_ATTEMPTS)
+    assert after_refusals(300.0, 100.0, spent, policy) == (None, None)
+    # nobody refused: nothing to check against
+    assert after_refusals(300.0, 100.0, [], policy) == (None, None)

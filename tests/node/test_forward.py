@@ -246,18 +246,26 @@ def test_a_failed_stream_stops_the_batcher_quietly() -> None:
 
 
 @pytest.mark.parametrize(
-    ("predicted", "waits", "want_calls"),
+    ("predicted", "waits", "want_calls", "want_bounds"),
     [
         # a and b refuse; c is predicted slower than going back to a (30 + 5 ms): back to a
-        ({"a": 20.0, "b": 30.0, "c": 200.0}, {"a": 30.0, "b": 500.0}, ["a", "b", "a"]),
-        # c is predicted sooner than either refuser: c
-        ({"a": 20.0, "b": 30.0, "c": 20.0}, {"a": 30.0, "b": 500.0}, ["a", "b", "c"]),
-        # b, the last, turns out full (busy with no estimate): back to a, which only refused
-        ({"a": 20.0, "b": 30.0}, {"a": 300.0, "b": None}, ["a", "b", "a"]),
+        ({"a": 20.0, "b": 30.0, "c": 200.0}, {"a": 30.0, "b": 500.0}, ["a", "b", "a"],
+         [50.0, 50.0, None]),
+        # c is predicted sooner than either refuser: c, checked against a's wait (35 - 5 ms,
+        # never under the 50 ms floor), and it starts in time
+        ({"a": 20.0, "b": 30.0, "c": 20.0}, {"a": 30.0, "b": 500.0}, ["a", "b", "c"],
+         [50.0, 50.0, 50.0]),
+        # c's advert said free but it would wait 2 s: it refuses the check, back to a (unbounded)
+        ({"a": 20.0, "b": 30.0, "c": 20.0}, {"a": 300.0, "b": 500.0, "c": 2000.0},
+         ["a", "b", "c", "a"], [50.0, 50.0, 300.0, None]),
+        # b, the last (planned unbounded), is checked against a's wait and turns out full (busy
+        # with no estimate): back to a, which only refused
+        ({"a": 20.0, "b": 30.0}, {"a": 300.0, "b": None}, ["a", "b", "a"], [50.0, 300.0, None]),
     ],
 )
 def test_wait_refusals_move_on_then_go_where_it_is_soonest(
-    predicted: dict[str, float], waits: dict[str, float | None], want_calls: list[str]
+    predicted: dict[str, float], waits: dict[str, float | None], want_calls: list[str],
+    want_bounds: list[float | None],
 ) -> None:
     order = list(predicted)
     scripts: dict[str, Any] = {p: healthy() for p in order}
@@ -286,5 +294,5 @@ def test_wait_refusals_move_on_then_go_where_it_is_soonest(
     out = trio.run(main)
     assert out.error is None and out.tokens == GREEDY
     assert calls == want_calls
-    assert bounds[0] == 50.0 and bounds[-1] is None  # bounded first, unbounded where it served
+    assert bounds == want_bounds  # where it was served back at a refuser: without a bound
     assert len(out.retries) == len(want_calls) - 1

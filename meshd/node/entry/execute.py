@@ -94,6 +94,7 @@ async def _one_node(ctx: EntryContext, host: EntryHost) -> Outcome:
         hedge_after_s=d.hedge_ms / 1000.0 if d.hedge_ms else None,
         first_token_timeout_s=host.config.routing.first_token_timeout_s,
         journal=ctx.journal,
+        policy=ctx.policy,
     )
 
 
