@@ -31,7 +31,8 @@ from meshd.core.snapshot import Policy
 
 STRATEGIES_WITH_BOUNDS = ("meshd",)
 # checked attempts (bounded by the best refuser's wait) after the planned bounded ones: each
-# refusal costs one round trip, so a request gives up checking after this many more
+# refusal costs one round trip, so after this many more the request goes back to the soonest
+# refuser
 CHECKED_ATTEMPTS = 2
 
 
@@ -112,9 +113,11 @@ def after_refusals(
     slowest requests had been refused twice and then waited seconds on a node of another region
     predicted free). ``next_predicted_ms`` None: no next candidate."""
     k = back_to_refuser(next_predicted_ms, refused_ms)
-    if k is not None or next_predicted_ms is None:
+    if k is not None or next_predicted_ms is None or not refused_ms:
         return k, None
-    if not refused_ms or len(refused_ms) >= policy.wait_bound_attempts + CHECKED_ATTEMPTS:
-        return None, None
+    if len(refused_ms) >= policy.wait_bound_attempts + CHECKED_ATTEMPTS:
+        # every check failed: the adverts are behind the mesh's load, and the soonest refuser's
+        # wait is the best figure there is
+        return min(range(len(refused_ms)), key=lambda i: refused_ms[i]), None
     bound = min(refused_ms) - max(next_known_ms or 0.0, 0.0)
     return None, max(policy.wait_bound_min_ms, bound)

@@ -71,8 +71,9 @@ def test_after_refusals_checks_the_next_candidate_against_the_best_refusers_wait
     assert after_refusals(900.0, 100.0, [1200.0, 800.0], policy) == (1, None)
     # no next candidate: back to the soonest refuser
     assert after_refusals(None, None, [1200.0, 800.0], policy) == (1, None)
-    # checks spent (planned bounded attempts + CHECKED_ATTEMPTS refusals): on, unbounded
-    spent = [1000.0] * (policy.wait_bound_attempts + CHECKED_ATTEMPTS)
-    assert after_refusals(300.0, 100.0, spent, policy) == (None, None)
+    # checks spent (planned bounded attempts + CHECKED_ATTEMPTS refusals): back to the soonest
+    # refuser, unbounded, however free the next candidate's advert says it is
+    spent = [1000.0, 900.0] + [1100.0] * CHECKED_ATTEMPTS
+    assert after_refusals(300.0, 100.0, spent, policy) == (1, None)
     # nobody refused: nothing to check against
     assert after_refusals(300.0, 100.0, [], policy) == (None, None)
