@@ -12,7 +12,8 @@ every other; cells: every node lists its cell-mates and knows every cell), then 
 
 * **idle**: for ``--idle-s`` seconds, every daemon's gossip bytes received (the ``bytes_in``
   counter of its gossip streams: adverts, summaries, revocations, gossipsub control) plus the
-  probe answers it received, and its CPU time (``/proc/PID/stat``);
+  probe answers and pulled adverts it received over request channels, and its CPU time
+  (``/proc/PID/stat``);
 * **load**: open-loop Poisson arrivals at ``--load`` x capacity for ``--duration-s`` seconds,
   each through a uniformly drawn entry node, the same seeded arrivals in both modes; TTFT
   p50/p95/p99, and the same traffic and CPU figures over the run.
@@ -119,7 +120,10 @@ async def counters(socks: dict[str, str], pids: dict[str, int]) -> dict[str, dic
             continue
         svc = st["data"]["services"]
         out[name] = {"gossip": float(svc["gossip"].get("bytes_in", 0)),
-                     "probe": float((svc.get("cells") or {}).get("probe_bytes_in", 0)),
+                     # probe answers (cells) and pulled adverts (gossip fell silent): advert
+                     # traffic over request channels
+                     "probe": float((svc.get("cells") or {}).get("probe_bytes_in", 0))
+                     + float(svc["links"].get("pull_bytes_in", 0)),
                      "cpu": cpu_s(pids[name]), "t": time.monotonic()}
     return out
 

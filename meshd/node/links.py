@@ -86,7 +86,7 @@ class Links:
         self.liveness = Liveness(ping_interval_s=g.ping_interval_s, busy_silence_s=g.busy_ping_after_s,
                                  stall_timeout_s=g.stall_timeout_s, rng=rng)
         self.stats = {"dials": 0, "dial_failures": 0, "dials_yielded": 0, "channels_opened": 0,
-                      "stalls": 0, "pings": 0, "pulls": 0, "pulls_answered": 0}
+                      "stalls": 0, "pings": 0, "pulls": 0, "pulls_answered": 0, "pull_bytes_in": 0}
         # what a SYNC brought besides adverts (cells: the summaries the peer holds)
         self.on_sync_summaries: Callable[[list[Any]], None] | None = None
 
@@ -304,7 +304,9 @@ class Links:
         """Ask a linked peer whose adverts gossip stopped bringing for its advert, signed now
         (the probe's SYNC_REQ ``fresh``); checked and taken like gossip."""
         reply = await ch.sync_reply(DIAL_TIMEOUT_S, None, fresh=True)
-        if self.membership.accept_probed(ch.peer_id, reply.get("adverts") or [], pulled=True):
+        items = reply.get("adverts") or []
+        self.stats["pull_bytes_in"] += sum(len(x) for x in items if isinstance(x, bytes))
+        if self.membership.accept_probed(ch.peer_id, items, pulled=True):
             self.stats["pulls_answered"] += 1
 
     async def _sync(self, ch: PeerChannel) -> None:

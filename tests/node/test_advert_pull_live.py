@@ -72,5 +72,6 @@ def test_a_peer_gossip_is_silent_about_stays_known_through_pulls(mesh: dict[str,
     assert all(seen), f"quiet left puller's table {seen.count(False)} of {len(seen)} checks"
     st = status(puller)["services"]
     assert st["node"]["adverts_pulled"] >= start + 4
+    assert st["links"]["pull_bytes_in"] > 300 * st["links"]["pulls_answered"]  # whole adverts
     # quiet hears puller's gossip every second: it never needs to pull
     assert status(mesh["quiet"]["socket"])["services"]["links"]["pulls"] == 0
