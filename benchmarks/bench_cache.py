@@ -209,8 +209,9 @@ def plot(qs: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(len(shown), 2, figsize=(11, 4.5 * len(shown)), squeeze=False)
     for (ax1, ax2), sp in zip(axes, shown, strict=True):
         _plot_split(qs[sp], sp, ax1, ax2)
-    fig.suptitle("semantic cache, all-MiniLM-L6-v2, guards v3, held-out pairs (fresh2: written "
-                 "before guards v3, judged after; fresh: after guards v2); circles: defaults")
+    fig.suptitle("semantic cache, all-MiniLM-L6-v2, guards v3, held-out splits; circles: "
+                 "defaults\nfresh2: written before guards v3, judged after them; fresh: "
+                 "written after guards v2")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
