@@ -116,13 +116,15 @@ def adaptive_twofold(rows: list[dict[str, Any]], sims: np.ndarray, policy: Adapt
     return served
 
 
-SPLITS = ("tune", "test", "fresh")
+SPLITS = ("tune", "test", "fresh", "fresh2")
+PLOTTED = ("fresh2", "fresh", "test")  # the held-out splits, newest first
 
 
 def quality_by_split(rows: list[dict[str, Any]], vec: dict[str, np.ndarray]) -> dict[str, Any]:
     """``quality`` of each split of the pairs (benchmarks/data/README.md): ``tune`` chose the
     guards and the default threshold, ``test`` was held out from that choice (but read while
-    the guards were written), ``fresh`` was written after both were frozen."""
+    the guards were written), ``fresh`` was written after both were frozen (guards v2), and
+    ``fresh2`` before guards v3 were written, and evaluated once they were frozen."""
     return {sp: quality([r for r in rows if r.get("split") == sp], vec) for sp in SPLITS}
 
 
@@ -203,11 +205,13 @@ def plot(qs: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 9))
-    for (ax1, ax2), sp in zip(axes, ("fresh", "test"), strict=True):
+    shown = [sp for sp in PLOTTED if sp in qs]
+    fig, axes = plt.subplots(len(shown), 2, figsize=(11, 4.5 * len(shown)), squeeze=False)
+    for (ax1, ax2), sp in zip(axes, shown, strict=True):
         _plot_split(qs[sp], sp, ax1, ax2)
-    fig.suptitle("semantic cache, all-MiniLM-L6-v2, held-out pairs (fresh: written after the "
-                 "rules were frozen); circles: defaults")
+    fig.suptitle("semantic cache, all-MiniLM-L6-v2, guards v3, held-out splits; circles: "
+                 "defaults\nfresh2: written before guards v3, judged after them; fresh: "
+                 "written after guards v2")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -19,8 +19,12 @@ The output order is fixed, so the file changes only when this script does.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cache_fresh2 import FRESH2  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "cache_pairs.jsonl"
 
@@ -537,7 +541,21 @@ def build() -> list[dict[str, Any]]:
         fresh.append(_pair(key, a, b, same, kind, key, key if same else f"handfresh:{i}"))
     for r in fresh:
         r["split"] = "fresh"
-    return rows + fresh
+    return rows + fresh + build_fresh2()
+
+
+def build_fresh2() -> list[dict[str, Any]]:
+    """The ``fresh2`` split (cache_fresh2.py): each near miss has an answer of its own."""
+    out = []
+    for anchor, paraphrases, misses in FRESH2:
+        key = "fresh2:" + anchor
+        for b in paraphrases:
+            out.append(_pair(key, anchor, b, True, "paraphrase", key, key))
+        for i, (b, kind) in enumerate(misses):
+            out.append(_pair(key, anchor, b, False, kind, key, f"{key}#{i}"))
+    for r in out:
+        r["split"] = "fresh2"
+    return out
 
 
 def _split(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:

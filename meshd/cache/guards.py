@@ -25,11 +25,40 @@ trip it), never a wrong answer; that is the trade that lets the similarity thres
    ("who" / "when" / "where" / "why"): "Who wrote Hamlet?" / "When was Hamlet published?".
 6. **names differ**: each prompt has a name (a capitalised word not opening a sentence) that
    the other lacks ("... in Mexico City" / "... in Copenhagen").
+
+Guards v3 add closed classes of words where one member for another changes the answer; each
+refuses only when *both* prompts name a member of the class (so a paraphrase that leaves the
+word out passes), except the deictic time words (7):
+
+7. **time differs**: relative time words and named times ("this weekend" / "next weekend",
+   "tonight" / "tomorrow", "Friday", "March", "winter"); "this X" is X, "tonight" is "this
+   evening", and "today" / "now" are the default. A deictic time in one prompt only
+   ("tomorrow", "next week", "tonight") also refuses.
+8. **weather differs**: kinds of weather ("rain" / "snow", "sunny" / "cloudy", "storm" /
+   "fog").
+9. **operation differs**: arithmetic operations ("divided by" / "multiplied by", "plus" /
+   "times", "average" / "median", "%", "^"), when both prompts hold a number.
+10. **units differ**: the unit written after the same number ("3 kilometers" / "3 miles",
+    "25 degrees Celsius" / "25 degrees Fahrenheit"), or the units of one dimension
+    ("minutes in a day" / "seconds in a day"; "kilometers to miles" / "miles to kilometers"
+    is the same pair).
+11. **action differs**: a verb that creates or switches on ("enable", "turn on", "install",
+    "set", "book", "start") in one prompt, one that removes or switches off ("disable",
+    "turn off", "uninstall", "cancel", "delete", "stop") in the other.
+
+And guards v3 widen three of the first six: question words include "which/what" + a kind of
+person ("which writer" = "who"), of date ("what year" = "when") and causes ("what makes" =
+"why"), so a minimal edit between two phrasings of one question word passes ("Who wrote" /
+"Which writer wrote", "How tall" / "How high", "How long do cats live" / "How many years do
+cats live"); numbers include the ordinals "second" to "twentieth" and Roman numerals after a
+name ("World War II" = "Second World War" != "World War I"); opposites include "difference" /
+"in common".
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -41,6 +70,12 @@ _STOPS = frozenset('.?!:;"')
 _SMALL = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
           "fourteen fifteen sixteen seventeen eighteen nineteen twenty")
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(_SMALL.split())}
+_ORDINALS = ("second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth "
+             "thirteenth fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth "
+             "twentieth")  # "first" is left out: "the first" / "the original" say the same
+_NUMBER_WORDS.update({w: str(i) for i, w in enumerate(_ORDINALS.split(), start=2)})
+_ROMAN = {"I": "1", "II": "2", "III": "3", "IV": "4", "V": "5", "VI": "6", "VII": "7",
+          "VIII": "8", "IX": "9", "X": "10", "XI": "11", "XII": "12"}
 NEGATIONS = frozenset({"not", "no", "never", "without", "cannot", "nor", "none", "nothing"})
 NEGATING_PREFIXES = ("un", "dis", "in", "im", "il", "ir", "non", "de", "anti")
 OPPOSITES: tuple[tuple[str, str], ...] = (
@@ -56,7 +91,8 @@ OPPOSITES: tuple[tuple[str, str], ...] = (
     ("faster", "slower"), ("big", "small"), ("bigger", "smaller"), ("largest", "smallest"),
     ("long", "short"), ("longer", "shorter"), ("plus", "minus"), ("encrypt", "decrypt"),
     ("push", "pull"), ("send", "receive"), ("lock", "unlock"), ("freeze", "thaw"),
-    ("boiling", "freezing"),
+    ("boiling", "freezing"), ("difference", "common"), ("differences", "common"),
+    ("different", "similar"), ("difference", "similarity"), ("differences", "similarities"),
 )
 _OPPOSITE = {(a, b) for a, b in OPPOSITES} | {(b, a) for a, b in OPPOSITES}
 FRAMING = frozenset({
@@ -64,21 +100,63 @@ FRAMING = frozenset({
     "an", "give", "show", "name", "much", "can", "could", "would", "you", "i", "do", "does",
     "let", "know", "say", "kindly", "explain", "describe", "quick", "question",
 })
+_PERSON_NOUNS = frozenset({
+    "writer", "author", "poet", "novelist", "painter", "artist", "composer", "director",
+    "filmmaker", "inventor", "architect", "scientist", "person", "man", "woman", "actor",
+    "actress", "singer", "founder", "king", "queen", "president"})
+_DATE_NOUNS = frozenset({"year", "date", "day", "month", "century", "decade", "time"})
+_TIME_PLURALS = frozenset({"years", "months", "weeks", "days", "hours", "minutes", "seconds"})
+SYNONYMS: tuple[tuple[str, str], ...] = (
+    ("tall", "high"), ("taller", "higher"), ("tallest", "highest"), ("big", "large"),
+    ("bigger", "larger"), ("biggest", "largest"), ("fast", "quick"), ("faster", "quicker"),
+    ("fastest", "quickest"), ("begin", "start"), ("end", "finish"), ("buy", "purchase"),
+)
+_SYNONYM = {(a, b) for a, b in SYNONYMS} | {(b, a) for a, b in SYNONYMS}
 QUESTION_WORDS = {"who": "who", "whom": "who", "whose": "who", "when": "when", "where": "where",
                   "why": "why"}  # the question words that say what kind of answer is wanted
 
 
 def words(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
+    return list(_words(text))
 
 
+@functools.lru_cache(maxsize=4096)  # every guard reads the words of the same two prompts
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(_WORD.findall(text.lower()))
+
+
+@functools.lru_cache(maxsize=4096)
 def numbers(text: str) -> tuple[str, ...]:
     """The numbers of a text, in order; number words up to twenty count as digits."""
     low = text.lower()
     found = [(m.start(), m.group().replace(",", "")) for m in _NUMBER.finditer(low)]
     found += [(m.start(), _NUMBER_WORDS[m.group()]) for m in _WORD.finditer(low)
-              if m.group() in _NUMBER_WORDS]
+              if m.group() in _NUMBER_WORDS and not _per_second(low, m.start())]
+    found += [(pos, _ROMAN[tok]) for pos, tok in roman_numerals(text)]
     return tuple(n for _, n in sorted(found))
+
+
+def _per_second(low: str, start: int) -> bool:
+    """"per second", "a second", "one second": the unit, not the ordinal."""
+    return low.startswith("second", start) and low[:start].rstrip().endswith(
+        (" per", " a", " one", " each", " every"))
+
+
+def roman_numerals(text: str) -> list[tuple[int, str]]:
+    """(position, numeral) of Roman numerals written after a name ("World War II", "Henry
+    VIII"): an upper-case numeral whose previous word is capitalised and does not open a
+    sentence (so "Can I" is a pronoun)."""
+    out: list[tuple[int, str]] = []
+    after_name, opening = False, True
+    for m in _CASED.finditer(text):
+        tok = m.group()
+        if tok in _STOPS:
+            after_name, opening = False, True
+            continue
+        if tok in _ROMAN and after_name:
+            out.append((m.start(), tok))
+        after_name, opening = tok[0].isupper() and not opening, False
+    return out
 
 
 def negations(text: str) -> int:
@@ -133,13 +211,48 @@ def minimal_edit(query: str, cached: str, max_words: int = 2) -> bool:
     _, i1, i2, j1, j2 = ops[0]
     if i2 - i1 > max_words or j2 - j1 > max_words:
         return False
-    return not (set(a[i1:i2]) <= FRAMING or set(b[j1:j2]) <= FRAMING)
+    x, y = a[i1:i2], b[j1:j2]
+    return not (set(x) <= FRAMING or set(y) <= FRAMING or _same_sense(x, y))
+
+
+def question_kinds(ws: list[str]) -> set[str]:
+    """The kinds of answer asked for: the question words, and "which/what" + a kind of person
+    ("which writer": who) or of date ("what year": when), "what makes/causes", "how come" and
+    "the reason" (why)."""
+    out = {QUESTION_WORDS[w] for w in ws if w in QUESTION_WORDS}
+    for w, nxt in zip(ws, ws[1:], strict=False):
+        if w in ("which", "what") and nxt in _PERSON_NOUNS:
+            out.add("who")
+        elif w in ("which", "what") and nxt in _DATE_NOUNS:
+            out.add("when")
+        elif (w, nxt) in (("what", "makes"), ("what", "causes"), ("how", "come")):
+            out.add("why")
+    if "reason" in ws:
+        out.add("why")
+    return out
 
 
 def question_differs(query: str, cached: str) -> bool:
-    qa = {QUESTION_WORDS[w] for w in words(query) if w in QUESTION_WORDS}
-    qb = {QUESTION_WORDS[w] for w in words(cached) if w in QUESTION_WORDS}
+    qa, qb = question_kinds(words(query)), question_kinds(words(cached))
     return bool(qa and qb and qa != qb)
+
+
+def _same_sense(x: list[str], y: list[str]) -> bool:
+    """Two replaced runs that ask the same: one kind of question ("who" / "which writer",
+    "why do" / "what makes"), one arithmetic operation ("x" / "times"), listed synonyms
+    ("tall" / "high"), or "long" / "many years"."""
+    kx = question_kinds(x)
+    if kx and kx == question_kinds(y):
+        return True
+    ox = {_OPERATION[w] for w in x if w in _OPERATION}
+    if ox and ox == {_OPERATION[w] for w in y if w in _OPERATION}:
+        return True  # "12 x 12" / "12 times 12"
+    cx, cy = [w for w in x if w not in FRAMING], [w for w in y if w not in FRAMING]
+    if len(cx) == 1 and len(cy) == 1 and (cx[0], cy[0]) in _SYNONYM:
+        return True
+    dur = (cx == ["long"] and len(cy) == 2 and cy[0] == "many" and cy[1] in _TIME_PLURALS)
+    return dur or (cy == ["long"] and len(cx) == 2 and cx[0] == "many"
+                   and cx[1] in _TIME_PLURALS)
 
 
 def names(text: str) -> set[str]:
@@ -150,7 +263,7 @@ def names(text: str) -> set[str]:
         if tok in _STOPS:
             opening = True
             continue
-        if not opening and tok[0].isupper() and tok != "I":
+        if not opening and tok[0].isupper() and tok not in _ROMAN:
             out.add(_stem(tok.lower()))
         opening = False
     return out
@@ -168,6 +281,196 @@ def names_differ(query: str, cached: str) -> bool:
     return bool(names(query) - wb and names(cached) - wa)
 
 
+# ---- guards v3: closed classes of words (docstring 7-11)
+
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
+           "september", "october", "november", "december")
+_TIME_NOUNS = frozenset({
+    "week", "weekend", "month", "year", "morning", "afternoon", "evening", "night", "noon",
+    "midday", "midnight", "summer", "winter", "autumn", *_WEEKDAYS, *_MONTHS})
+_TIME_SHIFT = frozenset({"next", "last", "previous", "coming", "past"})
+_TIME_ALONE = {"tonight": "evening", "tomorrow": "tomorrow", "yesterday": "yesterday",
+               "overnight": "evening"}
+_TIME_CANON = {"night": "evening", "midday": "noon"}
+_DEICTIC = frozenset({"tomorrow", "yesterday", "tonight"})  # and every "next"/"last" time
+
+
+def times(text: str) -> set[str]:
+    """The times a prompt names, canonical: "next weekend", "friday", "evening" (tonight),
+    "tomorrow". "this X" is X; "today" and "now" name nothing (the default). "May" counts only
+    when not the verb (capitalised, not opening a sentence)."""
+    ws = [_stem(w) if w.endswith("s") and _stem(w) in _WEEKDAYS else w for w in words(text)]
+    may = "may" in ws and bool(re.search(r"\w[^.?!]*\bMay\b", text))
+    out: set[str] = set()
+    for i, w in enumerate(ws):
+        if w in _TIME_ALONE:
+            out.add(_TIME_ALONE[w])
+        elif w in _TIME_NOUNS and (w != "may" or may):
+            t = _TIME_CANON.get(w, w)
+            out.add(f"{ws[i - 1]} {t}" if i and ws[i - 1] in _TIME_SHIFT else t)
+    return out
+
+
+def time_differs(query: str, cached: str) -> bool:
+    ta, tb = times(query), times(cached)
+    if ta == tb:
+        return False
+    if ta and tb:
+        return True
+    one, text = (ta, query) if ta else (tb, cached)  # named in one prompt only:
+    return (any(t.split()[0] in _TIME_SHIFT for t in one)  # next week, last Friday
+            or any(w in _DEICTIC for w in words(text)))  # tomorrow, tonight
+
+
+WEATHER: dict[str, tuple[str, ...]] = {
+    "rain": ("rain", "raining", "rainy", "rainfall", "showers", "drizzle"),
+    "snow": ("snow", "snowing", "snowy", "snowfall", "blizzard"),
+    "sleet": ("sleet",), "hail": ("hail", "hailstorm"),
+    "sun": ("sunny", "sunshine"), "cloud": ("cloudy", "overcast", "clouds"),
+    "wind": ("wind", "windy", "gusts", "gusty"), "fog": ("fog", "foggy", "mist", "misty"),
+    "storm": ("storm", "storms", "stormy", "thunderstorm", "thunder", "lightning"),
+    "frost": ("frost", "frosty"), "heat": ("heatwave",), "humid": ("humid", "humidity"),
+    "hurricane": ("hurricane",), "tornado": ("tornado",), "flood": ("flood", "flooding"),
+}
+_WEATHER = {w: kind for kind, ws in WEATHER.items() for w in ws}
+
+
+def weather_differs(query: str, cached: str) -> bool:
+    wa = {_WEATHER[w] for w in words(query) if w in _WEATHER}
+    wb = {_WEATHER[w] for w in words(cached) if w in _WEATHER}
+    return bool(wa and wb and wa != wb)
+
+
+OPERATIONS: dict[str, tuple[str, ...]] = {
+    "add": ("plus", "add", "added", "adding", "sum", "+"),
+    "subtract": ("minus", "subtract", "subtracted", "subtracting", "-"),
+    "multiply": ("times", "multiply", "multiplied", "multiplying", "product", "x", "*", "×"),
+    "divide": ("divide", "divided", "dividing", "quotient", "/", "÷"),
+    "power": ("power", "squared", "cubed", "^", "**"),
+    "root": ("root", "sqrt", "√"),
+    "percent": ("percent", "percentage", "%"),
+    "mean": ("average", "mean"), "median": ("median",),
+    "remainder": ("remainder", "modulo", "mod"),
+}
+_OPERATION = {w: op for op, ws in OPERATIONS.items() for w in ws}
+_OP_SYMBOL = re.compile(r"\d\s*(\*\*|[-+*/x×÷^])\s*(?=[\d√])|\d\s*(%)|(√)")
+
+
+def operations(text: str) -> set[str]:
+    """The arithmetic operations a prompt names, in words or as symbols between numbers."""
+    low = text.lower()
+    ops = {_OPERATION[w] for w in words(low) if w in _OPERATION and w != "x"}
+    ops |= {_OPERATION[next(g for g in m.groups() if g)] for m in _OP_SYMBOL.finditer(low)}
+    return ops
+
+
+def operation_differs(query: str, cached: str) -> bool:
+    if not (numbers(query) and numbers(cached)):
+        return False  # "the difference between ..." is not arithmetic
+    oa, ob = operations(query), operations(cached)
+    return bool(oa and ob and oa != ob)
+
+
+UNITS: dict[str, tuple[str, tuple[str, ...]]] = {  # canonical: (dimension, spellings)
+    "km": ("length", ("km", "kilometer", "kilometers", "kilometre", "kilometres")),
+    "mile": ("length", ("mi", "mile", "miles")),
+    "m": ("length", ("meter", "meters", "metre", "metres")),
+    "cm": ("length", ("cm", "centimeter", "centimeters", "centimetre", "centimetres")),
+    "mm": ("length", ("mm", "millimeter", "millimeters", "millimetre", "millimetres")),
+    "ft": ("length", ("ft", "foot", "feet")), "inch": ("length", ("inch", "inches")),
+    "yard": ("length", ("yard", "yards", "yd")),
+    "kg": ("mass", ("kg", "kilo", "kilos", "kilogram", "kilograms", "kilogramme")),
+    "g": ("mass", ("gram", "grams", "gramme", "grammes")),
+    "lb": ("mass", ("lb", "lbs", "pound", "pounds")), "oz": ("mass", ("oz", "ounce", "ounces")),
+    "ton": ("mass", ("ton", "tons", "tonne", "tonnes")),
+    "l": ("volume", ("liter", "liters", "litre", "litres")),
+    "ml": ("volume", ("ml", "milliliter", "milliliters", "millilitre", "millilitres")),
+    "gallon": ("volume", ("gallon", "gallons", "gal")), "pint": ("volume", ("pint", "pints")),
+    "cup": ("volume", ("cup", "cups")),
+    "tbsp": ("volume", ("tbsp", "tablespoon", "tablespoons")),
+    "tsp": ("volume", ("tsp", "teaspoon", "teaspoons")),
+    "C": ("temperature", ("celsius", "centigrade", "°c")),
+    "F": ("temperature", ("fahrenheit", "°f")), "K": ("temperature", ("kelvin",)),
+    "second": ("time", ("seconds", "sec", "secs")),
+    "minute": ("time", ("minute", "minutes", "min", "mins")),
+    "hour": ("time", ("hour", "hours", "hr", "hrs")), "day": ("time", ("day", "days")),
+    "week": ("time", ("week", "weeks")), "month": ("time", ("month", "months")),
+    "year": ("time", ("year", "years")),
+    "usd": ("money", ("dollar", "dollars", "usd", "$")),
+    "eur": ("money", ("euro", "euros", "eur", "€")), "gbp": ("money", ("gbp", "£", "sterling")),
+    "yen": ("money", ("yen", "jpy", "¥")),
+    "mph": ("speed", ("mph",)), "kmh": ("speed", ("kph", "kmh")),
+}
+_UNIT = {sp: (canon, dim) for canon, (dim, sps) in UNITS.items() for sp in sps}
+_UNIT_TOKEN = re.compile(r"[$€£¥]|°[cf]?|\d+(?:[.,:]\d+)*|[a-z]+")
+_AFTER_NUMBER = {"c": "C", "f": "F"}  # "25 C to F": letters that are units after a number
+_SKIP = frozenset({"degrees", "degree", "°", "square", "cubic"})
+
+
+def units(text: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(the unit written after each number, {number: {unit}}; the units of each dimension
+    named anywhere, {dimension: {unit}})."""
+    toks = _UNIT_TOKEN.findall(text.lower())
+    after: dict[str, set[str]] = {}
+    named: dict[str, set[str]] = {}
+    for i, tok in enumerate(toks):
+        if tok in _UNIT:
+            canon, dim = _UNIT[tok]
+            named.setdefault(dim, set()).add(canon)
+        if not tok[0].isdigit():
+            continue
+        n = tok.replace(",", "")
+        if i and toks[i - 1] in "$€£¥" and toks[i - 1] in _UNIT:
+            after.setdefault(n, set()).add(_UNIT[toks[i - 1]][0])
+        j = i + 1
+        while j < len(toks) and toks[j] in _SKIP:
+            j += 1
+        if j < len(toks) and (tok_u := toks[j]) in _UNIT:
+            after.setdefault(n, set()).add(_UNIT[tok_u][0])
+        elif j < len(toks) and toks[j] in _AFTER_NUMBER:
+            after.setdefault(n, set()).add(_AFTER_NUMBER[toks[j]])
+            named.setdefault("temperature", set()).add(_AFTER_NUMBER[toks[j]])
+    return after, named
+
+
+def units_differ(query: str, cached: str) -> bool:
+    (aa, na), (ab, nb) = units(query), units(cached)
+    if any(aa[n] != ab[n] for n in aa.keys() & ab.keys()):
+        return True  # "3 kilometers" / "3 miles"
+    return any(na[d] != nb[d] for d in na.keys() & nb.keys())
+
+
+ON_VERBS = frozenset({
+    "enable", "enabled", "enabling", "activate", "activated", "install", "installed",
+    "installing", "start", "started", "starting", "create", "created", "subscribe", "connect",
+    "set", "book", "schedule", "add", "open", "join"})
+OFF_VERBS = frozenset({
+    "disable", "disabled", "disabling", "deactivate", "deactivated", "uninstall",
+    "uninstalled", "uninstalling", "stop", "stopped", "stopping", "remove", "removed",
+    "removing", "delete", "deleted", "deleting", "cancel", "cancelled", "canceled",
+    "cancelling", "unsubscribe", "disconnect", "close", "closing", "quit", "leave"})
+_SWITCHES = frozenset({"turn", "turned", "turning", "switch", "switched", "switching"})
+
+
+def polarity(text: str) -> set[str]:
+    """"on" for a verb that creates or switches on, "off" for one that removes or switches
+    off; "turn ... on/off" and "switch ... on/off" count, within three words."""
+    ws = words(text)
+    out = {"on" for w in ws if w in ON_VERBS} | {"off" for w in ws if w in OFF_VERBS}
+    for i, w in enumerate(ws):
+        if w in _SWITCHES:
+            out |= {p for p in ws[i + 1:i + 5] if p in ("on", "off")}
+        if w == "set" and i + 1 < len(ws) and ws[i + 1] == "up":
+            out.add("on")
+    return out
+
+
+def action_differs(query: str, cached: str) -> bool:
+    pa, pb = polarity(query), polarity(cached)
+    return len(pa) == 1 and len(pb) == 1 and pa != pb
+
+
 GUARDS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
     ("numbers differ", lambda q, c: sorted(numbers(q)) != sorted(numbers(c))),
     ("negation differs", lambda q, c: negations(q) % 2 != negations(c) % 2),
@@ -176,6 +479,11 @@ GUARDS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
     ("minimal edit", minimal_edit),
     ("question differs", question_differs),
     ("names differ", names_differ),
+    ("time differs", time_differs),
+    ("weather differs", weather_differs),
+    ("operation differs", operation_differs),
+    ("units differ", units_differ),
+    ("action differs", action_differs),
 )
 
 

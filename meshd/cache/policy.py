@@ -7,8 +7,9 @@ A lookup finds the nearest cached prompt (cosine similarity ``s``). Then:
 
 1. *Guards* (meshd.cache.guards) refuse pairs that embeddings are known to confuse: numbers
    that differ, a negation or opposite word in one prompt only, two runs of words trading
-   places, a content word swapped, another question word, another name. A guard costs a hit,
-   never a wrong answer.
+   places, a content word swapped, another question word, another name, and (v3) another
+   time, kind of weather, arithmetic operation, unit, or an on/off action. A guard costs a
+   hit, never a wrong answer.
 2. The *threshold policy* decides:
    - ``FixedThreshold(t)``: serve when ``s >= t``.
    - ``AdaptiveThreshold`` (in the spirit of vCache, "verified semantic prompt caching"): each
