@@ -58,24 +58,19 @@ name ("World War II" = "Second World War" != "World War I"); opposites include "
 from __future__ import annotations
 
 import difflib
-import functools
-import re
 from collections import Counter
 from collections.abc import Callable
 
-_NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
-_WORD = re.compile(r"[a-z']+")
-_CASED = re.compile(r"[A-Za-z][A-Za-z']*|[.?!:;\"]")
-_STOPS = frozenset('.?!:;"')
-_SMALL = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
-          "fourteen fifteen sixteen seventeen eighteen nineteen twenty")
-_NUMBER_WORDS = {w: str(i) for i, w in enumerate(_SMALL.split())}
-_ORDINALS = ("second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth "
-             "thirteenth fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth "
-             "twentieth")  # "first" is left out: "the first" / "the original" say the same
-_NUMBER_WORDS.update({w: str(i) for i, w in enumerate(_ORDINALS.split(), start=2)})
-_ROMAN = {"I": "1", "II": "2", "III": "3", "IV": "4", "V": "5", "VI": "6", "VII": "7",
-          "VIII": "8", "IX": "9", "X": "10", "XI": "11", "XII": "12"}
+from meshd.cache.lexical import CASED_TOKEN, ROMAN, SENTENCE_STOPS, numbers, stem, words
+from meshd.cache.wordclasses import (
+    OPERATION_OF,
+    action_differs,
+    operation_differs,
+    time_differs,
+    units_differ,
+    weather_differs,
+)
+
 NEGATIONS = frozenset({"not", "no", "never", "without", "cannot", "nor", "none", "nothing"})
 NEGATING_PREFIXES = ("un", "dis", "in", "im", "il", "ir", "non", "de", "anti")
 OPPOSITES: tuple[tuple[str, str], ...] = (
@@ -114,49 +109,6 @@ SYNONYMS: tuple[tuple[str, str], ...] = (
 _SYNONYM = {(a, b) for a, b in SYNONYMS} | {(b, a) for a, b in SYNONYMS}
 QUESTION_WORDS = {"who": "who", "whom": "who", "whose": "who", "when": "when", "where": "where",
                   "why": "why"}  # the question words that say what kind of answer is wanted
-
-
-def words(text: str) -> list[str]:
-    return list(_words(text))
-
-
-@functools.lru_cache(maxsize=4096)  # every guard reads the words of the same two prompts
-def _words(text: str) -> tuple[str, ...]:
-    return tuple(_WORD.findall(text.lower()))
-
-
-@functools.lru_cache(maxsize=4096)
-def numbers(text: str) -> tuple[str, ...]:
-    """The numbers of a text, in order; number words up to twenty count as digits."""
-    low = text.lower()
-    found = [(m.start(), m.group().replace(",", "")) for m in _NUMBER.finditer(low)]
-    found += [(m.start(), _NUMBER_WORDS[m.group()]) for m in _WORD.finditer(low)
-              if m.group() in _NUMBER_WORDS and not _per_second(low, m.start())]
-    found += [(pos, _ROMAN[tok]) for pos, tok in roman_numerals(text)]
-    return tuple(n for _, n in sorted(found))
-
-
-def _per_second(low: str, start: int) -> bool:
-    """"per second", "a second", "one second": the unit, not the ordinal."""
-    return low.startswith("second", start) and low[:start].rstrip().endswith(
-        (" per", " a", " one", " each", " every"))
-
-
-def roman_numerals(text: str) -> list[tuple[int, str]]:
-    """(position, numeral) of Roman numerals written after a name ("World War II", "Henry
-    VIII"): an upper-case numeral whose previous word is capitalised and does not open a
-    sentence (so "Can I" is a pronoun)."""
-    out: list[tuple[int, str]] = []
-    after_name, opening = False, True
-    for m in _CASED.finditer(text):
-        tok = m.group()
-        if tok in _STOPS:
-            after_name, opening = False, True
-            continue
-        if tok in _ROMAN and after_name:
-            out.append((m.start(), tok))
-        after_name, opening = tok[0].isupper() and not opening, False
-    return out
 
 
 def negations(text: str) -> int:
@@ -244,8 +196,8 @@ def _same_sense(x: list[str], y: list[str]) -> bool:
     kx = question_kinds(x)
     if kx and kx == question_kinds(y):
         return True
-    ox = {_OPERATION[w] for w in x if w in _OPERATION}
-    if ox and ox == {_OPERATION[w] for w in y if w in _OPERATION}:
+    ox = {OPERATION_OF[w] for w in x if w in OPERATION_OF}
+    if ox and ox == {OPERATION_OF[w] for w in y if w in OPERATION_OF}:
         return True  # "12 x 12" / "12 times 12"
     cx, cy = [w for w in x if w not in FRAMING], [w for w in y if w not in FRAMING]
     if len(cx) == 1 and len(cy) == 1 and (cx[0], cy[0]) in _SYNONYM:
@@ -259,216 +211,20 @@ def names(text: str) -> set[str]:
     """Capitalised words that do not open a sentence (nor "I"), lower-cased."""
     out: set[str] = set()
     opening = True
-    for tok in _CASED.findall(text):
-        if tok in _STOPS:
+    for tok in CASED_TOKEN.findall(text):
+        if tok in SENTENCE_STOPS:
             opening = True
             continue
-        if not opening and tok[0].isupper() and tok not in _ROMAN:
-            out.add(_stem(tok.lower()))
+        if not opening and tok[0].isupper() and tok not in ROMAN:
+            out.add(stem(tok.lower()))
         opening = False
     return out
 
 
-def _stem(word: str) -> str:
-    """A plural's singular, roughly ("Sundays" / "Sunday"); possessives lose their "'s"."""
-    word = word.removesuffix("'s")
-    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
-
-
 def names_differ(query: str, cached: str) -> bool:
     """Each prompt names something the other does not mention at all."""
-    wa, wb = {_stem(w) for w in words(query)}, {_stem(w) for w in words(cached)}
+    wa, wb = {stem(w) for w in words(query)}, {stem(w) for w in words(cached)}
     return bool(names(query) - wb and names(cached) - wa)
-
-
-# ---- guards v3: closed classes of words (docstring 7-11)
-
-_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
-           "september", "october", "november", "december")
-_TIME_NOUNS = frozenset({
-    "week", "weekend", "month", "year", "morning", "afternoon", "evening", "night", "noon",
-    "midday", "midnight", "summer", "winter", "autumn", *_WEEKDAYS, *_MONTHS})
-_TIME_SHIFT = frozenset({"next", "last", "previous", "coming", "past"})
-_TIME_ALONE = {"tonight": "evening", "tomorrow": "tomorrow", "yesterday": "yesterday",
-               "overnight": "evening"}
-_TIME_CANON = {"night": "evening", "midday": "noon"}
-_DEICTIC = frozenset({"tomorrow", "yesterday", "tonight"})  # and every "next"/"last" time
-
-
-def times(text: str) -> set[str]:
-    """The times a prompt names, canonical: "next weekend", "friday", "evening" (tonight),
-    "tomorrow". "this X" is X; "today" and "now" name nothing (the default). "May" counts only
-    when not the verb (capitalised, not opening a sentence)."""
-    ws = [_stem(w) if w.endswith("s") and _stem(w) in _WEEKDAYS else w for w in words(text)]
-    may = "may" in ws and bool(re.search(r"\w[^.?!]*\bMay\b", text))
-    out: set[str] = set()
-    for i, w in enumerate(ws):
-        if w in _TIME_ALONE:
-            out.add(_TIME_ALONE[w])
-        elif w in _TIME_NOUNS and (w != "may" or may):
-            t = _TIME_CANON.get(w, w)
-            out.add(f"{ws[i - 1]} {t}" if i and ws[i - 1] in _TIME_SHIFT else t)
-    return out
-
-
-def time_differs(query: str, cached: str) -> bool:
-    ta, tb = times(query), times(cached)
-    if ta == tb:
-        return False
-    if ta and tb:
-        return True
-    one, text = (ta, query) if ta else (tb, cached)  # named in one prompt only:
-    return (any(t.split()[0] in _TIME_SHIFT for t in one)  # next week, last Friday
-            or any(w in _DEICTIC for w in words(text)))  # tomorrow, tonight
-
-
-WEATHER: dict[str, tuple[str, ...]] = {
-    "rain": ("rain", "raining", "rainy", "rainfall", "showers", "drizzle"),
-    "snow": ("snow", "snowing", "snowy", "snowfall", "blizzard"),
-    "sleet": ("sleet",), "hail": ("hail", "hailstorm"),
-    "sun": ("sunny", "sunshine"), "cloud": ("cloudy", "overcast", "clouds"),
-    "wind": ("wind", "windy", "gusts", "gusty"), "fog": ("fog", "foggy", "mist", "misty"),
-    "storm": ("storm", "storms", "stormy", "thunderstorm", "thunder", "lightning"),
-    "frost": ("frost", "frosty"), "heat": ("heatwave",), "humid": ("humid", "humidity"),
-    "hurricane": ("hurricane",), "tornado": ("tornado",), "flood": ("flood", "flooding"),
-}
-_WEATHER = {w: kind for kind, ws in WEATHER.items() for w in ws}
-
-
-def weather_differs(query: str, cached: str) -> bool:
-    wa = {_WEATHER[w] for w in words(query) if w in _WEATHER}
-    wb = {_WEATHER[w] for w in words(cached) if w in _WEATHER}
-    return bool(wa and wb and wa != wb)
-
-
-OPERATIONS: dict[str, tuple[str, ...]] = {
-    "add": ("plus", "add", "added", "adding", "sum", "+"),
-    "subtract": ("minus", "subtract", "subtracted", "subtracting", "-"),
-    "multiply": ("times", "multiply", "multiplied", "multiplying", "product", "x", "*", "×"),
-    "divide": ("divide", "divided", "dividing", "quotient", "/", "÷"),
-    "power": ("power", "squared", "cubed", "^", "**"),
-    "root": ("root", "sqrt", "√"),
-    "percent": ("percent", "percentage", "%"),
-    "mean": ("average", "mean"), "median": ("median",),
-    "remainder": ("remainder", "modulo", "mod"),
-}
-_OPERATION = {w: op for op, ws in OPERATIONS.items() for w in ws}
-_OP_SYMBOL = re.compile(r"\d\s*(\*\*|[-+*/x×÷^])\s*(?=[\d√])|\d\s*(%)|(√)")
-
-
-def operations(text: str) -> set[str]:
-    """The arithmetic operations a prompt names, in words or as symbols between numbers."""
-    low = text.lower()
-    ops = {_OPERATION[w] for w in words(low) if w in _OPERATION and w != "x"}
-    ops |= {_OPERATION[next(g for g in m.groups() if g)] for m in _OP_SYMBOL.finditer(low)}
-    return ops
-
-
-def operation_differs(query: str, cached: str) -> bool:
-    if not (numbers(query) and numbers(cached)):
-        return False  # "the difference between ..." is not arithmetic
-    oa, ob = operations(query), operations(cached)
-    return bool(oa and ob and oa != ob)
-
-
-UNITS: dict[str, tuple[str, tuple[str, ...]]] = {  # canonical: (dimension, spellings)
-    "km": ("length", ("km", "kilometer", "kilometers", "kilometre", "kilometres")),
-    "mile": ("length", ("mi", "mile", "miles")),
-    "m": ("length", ("meter", "meters", "metre", "metres")),
-    "cm": ("length", ("cm", "centimeter", "centimeters", "centimetre", "centimetres")),
-    "mm": ("length", ("mm", "millimeter", "millimeters", "millimetre", "millimetres")),
-    "ft": ("length", ("ft", "foot", "feet")), "inch": ("length", ("inch", "inches")),
-    "yard": ("length", ("yard", "yards", "yd")),
-    "kg": ("mass", ("kg", "kilo", "kilos", "kilogram", "kilograms", "kilogramme")),
-    "g": ("mass", ("gram", "grams", "gramme", "grammes")),
-    "lb": ("mass", ("lb", "lbs", "pound", "pounds")), "oz": ("mass", ("oz", "ounce", "ounces")),
-    "ton": ("mass", ("ton", "tons", "tonne", "tonnes")),
-    "l": ("volume", ("liter", "liters", "litre", "litres")),
-    "ml": ("volume", ("ml", "milliliter", "milliliters", "millilitre", "millilitres")),
-    "gallon": ("volume", ("gallon", "gallons", "gal")), "pint": ("volume", ("pint", "pints")),
-    "cup": ("volume", ("cup", "cups")),
-    "tbsp": ("volume", ("tbsp", "tablespoon", "tablespoons")),
-    "tsp": ("volume", ("tsp", "teaspoon", "teaspoons")),
-    "C": ("temperature", ("celsius", "centigrade", "°c")),
-    "F": ("temperature", ("fahrenheit", "°f")), "K": ("temperature", ("kelvin",)),
-    "second": ("time", ("seconds", "sec", "secs")),
-    "minute": ("time", ("minute", "minutes", "min", "mins")),
-    "hour": ("time", ("hour", "hours", "hr", "hrs")), "day": ("time", ("day", "days")),
-    "week": ("time", ("week", "weeks")), "month": ("time", ("month", "months")),
-    "year": ("time", ("year", "years")),
-    "usd": ("money", ("dollar", "dollars", "usd", "$")),
-    "eur": ("money", ("euro", "euros", "eur", "€")), "gbp": ("money", ("gbp", "£", "sterling")),
-    "yen": ("money", ("yen", "jpy", "¥")),
-    "mph": ("speed", ("mph",)), "kmh": ("speed", ("kph", "kmh")),
-}
-_UNIT = {sp: (canon, dim) for canon, (dim, sps) in UNITS.items() for sp in sps}
-_UNIT_TOKEN = re.compile(r"[$€£¥]|°[cf]?|\d+(?:[.,:]\d+)*|[a-z]+")
-_AFTER_NUMBER = {"c": "C", "f": "F"}  # "25 C to F": letters that are units after a number
-_SKIP = frozenset({"degrees", "degree", "°", "square", "cubic"})
-
-
-def units(text: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """(the unit written after each number, {number: {unit}}; the units of each dimension
-    named anywhere, {dimension: {unit}})."""
-    toks = _UNIT_TOKEN.findall(text.lower())
-    after: dict[str, set[str]] = {}
-    named: dict[str, set[str]] = {}
-    for i, tok in enumerate(toks):
-        if tok in _UNIT:
-            canon, dim = _UNIT[tok]
-            named.setdefault(dim, set()).add(canon)
-        if not tok[0].isdigit():
-            continue
-        n = tok.replace(",", "")
-        if i and toks[i - 1] in "$€£¥" and toks[i - 1] in _UNIT:
-            after.setdefault(n, set()).add(_UNIT[toks[i - 1]][0])
-        j = i + 1
-        while j < len(toks) and toks[j] in _SKIP:
-            j += 1
-        if j < len(toks) and (tok_u := toks[j]) in _UNIT:
-            after.setdefault(n, set()).add(_UNIT[tok_u][0])
-        elif j < len(toks) and toks[j] in _AFTER_NUMBER:
-            after.setdefault(n, set()).add(_AFTER_NUMBER[toks[j]])
-            named.setdefault("temperature", set()).add(_AFTER_NUMBER[toks[j]])
-    return after, named
-
-
-def units_differ(query: str, cached: str) -> bool:
-    (aa, na), (ab, nb) = units(query), units(cached)
-    if any(aa[n] != ab[n] for n in aa.keys() & ab.keys()):
-        return True  # "3 kilometers" / "3 miles"
-    return any(na[d] != nb[d] for d in na.keys() & nb.keys())
-
-
-ON_VERBS = frozenset({
-    "enable", "enabled", "enabling", "activate", "activated", "install", "installed",
-    "installing", "start", "started", "starting", "create", "created", "subscribe", "connect",
-    "set", "book", "schedule", "add", "open", "join"})
-OFF_VERBS = frozenset({
-    "disable", "disabled", "disabling", "deactivate", "deactivated", "uninstall",
-    "uninstalled", "uninstalling", "stop", "stopped", "stopping", "remove", "removed",
-    "removing", "delete", "deleted", "deleting", "cancel", "cancelled", "canceled",
-    "cancelling", "unsubscribe", "disconnect", "close", "closing", "quit", "leave"})
-_SWITCHES = frozenset({"turn", "turned", "turning", "switch", "switched", "switching"})
-
-
-def polarity(text: str) -> set[str]:
-    """"on" for a verb that creates or switches on, "off" for one that removes or switches
-    off; "turn ... on/off" and "switch ... on/off" count, within three words."""
-    ws = words(text)
-    out = {"on" for w in ws if w in ON_VERBS} | {"off" for w in ws if w in OFF_VERBS}
-    for i, w in enumerate(ws):
-        if w in _SWITCHES:
-            out |= {p for p in ws[i + 1:i + 5] if p in ("on", "off")}
-        if w == "set" and i + 1 < len(ws) and ws[i + 1] == "up":
-            out.add("on")
-    return out
-
-
-def action_differs(query: str, cached: str) -> bool:
-    pa, pb = polarity(query), polarity(cached)
-    return len(pa) == 1 and len(pb) == 1 and pa != pb
 
 
 GUARDS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (

@@ -5,16 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from meshd.cache.guards import (
-    guard,
-    numbers,
-    operations,
-    polarity,
-    question_kinds,
-    times,
-    units,
-    words,
-)
+from meshd.cache.guards import guard, question_kinds
+from meshd.cache.lexical import numbers, words
+from meshd.cache.wordclasses import operations, polarity, times, units
 
 
 @pytest.mark.parametrize(("q", "c", "why"), [
