@@ -95,19 +95,22 @@ async def _admission(model: Any, running: int, admit: int, batched: bool,
             await trio.sleep(0.01)
         marks["admit"] = time.perf_counter()
         long = [int(x) for x in rng.integers(3, model.vocab_size, admit)]
-        one = GenerationConfig(max_tokens=1, temperature=0.0)
-        gen = model.generate(long, one) if batched else generate_async(model, long, one,
+        few = GenerationConfig(max_tokens=4, temperature=0.0)
+        gen = model.generate(long, few) if batched else generate_async(model, long, few,
                                                                        limiter=limiter)
         async for _ in gen:
-            marks["first"] = time.perf_counter()
+            marks["second" if "first" in marks else "first"] = time.perf_counter()
+            if "second" in marks:
+                break
         n_after = [len(t) for t in times]
         while min(len(t) - k for t, k in zip(times, n_after, strict=True)) < 3:
             await trio.sleep(0.01)
         for scope in scopes:
             scope.cancel()
-    a, f = marks["admit"], marks["first"]
+    a, f, s2 = marks["admit"], marks["first"], marks["second"]
     before = [y - x for t in times for x, y in zip(t, t[1:], strict=False) if y <= a]
     during = [y - x for t in times for x, y in zip(t, t[1:], strict=False) if y > a and x < f]
+    joined = [y - x for t in times for x, y in zip(t, t[1:], strict=False) if y > a and x < s2]
     base = statistics.median(before)
     stats = model.statistics().get("batch") or {}
     return {"running": running, "admit_tokens": admit,
@@ -117,8 +120,12 @@ async def _admission(model: Any, running: int, admit: int, batched: bool,
             "gap_during_max_ms": max(during) * 1000,
             "stall_p99_ms": (float(np.percentile(during, 99)) - base) * 1000,
             "stall_max_ms": (max(during) - base) * 1000,
-            "ttft_long_s": f - a, "gaps_during": len(during),
-            "chunk_tokens": stats.get("chunk_tokens")}
+            # the window up to the long prompt's second token: its join into the batch counted
+            "join_gap_p99_ms": float(np.percentile(joined, 99)) * 1000,
+            "join_stall_p99_ms": (float(np.percentile(joined, 99)) - base) * 1000,
+            "join_stall_max_ms": (max(joined) - base) * 1000,
+            "ttft_long_s": f - a, "gaps_during": len(during), "gaps_join": len(joined),
+            "chunk_tokens": stats.get("chunk_tokens"), "fused_runs": stats.get("fused_runs")}
 
 
 def _load() -> str:
@@ -137,9 +144,14 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=4)
     parser.add_argument("--admit-tokens", type=int, default=1024)
     parser.add_argument("--no-baseline-admission", action="store_true")
+    parser.add_argument("--no-fused", action="store_true",
+                        help="chunks between decode steps, not inside them (engine A/B)")
+    parser.add_argument("--label", default="", help="names the run in the output")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     model = load_model(args.model, max_concurrent_runs=args.workers)
+    if args.no_fused and hasattr(model.batcher.sched, "use_fused"):
+        model.batcher.sched.use_fused = False
     params = sum(int(np.prod(t.shape)) for t in model.manifest.tensors)
     loads = [_load()]
     print(f"model {model.manifest.name}: {params / 1e6:.1f} M parameters, "
@@ -193,9 +205,13 @@ def main() -> None:
             print(f"{key}: {a['admit_tokens']}-token prompt with {a['running']} streams running: "
                   f"gaps before {a['gap_before_median_ms']:.0f} ms, during p50 "
                   f"{a['gap_during_p50_ms']:.0f} / p99 {a['gap_during_p99_ms']:.0f} / max "
-                  f"{a['gap_during_max_ms']:.0f} ms (stall p99 {a['stall_p99_ms']:.0f} ms), "
-                  f"chunk {a['chunk_tokens']}, long prompt's ttft {a['ttft_long_s']:.1f} s")
+                  f"{a['gap_during_max_ms']:.0f} ms (stall p99 {a['stall_p99_ms']:.0f} ms, max "
+                  f"{a['stall_max_ms']:.0f}); join counted: stall p99 "
+                  f"{a['join_stall_p99_ms']:.0f} / max {a['join_stall_max_ms']:.0f} ms; "
+                  f"chunk {a['chunk_tokens']}, fused runs {a['fused_runs']}, "
+                  f"long prompt's ttft {a['ttft_long_s']:.2f} s")
     out["load_average"] = loads
+    out["label"] = args.label
     out["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                    text=True, check=False).stdout.strip()
     print(f"load averages: {' | '.join(loads)}")

@@ -59,6 +59,11 @@ class BatchStage:
         self._generation = 0  # bumped when the buffers are reallocated (bindings go stale)
         self.runs = 0
         self.rows_moved = 0
+        # Buffers being made ahead of a join (``prepare``): the (rows, capacity) they are for,
+        # and per layer a zeroed, already touched key and value buffer.
+        self._next: tuple[int, int] = (0, 0)
+        self._next_kv: list[tuple[np.ndarray, np.ndarray]] = []
+        self.prepared_layers = 0
 
     # ---------------------------------------------------------------- sequences
 
@@ -127,9 +132,23 @@ class BatchStage:
             b.bind_cpu_input(g.LOGIT_ROWS, rows)
         self.stage._run(b)
         self.runs += 1
-        idx = np.arange(lo, lo + n)
+        self.write(slots, lo, t, outs[1:])
+        out = outs[0].copy()
+        if inv is not None:
+            back = np.argsort(inv)
+            if self.stage.is_last and not last_only:
+                out = out.reshape(n, t, -1)[back].reshape(n * t, -1)
+            else:
+                out = out[back]
+        return out
+
+    def write(self, slots: list[Slot], lo: int, t: int, new_kv: list[np.ndarray]) -> None:
+        """Store a step's new keys and values (per layer ``new_key``, ``new_value``) of the
+        ``slots`` in rows ``lo``.. (in that order) and advance their lengths by ``t``."""
+        lengths = np.array([s.length for s in slots], np.int64)
+        idx = np.arange(lo, lo + len(slots))
         for j in range(len(self._layers)):
-            nk, nv = outs[1 + 2 * j], outs[2 + 2 * j]
+            nk, nv = new_kv[2 * j], new_kv[2 * j + 1]
             if t == 1:
                 self._keys[j][idx, :, :, lengths] = nk[:, :, :, 0]
                 self._values[j][idx, :, lengths, :] = nv[:, :, 0, :]
@@ -140,14 +159,69 @@ class BatchStage:
                     self._values[j][lo + r, :, p:p + t] = nv[r]
         for s in slots:
             s.length += t
-        out = outs[0].copy()
-        if inv is not None:
-            back = np.argsort(inv)
-            if self.stage.is_last and not last_only:
-                out = out.reshape(n, t, -1)[back].reshape(n * t, -1)
-            else:
-                out = out[back]
+
+    def cache(self, lo: int, n: int) -> list[np.ndarray]:
+        """Per layer the key and value buffers of rows [lo, lo+n) (views, read in place)."""
+        out: list[np.ndarray] = []
+        for j in range(len(self._layers)):
+            out += [self._keys[j][lo:lo + n], self._values[j][lo:lo + n]]
         return out
+
+    @property
+    def generation(self) -> int:
+        """Bumped whenever the buffers are reallocated (views from ``cache`` go stale)."""
+        return self._generation
+
+    def order(self, slots: list[Slot]) -> tuple[int, list[Slot], np.ndarray | None]:
+        """Make ``slots`` one contiguous run of rows; return its first row, the slots in row
+        order and the permutation applied (None: already in order)."""
+        lo = self._contiguous(slots)
+        order = [s.row - lo for s in slots]
+        if order == list(range(len(slots))):
+            return lo, slots, None
+        inv = np.argsort(order)
+        return lo, [slots[k] for k in inv], inv
+
+    # ---------------------------------------------------------------- joins
+
+    def reserve(self, need: int) -> None:
+        """Grow the buffers now to hold ``need`` tokens a row (a prompt's own row, sized once
+        for the whole prompt so that its chunks never reallocate)."""
+        self._ensure(need)
+
+    def prepare(self, need: int, extra_rows: int = 1) -> bool:
+        """Make, one layer a call, the buffers that a join of ``extra_rows`` sequences needing
+        ``need`` slots will grow into (zeroed and touched now, so the join only copies the
+        cached spans). Returns True when nothing is left to make."""
+        target = self._target(len(self.slots) + extra_rows, need)
+        if target is None:
+            return True
+        if target != self._next:
+            self._next, self._next_kv = target, []
+        j = len(self._next_kv)
+        if j == len(self._layers):
+            return True
+        kvh, d = self._shape
+        rows, cap = target
+        k, v = np.empty((rows, kvh, d, cap), np.float32), np.empty((rows, kvh, cap, d), np.float32)
+        k.fill(0.0)
+        v.fill(0.0)
+        self._next_kv.append((k, v))
+        self.prepared_layers += 1
+        return j + 1 == len(self._layers)
+
+    def adopt(self, src: BatchStage, slot: Slot) -> Slot:
+        """Move a sequence's cache from another ``BatchStage`` (its prompt's own row) into a
+        new row here; ``slot`` is closed in ``src``. Returns its slot here."""
+        mine = self.open(slot.max_tokens)
+        self._ensure(slot.length + 1)
+        n = slot.length
+        for j in range(len(self._layers)):
+            self._keys[j][mine.row, ..., :n] = src._keys[j][slot.row, ..., :n]
+            self._values[j][mine.row, :, :n] = src._values[j][slot.row, :, :n]
+        mine.length = n
+        src.close(slot)
+        return mine
 
     def _contiguous(self, slots: list[Slot]) -> int:
         """Make the rows of ``slots`` one contiguous run (moving rows to the front if they are
@@ -179,18 +253,26 @@ class BatchStage:
 
     # ---------------------------------------------------------------- buffers
 
-    def _ensure(self, need: int) -> None:
-        rows, cap = len(self.slots), self._capacity
-        if need <= cap and rows <= self._rows:
-            return
-        if need > cap:
-            grown = max(need, cap + max(CACHE_CHUNK_TOKENS, cap // 8))
+    def _target(self, rows: int, need: int) -> tuple[int, int] | None:
+        """The buffers' (rows, capacity) once ``rows`` sequences need ``need`` slots (None: the
+        present buffers hold them)."""
+        cap = max(self._capacity, need)
+        if need <= self._capacity and rows <= self._rows:
+            return None
+        if need > self._capacity:
+            grown = max(need, self._capacity + max(CACHE_CHUNK_TOKENS, self._capacity // 8))
             cap = -(-grown // CACHE_CHUNK_TOKENS) * CACHE_CHUNK_TOKENS
-        self._realloc(self._rows if rows <= self._rows else max(rows, 2 * self._rows), cap)
+        return (self._rows if rows <= self._rows else max(rows, 2 * self._rows), cap)
+
+    def _ensure(self, need: int) -> None:
+        target = self._target(len(self.slots), need)
+        if target is not None:
+            self._realloc(*target)
 
     def _maybe_shrink(self) -> None:
         if not self.slots:  # idle: hand the memory back
             self._keys, self._values, self._rows, self._capacity = [], [], 0, 0
+            self._next, self._next_kv = (0, 0), []
             self._bindings.clear()
             self._generation += 1
             return
@@ -203,9 +285,14 @@ class BatchStage:
         keep = min(len(self.slots), rows, self._rows)
         span = min(max((s.length for s in self.slots), default=0), cap)
         keys, values = [], []
+        ready = self._next_kv if self._next == (rows, cap) else []
+        self._next, self._next_kv = (0, 0), []
         for j in range(len(self._layers)):
-            k = np.zeros((rows, kvh, d, cap), np.float32)
-            v = np.zeros((rows, kvh, cap, d), np.float32)
+            if j < len(ready):
+                k, v = ready[j]
+            else:
+                k = np.zeros((rows, kvh, d, cap), np.float32)
+                v = np.zeros((rows, kvh, cap, d), np.float32)
             if keep and span:
                 k[:keep, ..., :span] = self._keys[j][:keep, ..., :span]
                 v[:keep, :, :span] = self._values[j][:keep, :, :span]

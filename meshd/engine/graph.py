@@ -35,6 +35,7 @@ a stage graph file built for another layout is rebuilt from the weights at load.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,9 @@ KV_LAYOUT = "3"  # keys [B, kvh, d, C], values [B, kvh, C, d]; graph metadata ke
 KV_LAYOUT_KEY = "meshd.kv_layout"
 INPUT_IDS, HIDDEN_IN, POSITIONS, LOGIT_ROWS = "input_ids", "hidden_in", "positions", "logit_rows"
 HIDDEN_OUT, LOGITS = "hidden_out", "logits"
+# A fused graph's second group (one prompt chunk): its inputs and outputs are these names, and
+# the chunk's cache inputs/outputs are the per-layer names with this prefix.
+CHUNK, CHUNK_IDS, CHUNK_POSITIONS = "chunk.", "chunk_ids", "chunk_positions"
 _ONNX_DTYPE = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
 
 
@@ -130,24 +134,38 @@ class GraphBuilder:
 
 
 def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int, end: int,
-                      weights_file: str = "weights.bin") -> onnx.ModelProto:
+                      weights_file: str = "weights.bin", *, fused: bool = False
+                      ) -> onnx.ModelProto:
     """The ONNX model of layers ``[start, end)``; weights are external references into
-    ``weights_file`` (resolved by onnxruntime relative to the model directory)."""
+    ``weights_file`` (resolved by onnxruntime relative to the model directory).
+
+    ``fused`` (whole models only) adds a second group of inputs, one prompt chunk
+    (``chunk_ids`` [1, T'], ``chunk_positions``, ``chunk.past_key.i`` / ``chunk.past_value.i``
+    against its own cache; outputs ``chunk.new_key.i`` / ``chunk.new_value.i``): the weight
+    products run over the decoding rows and the chunk's rows together, attention runs per group,
+    and ``logit_rows`` index the B*T decoding rows followed by the chunk's T' rows."""
     check_range(arch.num_layers, start, end)
     first, last = start == 0, end == arch.num_layers
+    if fused and not (first and last):
+        raise ValueError("a fused graph covers a whole model")
     b = GraphBuilder(tensors, weights_file)
     h_dim, d, kvh = arch.hidden_size, arch.head_dim, arch.num_kv_heads
     i64 = np.int64
     c = b.const
-    axes0 = c("axes_0", np.array([0], i64))
-    axes1 = c("axes_1", np.array([1], i64))
-    axes2 = c("axes_2", np.array([2], i64))
+    prefixes = ["", CHUNK] if fused else [""]
 
     inputs = [helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["B", "T"])]
     if first:
         inputs.insert(0, helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["B", "T"]))
         raw, dtype = b.raw(EMBED)
-        x = b.op("Gather", [raw, b.op("Reshape", [INPUT_IDS, c("flat", np.array([-1], i64))])])
+        ids = b.op("Reshape", [INPUT_IDS, c("flat", np.array([-1], i64))])
+        if fused:
+            inputs += [helper.make_tensor_value_info(CHUNK_IDS, TensorProto.INT64, [1, "T2"]),
+                       helper.make_tensor_value_info(CHUNK_POSITIONS, TensorProto.INT64,
+                                                     [1, "T2"])]
+            ids = b.op("Concat", [ids, b.op("Reshape", [CHUNK_IDS, c("flat", np.array([-1], i64))])],
+                       axis=0)
+        x = b.op("Gather", [raw, ids])
         if dtype != "fp32":
             x = b.op("Cast", [x], to=TensorProto.FLOAT)
     else:
@@ -158,39 +176,93 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     if last:
         inputs.append(helper.make_tensor_value_info(LOGIT_ROWS, TensorProto.INT64, ["K"]))
     outputs = []
-    for i in range(start, end):
-        inputs.append(helper.make_tensor_value_info(past_key(i), TensorProto.FLOAT,
-                                                    ["B", kvh, d, "C"]))
-        inputs.append(helper.make_tensor_value_info(past_value(i), TensorProto.FLOAT,
-                                                    ["B", kvh, "C", d]))
-        outputs.append(helper.make_tensor_value_info(new_key(i), TensorProto.FLOAT,
-                                                     ["B", kvh, d, "T"]))
-        outputs.append(helper.make_tensor_value_info(new_value(i), TensorProto.FLOAT,
-                                                     ["B", kvh, "T", d]))
+    for pre in prefixes:
+        bn, cn, tn = ("B", "C", "T") if not pre else (1, "C2", "T2")
+        for i in range(start, end):
+            inputs.append(helper.make_tensor_value_info(pre + past_key(i), TensorProto.FLOAT,
+                                                        [bn, kvh, d, cn]))
+            inputs.append(helper.make_tensor_value_info(pre + past_value(i), TensorProto.FLOAT,
+                                                        [bn, kvh, cn, d]))
+            outputs.append(helper.make_tensor_value_info(pre + new_key(i), TensorProto.FLOAT,
+                                                         [bn, kvh, d, tn]))
+            outputs.append(helper.make_tensor_value_info(pre + new_value(i), TensorProto.FLOAT,
+                                                         [bn, kvh, tn, d]))
 
-    # Shared by every layer: RoPE tables and the attention mask.
+    groups = [_group(b, arch, POSITIONS, past_key(start), "")]
+    if fused:
+        groups.append(_group(b, arch, CHUNK_POSITIONS, CHUNK + past_key(start), CHUNK))
+        rows = b.op("Concat", [groups[0].rows, groups[1].rows], axis=0)  # split of x's rows
+    for i in range(start, end):
+        x = _layer(b, arch, i, x, groups, rows if fused else None)
+
+    if last:
+        x = b.op("Gather", [x, LOGIT_ROWS], axis=0)
+        x = _rms_norm(b, x, b.weight(FINAL_NORM), arch.rms_norm_eps)
+        head = EMBED if arch.tie_word_embeddings else LM_HEAD
+        b.op("Gemm", [x, b.weight(head)], out=LOGITS, transB=1)
+        outputs.insert(0, helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT,
+                                                        ["K", arch.vocab_size]))
+    else:
+        out_shape = b.op("Concat", [groups[0].b_len, groups[0].t_len, c(f"h_{h_dim}", np.array([h_dim], i64))], axis=0)
+        b.op("Reshape", [x, out_shape], out=HIDDEN_OUT)
+        outputs.insert(0, helper.make_tensor_value_info(HIDDEN_OUT, TensorProto.FLOAT,
+                                                        ["B", "T", h_dim]))
+
+    graph = helper.make_graph(b.nodes, f"layers_{start}_{end}", inputs, outputs,
+                              initializer=list(b.inits.values()))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="meshd")
+    model.ir_version = IR_VERSION
+    helper.set_model_props(model, {KV_LAYOUT_KEY: KV_LAYOUT})
+    return model
+
+
+
+@dataclass(frozen=True)
+class _Group:
+    """The names one group of sequences' attention uses in every layer (a fused graph has two:
+    the decoding rows and the prompt chunk, each against its own cache)."""
+
+    prefix: str  # of its cache inputs and new key/value outputs
+    cos: str
+    sin: str
+    cos_q: str
+    sin_q: str
+    mask: str
+    split_sizes: str
+    shapes: dict[str, str]
+    rows: str  # [1]: B*T, its rows of x
+    b_len: str
+    t_len: str
+
+
+def _group(b: GraphBuilder, arch: Arch, positions: str, first_key: str, prefix: str) -> _Group:
+    """RoPE tables and the attention mask of one group (``positions`` [B, T], caches whose
+    first layer's keys are ``first_key``)."""
+    c, i64, d, kvh = b.const, np.int64, arch.head_dim, arch.num_kv_heads
+    axes0, axes1, axes2 = (c(f"axes_{k}", np.array([k], i64)) for k in range(3))
     inv = c("rope_inv_freq", rope_inv_freq(arch))
-    bt = b.op("Shape", [POSITIONS])  # [2]: B, T
+    bt = b.op("Shape", [positions])  # [2]: B, T
     b_len = b.op("Slice", [bt, c("zero", np.array([0], i64)), c("one", np.array([1], i64))])
     t_len = b.op("Slice", [bt, c("one", np.array([1], i64)), c("two", np.array([2], i64))])
-    pos_f = b.op("Cast", [b.op("Reshape", [POSITIONS, c("flat", np.array([-1], i64))])],
+    pos_f = b.op("Cast", [b.op("Reshape", [positions, c("flat", np.array([-1], i64))])],
                  to=TensorProto.FLOAT)
     freqs = b.op("Mul", [b.op("Unsqueeze", [pos_f, axes1]), inv])  # [N, d/2]
     sin_half = b.op("Sin", [freqs])
     cos = b.op("Cos", [b.op("Concat", [freqs, freqs], axis=1)])
     sin = b.op("Concat", [b.op("Neg", [sin_half]), sin_half], axis=1)  # rotate_half's signs
     # [B, 1, T, d]: broadcast over the heads of [B, heads, T, d]
-    one, _minus_one = c("one", np.array([1], i64)), c("minus_one", np.array([-1], i64))
+    one = c("one", np.array([1], i64))
     rope_shape = b.op("Concat", [b_len, one, t_len, c(f"d_{d}", np.array([d], i64))], axis=0)
     cos, sin = b.op("Reshape", [cos, rope_shape]), b.op("Reshape", [sin, rope_shape])
     scale = c("attn_scale", np.array(1.0 / np.sqrt(d), np.float32))
     cos_q, sin_q = b.op("Mul", [cos, scale]), b.op("Mul", [sin, scale])
 
-    c_len = b.op("Slice", [b.op("Shape", [past_key(start)]), c("three", np.array([3], i64)),
+    c_len = b.op("Slice", [b.op("Shape", [first_key]), c("three", np.array([3], i64)),
                            c("four", np.array([4], i64))])
     zero_s, one_s = c("zero_s", np.array(0, i64)), c("one_s", np.array(1, i64))
     # slot j of sequence s holds a token iff j < positions[s, 0] (the tokens it has cached)
-    p_len = b.op("Slice", [POSITIONS, c("zero", np.array([0], i64)), c("one", np.array([1], i64)),
+    p_len = b.op("Slice", [positions, c("zero", np.array([0], i64)), c("one", np.array([1], i64)),
                            axes1])  # [B, 1]
     j_past = b.op("Range", [zero_s, b.op("Squeeze", [c_len, axes0]), one_s])  # [C]
     past_bad = b.op("GreaterOrEqual", [j_past, b.op("Unsqueeze", [p_len, axes2])])  # [B, 1, C]
@@ -214,30 +286,8 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
 
     shapes = {"q": shape(b_len, [-1, nh, d]), "kv": shape(b_len, [-1, kvh, d]),
               "qg": shape(b_len, [kvh, g, -1, d]), "heads": shape(b_len, [nh, -1, d])}
-
-    for i in range(start, end):
-        x = _layer(b, arch, i, x, cos, sin, cos_q, sin_q, mask, split_sizes, shapes)
-
-    if last:
-        x = b.op("Gather", [x, LOGIT_ROWS], axis=0)
-        x = _rms_norm(b, x, b.weight(FINAL_NORM), arch.rms_norm_eps)
-        head = EMBED if arch.tie_word_embeddings else LM_HEAD
-        b.op("Gemm", [x, b.weight(head)], out=LOGITS, transB=1)
-        outputs.insert(0, helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT,
-                                                        ["K", arch.vocab_size]))
-    else:
-        out_shape = b.op("Concat", [b_len, t_len, c(f"h_{h_dim}", np.array([h_dim], i64))], axis=0)
-        b.op("Reshape", [x, out_shape], out=HIDDEN_OUT)
-        outputs.insert(0, helper.make_tensor_value_info(HIDDEN_OUT, TensorProto.FLOAT,
-                                                        ["B", "T", h_dim]))
-
-    graph = helper.make_graph(b.nodes, f"layers_{start}_{end}", inputs, outputs,
-                              initializer=list(b.inits.values()))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="meshd")
-    model.ir_version = IR_VERSION
-    helper.set_model_props(model, {KV_LAYOUT_KEY: KV_LAYOUT})
-    return model
+    rows = b.op("Mul", [b_len, t_len])
+    return _Group(prefix, cos, sin, cos_q, sin_q, mask, split_sizes, shapes, rows, b_len, t_len)
 
 
 def _rms_norm(b: GraphBuilder, x: str, w: str, eps: float) -> str:
@@ -260,25 +310,46 @@ def _rope(b: GraphBuilder, x: str, cos: str, sin: str, half: str) -> str:
                         b.op("Mul", [b.op("Concat", [x2, x1], axis=-1), sin])])
 
 
-def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_q: str, sin_q: str,
-           mask: str, split_sizes: str, shapes: dict[str, str]) -> str:
+def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group],
+           rows: str | None) -> str:
+    """One decoder layer over x [N, H]: the weight products over all N rows at once, attention
+    per group (``rows``: how x's rows split between the groups, when there are two)."""
     p = f"model.layers.{i}."
-    c = b.const
-    d, nh, _kvh, _g = arch.head_dim, arch.num_heads, arch.num_kv_heads, arch.group_size
-    half = c(f"half_{d}", np.array([d // 2, d // 2], np.int64))
-    perm = [0, 2, 1, 3]
-
     h = _rms_norm(b, x, b.weight(p + "input_layernorm.weight"), arch.rms_norm_eps)
     q = _linear(b, h, p + "self_attn.q_proj", arch.qkv_bias)
     k = _linear(b, h, p + "self_attn.k_proj", arch.qkv_bias)
     v = _linear(b, h, p + "self_attn.v_proj", arch.qkv_bias)
+    if rows is None:
+        o = _attention(b, arch, i, q, k, v, groups[0])
+    else:
+        parts = zip(*(b.ops("Split", [t, rows], len(groups), axis=0) for t in (q, k, v)),
+                    strict=True)
+        o = b.op("Concat", [_attention(b, arch, i, qq, kk, vv, grp)
+                            for (qq, kk, vv), grp in zip(parts, groups, strict=True)], axis=0)
+    x = b.op("Add", [x, _linear(b, o, p + "self_attn.o_proj", arch.o_bias)])
+
+    h = _rms_norm(b, x, b.weight(p + "post_attention_layernorm.weight"), arch.rms_norm_eps)
+    gate = _linear(b, h, p + "mlp.gate_proj", arch.mlp_bias)
+    up = _linear(b, h, p + "mlp.up_proj", arch.mlp_bias)
+    act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])
+    return b.op("Add", [x, _linear(b, act, p + "mlp.down_proj", arch.mlp_bias)])
+
+
+def _attention(b: GraphBuilder, arch: Arch, i: int, q: str, k: str, v: str, grp: _Group) -> str:
+    """One group's attention in layer ``i``: q [N, nh*d], k and v [N, kvh*d] of its rows;
+    writes its new keys and values (outputs) and returns [N, nh*d]."""
+    c = b.const
+    d = arch.head_dim
+    half = c(f"half_{d}", np.array([d // 2, d // 2], np.int64))
+    perm = [0, 2, 1, 3]
+    shapes, pre = grp.shapes, grp.prefix
     # [N, heads*d] -> [B, heads, T, d]
     q = b.op("Transpose", [b.op("Reshape", [q, shapes["q"]])], perm=perm)  # [B, nh, T, d]
     k = b.op("Transpose", [b.op("Reshape", [k, shapes["kv"]])], perm=perm)  # [B, kvh, T, d]
     v = b.op("Transpose", [b.op("Reshape", [v, shapes["kv"]])],
-             out=new_value(i), perm=perm)  # [B, kvh, T, d], the layout of the value cache
-    q = _rope(b, q, cos_q, sin_q, half)  # [B, nh, T, d], already scaled by 1/sqrt(d)
-    k_t = b.op("Transpose", [_rope(b, k, cos, sin, half)], out=new_key(i),
+             out=pre + new_value(i), perm=perm)  # [B, kvh, T, d], the layout of the value cache
+    q = _rope(b, q, grp.cos_q, grp.sin_q, half)  # [B, nh, T, d], already scaled by 1/sqrt(d)
+    k_t = b.op("Transpose", [_rope(b, k, grp.cos, grp.sin, half)], out=pre + new_key(i),
                perm=[0, 1, 3, 2])  # [B, kvh, d, T], the layout of the key cache
 
     # Grouped-query attention without repeating K/V: the heads of one group share a kv head
@@ -290,19 +361,13 @@ def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, cos: str, sin: str, cos_
     # much per cached token. Each sequence reads only its own cache row.
     axes2 = c("axes_2", np.array([2], np.int64))
     qg = b.op("Reshape", [q, shapes["qg"]])  # [B, kvh, g, T, d]
-    s_past = b.op("MatMul", [qg, b.op("Unsqueeze", [past_key(i), axes2])])  # [B, kvh, g, T, C]
+    s_past = b.op("MatMul", [qg, b.op("Unsqueeze", [pre + past_key(i), axes2])])
     s_new = b.op("MatMul", [qg, b.op("Unsqueeze", [k_t, axes2])])  # [B, kvh, g, T, T]
-    s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=-1), mask])
+    s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=-1), grp.mask])
     probs = b.op("Softmax", [s], axis=-1)
-    p_past, p_new = b.ops("Split", [probs, split_sizes], 2, axis=-1)
-    o = b.op("Add", [b.op("MatMul", [p_past, b.op("Unsqueeze", [past_value(i), axes2])]),
+    p_past, p_new = b.ops("Split", [probs, grp.split_sizes], 2, axis=-1)
+    o = b.op("Add", [b.op("MatMul", [p_past, b.op("Unsqueeze", [pre + past_value(i), axes2])]),
                      b.op("MatMul", [p_new, b.op("Unsqueeze", [v, axes2])])])  # [B, kvh, g, T, d]
     o = b.op("Reshape", [o, shapes["heads"]])  # [B, nh, T, d]
-    o = b.op("Reshape", [b.op("Transpose", [o], perm=perm), c("shape_flat", np.array([-1, nh * d]))])
-    x = b.op("Add", [x, _linear(b, o, p + "self_attn.o_proj", arch.o_bias)])
-
-    h = _rms_norm(b, x, b.weight(p + "post_attention_layernorm.weight"), arch.rms_norm_eps)
-    gate = _linear(b, h, p + "mlp.gate_proj", arch.mlp_bias)
-    up = _linear(b, h, p + "mlp.up_proj", arch.mlp_bias)
-    act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])
-    return b.op("Add", [x, _linear(b, act, p + "mlp.down_proj", arch.mlp_bias)])
+    o = b.op("Transpose", [o], perm=perm)  # [B, T, nh, d]
+    return b.op("Reshape", [o, c("shape_flat", np.array([-1, arch.num_heads * d]))])

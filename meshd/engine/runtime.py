@@ -69,9 +69,11 @@ def _first_line(err: BaseException) -> str:
 class Stage:
     """The compiled graph of layers ``[start, end)``; shared by every session opened on it."""
 
-    def __init__(self, model: Model, start: int, end: int, session: ort.InferenceSession) -> None:
+    def __init__(self, model: Model, start: int, end: int, session: ort.InferenceSession, *,
+                 fused: bool = False) -> None:
         self.model = model
         self.start, self.end = start, end
+        self.fused = fused  # the graph also takes one prompt chunk (``graph.build_stage_graph``)
         self.is_first = start == 0
         self.is_last = end == model.num_layers
         self.memory: StageMemory = stage_memory(model.manifest.arch, start, end,
@@ -85,6 +87,8 @@ class Stage:
         expected = [g.LOGITS if self.is_last else g.HIDDEN_OUT]
         for i in range(start, end):
             expected += [g.new_key(i), g.new_value(i)]
+        if fused:
+            expected += [g.CHUNK + name for name in expected[1:]]
         key_dims = session.get_outputs()[1].shape[1:3] if len(expected) > 2 else []
         if self.output_names != expected or key_dims != [arch.num_kv_heads, arch.head_dim]:
             raise ModelError(f"{model.manifest.name} layers [{start}, {end}): the stage graph "
@@ -291,7 +295,7 @@ class Model:
         self.layers = layers
         self.threads = threads
         self.max_concurrent_runs = max_concurrent_runs
-        self._stages: dict[tuple[int, int], Stage] = {}
+        self._stages: dict[tuple[int, int, bool], Stage] = {}
         self._lock = threading.Lock()
         self._limiter: Any = None
         self._batcher: Batcher | None = None
@@ -335,17 +339,20 @@ class Model:
             self._batcher = Batcher(self)
         return self._batcher
 
-    def stage(self, start: int, end: int) -> Stage:
-        """The stage of layers ``[start, end)`` (inside the loaded range), built on first use."""
+    def stage(self, start: int, end: int, *, fused: bool = False) -> Stage:
+        """The stage of layers ``[start, end)`` (inside the loaded range), built on first use;
+        ``fused``: the whole model's graph that also takes one prompt chunk (the batch
+        scheduler's decode step with a chunk, ``meshd.engine.fused``)."""
         lo, hi = self.layers
         check_range(self.num_layers, start, end)
         if not (lo <= start and end <= hi):
             raise LocalError(f"layers [{start}, {end}) are not loaded (loaded: [{lo}, {hi}))")
         with self._lock:
-            stage = self._stages.get((start, end))
+            stage = self._stages.get((start, end, fused))
             if stage is None:
-                stage = Stage(self, start, end, self._build_session(start, end))
-                self._stages[(start, end)] = stage
+                stage = Stage(self, start, end, self._build_session(start, end, fused),
+                              fused=fused)
+                self._stages[(start, end, fused)] = stage
             return stage
 
     def statistics(self) -> dict[str, Any]:
@@ -370,9 +377,9 @@ class Model:
         so.intra_op_num_threads = self.threads or planning.default_threads(weights)
         return so
 
-    def _build_session(self, start: int, end: int) -> ort.InferenceSession:
+    def _build_session(self, start: int, end: int, fused: bool = False) -> ort.InferenceSession:
         so = self._session_options(start, end)
-        prebuilt = _prebuilt(self.manifest.stages, start, end)
+        prebuilt = None if fused else _prebuilt(self.manifest.stages, start, end)
         source: str | bytes
         if prebuilt is not None:
             path = self.path / prebuilt.file
@@ -389,8 +396,8 @@ class Model:
                 prebuilt = None
         if prebuilt is None:
             arch, tensors = self.manifest.arch, {t.name: t for t in self.manifest.tensors}
-            source = g.build_stage_graph(arch, tensors, start, end,
-                                         self.manifest.weights_file).SerializeToString()
+            source = g.build_stage_graph(arch, tensors, start, end, self.manifest.weights_file,
+                                         fused=fused).SerializeToString()
             so.add_session_config_entry(_EXTERNAL_FOLDER, str(self.path))
         t0 = time.perf_counter()
         try:

@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshd.engine.batch import BatchStage, Slot
+from meshd.engine.fused import FusedStep
 from meshd.engine.generation import Generation, TokenEvent
 from meshd.engine.sampling import GenerationConfig
+from meshd.errors import LocalError, ModelError
 
 if TYPE_CHECKING:
     from meshd.engine.runtime import Model
@@ -72,17 +74,23 @@ class BatchSequence:
 
 class BatchScheduler:
     def __init__(self, model: Model, *, chunk_budget_ms: float = CHUNK_BUDGET_MS,
-                 max_batch: int = 64) -> None:
+                 max_batch: int = 64, fused: bool = True) -> None:
         self.model = model
-        self.stage = BatchStage(model.stage(0, model.num_layers))
+        whole = model.stage(0, model.num_layers)
+        self.stage = BatchStage(whole)  # the decoding sequences' rows
+        self.pre = BatchStage(whole)  # the prompt being prefilled: its own row, sized once
         self.chunk_budget_ms = chunk_budget_ms
         self.max_batch = max_batch
+        self.use_fused = fused  # decode step and prompt chunk in one call (``fused.py``)
+        self._fused: FusedStep | None = None
         self.waiting: deque[BatchSequence] = deque()  # prompts not (fully) prefilled, oldest first
         self.running: list[BatchSequence] = []  # generating
+        # ms a prompt token adds to a step: with fusing, what a chunk adds to a decode step;
+        # without, a chunk's own run over its tokens
         self.prefill_ms_per_token = 0.0
         self.decode_ms: dict[int, float] = {}  # batch size -> EWMA of a decode step's ms
-        self.stats = {"steps": 0, "decode_runs": 0, "prefill_chunks": 0, "tokens": 0,
-                      "max_batch_seen": 0, "joined": 0, "left": 0}
+        self.stats = {"steps": 0, "decode_runs": 0, "prefill_chunks": 0, "fused_runs": 0,
+                      "tokens": 0, "max_batch_seen": 0, "joined": 0, "left": 0}
         self.last_chunk = 0
 
     def add(self, seq: BatchSequence) -> None:
@@ -93,12 +101,14 @@ class BatchScheduler:
         """Drop a sequence (finished or abandoned) and free its cache row."""
         if seq in self.running:
             self.running.remove(seq)
+            stage = self.stage
         elif seq in self.waiting:
             self.waiting.remove(seq)
+            stage = self.pre
         else:
             return
         if seq.slot is not None:
-            self.stage.close(seq.slot)
+            stage.close(seq.slot)
             seq.slot = None
         self.stats["left"] += 1
 
@@ -106,10 +116,23 @@ class BatchScheduler:
     def busy(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def fused_step(self) -> FusedStep | None:
+        """The fused decode-and-chunk step (built on first use; None when switched off or
+        the fused graph cannot be built, then chunks run between decode steps)."""
+        if self._fused is None and self.use_fused:
+            try:
+                self._fused = FusedStep(self.model.stage(0, self.model.num_layers, fused=True))
+            except (LocalError, ModelError) as err:
+                log.warning("fused batch step unavailable model=%s error=%s",
+                            self.model.manifest.name, err)
+                self.use_fused = False
+        return self._fused
+
     def calibrate(self, tokens: int = 32, max_batch: int = 8) -> None:
-        """Measure the prefill speed (a ``tokens``-token prompt) and a decode step at batch
-        sizes 1, 2, 4, ... ``max_batch`` on scratch rows, so the first real chunk is already
-        sized to the budget and the speed curve is known before traffic refines it."""
+        """Measure the prefill speed (a ``tokens``-token prompt), a decode step at batch
+        sizes 1, 2, 4, ... ``max_batch`` on scratch rows, and what a chunk adds to a decode
+        step when fused, so the first real chunk is already sized to the budget and the speed
+        curve is known before traffic refines it."""
         sizes = [1 << k for k in range(max(max_batch, 1).bit_length()) if 1 << k <= max_batch]
         slots = [self.stage.open(tokens + 2) for _ in range(sizes[-1])]
         try:
@@ -125,6 +148,20 @@ class BatchScheduler:
                 t0 = time.perf_counter()
                 self.stage.step(slots[:b], np.ones((b, 1), np.int64))
                 self.note_decode(b, (time.perf_counter() - t0) * 1000)
+            fused = self.fused_step()
+            if fused is not None:
+                p = self.pre.open(tokens)
+                try:
+                    for _ in range(2):
+                        p.length, slots[0].length = 0, 1
+                        t0 = time.perf_counter()
+                        fused.run(self.stage, slots[:1], np.ones((1, 1), np.int64), self.pre, p,
+                                  np.ones(tokens, np.int64), chunk_logits=True)
+                        ms = (time.perf_counter() - t0) * 1000
+                    extra = (ms - self.decode_ms.get(1, 0.0)) / tokens
+                    self.prefill_ms_per_token = max(extra, per / 4)
+                finally:
+                    self.pre.close(p)
         finally:
             for s in reversed(slots):
                 self.stage.close(s)
@@ -145,6 +182,13 @@ class BatchScheduler:
         old = self.decode_ms.get(batch, 0.0)
         self.decode_ms[batch] = ms if old <= 0 else (1 - EWMA) * old + EWMA * ms
 
+    def _note_chunk(self, n: int, ms: float) -> None:
+        if n < 16:  # short chunks say more about the fixed cost than the speed
+            return
+        per = ms / n
+        old = self.prefill_ms_per_token
+        self.prefill_ms_per_token = per if old <= 0 else (1 - EWMA) * old + EWMA * per
+
     def chunk(self) -> int:
         return chunk_tokens(self.chunk_budget_ms, self.prefill_ms_per_token)
 
@@ -152,45 +196,66 @@ class BatchScheduler:
         """One scheduling step; returns the sequences that made tokens (in ``.events``).
         Finished sequences are removed before it returns."""
         out: list[BatchSequence] = []
-        joined: BatchSequence | None = None
+        seq: BatchSequence | None = None
+        chunk = np.zeros(0, np.int64)
+        final = False
         if self.waiting and len(self.running) < self.max_batch:
             seq = self.waiting[0]
             if seq.slot is None:
-                seq.slot = self.stage.open(seq.max_tokens)
+                seq.slot = self.pre.open(seq.max_tokens)
             n = min(self.chunk(), len(seq.ids) - seq.prefilled)
+            if seq.prefilled + n > self.pre.capacity:  # its row doubles: few copies of one row,
+                # and a chunk's attention reads at most twice the slots it needs
+                self.pre.reserve(min(len(seq.ids), max(seq.prefilled + n, 2 * self.pre.capacity)))
             self.last_chunk = n
-            x = np.asarray(seq.ids[seq.prefilled:seq.prefilled + n], np.int64)[None]
+            chunk = np.asarray(seq.ids[seq.prefilled:seq.prefilled + n], np.int64)
+            final = seq.prefilled + n == len(seq.ids)
+        batch = list(self.running)
+        slots = [s.slot for s in batch]
+        assert all(sl is not None for sl in slots)
+        ids = np.array([[s.last] for s in batch], np.int64)
+        fused = self.fused_step() if (seq is not None and batch) else None
+        first: np.ndarray | None = None
+        logits: np.ndarray | None = None
+        if fused is not None and seq is not None and seq.slot is not None:
             t0 = time.perf_counter()
-            logits = self.stage.step([seq.slot], x, last_only=True)
-            if n >= 16:  # short chunks say more about the fixed cost than the speed
-                per = (time.perf_counter() - t0) * 1000 / n
-                old = self.prefill_ms_per_token
-                self.prefill_ms_per_token = per if old <= 0 else (1 - EWMA) * old + EWMA * per
-            self.stats["prefill_chunks"] += 1
-            seq.prefilled += n
-            if seq.prefilled == len(seq.ids):
-                self.waiting.popleft()
-                ev = seq.gen.feed(logits[0])
-                seq.events.append(ev)
-                out.append(seq)
-                if ev.finish_reason is None:
-                    seq.last = ev.token_id
-                    self.running.append(seq)
-                    joined = seq
-                else:
-                    self.stage.close(seq.slot)
-                    seq.slot = None
-                    self.stats["left"] += 1
-        batch = [s for s in self.running if s is not joined]
+            logits, first = fused.run(self.stage, slots, ids, self.pre,  # type: ignore[arg-type]
+                                      seq.slot, chunk, chunk_logits=final)
+            ms = (time.perf_counter() - t0) * 1000
+            self._note_chunk(len(chunk), ms - self.decode_ms.get(len(batch), ms))
+            self.stats["fused_runs"] += 1
+        else:
+            if seq is not None and seq.slot is not None:
+                t0 = time.perf_counter()
+                first = self.pre.step([seq.slot], chunk[None], last_only=True)[0]
+                if not self.use_fused:
+                    self._note_chunk(len(chunk), (time.perf_counter() - t0) * 1000)
+            if batch:
+                t0 = time.perf_counter()
+                logits = self.stage.step(slots, ids, last_only=True)  # type: ignore[arg-type]
+                self.note_decode(len(batch), (time.perf_counter() - t0) * 1000)
         if batch:
-            x = np.array([[s.last] for s in batch], np.int64)
-            slots = [s.slot for s in batch]
-            assert all(sl is not None for sl in slots)
-            t0 = time.perf_counter()
-            logits = self.stage.step(slots, x, last_only=True)  # type: ignore[arg-type]
-            self.note_decode(len(batch), (time.perf_counter() - t0) * 1000)
             self.stats["decode_runs"] += 1
             self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(batch))
+        if seq is not None and seq.slot is not None:
+            self.stats["prefill_chunks"] += 1
+            seq.prefilled += len(chunk)
+            if final and first is not None:
+                self.waiting.popleft()
+                ev = seq.gen.feed(first)
+                seq.events.append(ev)
+                out.append(seq)
+                if ev.finish_reason is None:  # joins the decoding rows (a copy of its cache)
+                    seq.slot = self.stage.adopt(self.pre, seq.slot)
+                    seq.last = ev.token_id
+                    self.running.append(seq)
+                else:
+                    self.pre.close(seq.slot)
+                    seq.slot = None
+                    self.stats["left"] += 1
+            elif batch:  # the rows' buffers for the join, a layer a step
+                self.stage.prepare(len(seq.ids) + 1)
+        if logits is not None:
             for row, s in enumerate(batch):
                 ev = s.gen.feed(logits[row])
                 s.events.append(ev)
@@ -204,7 +269,9 @@ class BatchScheduler:
 
     def statistics(self) -> dict[str, Any]:
         return {**self.stats, "running": len(self.running), "waiting": len(self.waiting),
-                "chunk_tokens": self.chunk(), "kv_bytes": self.stage.memory_bytes(),
+                "chunk_tokens": self.chunk(), "fused": self.use_fused,
+                "kv_bytes": self.stage.memory_bytes() + self.pre.memory_bytes(),
+                "prepared_layers": self.stage.prepared_layers,
                 "rows_moved": self.stage.rows_moved,
                 "prefill_ms_per_token": round(self.prefill_ms_per_token, 3),
                 "decode_ms_by_batch": {str(b): round(ms, 3)
