@@ -285,8 +285,9 @@ class BatchStage:
         keep = min(len(self.slots), rows, self._rows)
         span = min(max((s.length for s in self.slots), default=0), cap)
         keys, values = [], []
-        ready = self._next_kv if self._next == (rows, cap) else []
-        self._next, self._next_kv = (0, 0), []
+        ready: list[tuple[np.ndarray, np.ndarray]] = []
+        if self._next == (rows, cap):  # made ahead by ``prepare`` (kept for a later growth if not)
+            ready, self._next, self._next_kv = self._next_kv, (0, 0), []
         for j in range(len(self._layers)):
             if j < len(ready):
                 k, v = ready[j]

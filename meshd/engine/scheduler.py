@@ -1,11 +1,14 @@
 """Continuous batching of a whole model's generations (docs/engine.md, "Continuous batching").
 
 ``BatchScheduler`` is the synchronous part, run by one worker thread at a time: each ``step()``
-prefills one chunk of the oldest waiting prompt (at most ``chunk_tokens`` tokens, so a long
-prompt never holds up the running streams for more than one chunk), then runs one decode step
-of every sequence that is generating, all in one onnxruntime call, and samples each
-sequence's next token with its own ``Generation`` (its own seed and settings). Sequences join
-and leave between steps (``add``, ``cancel``; applied by the caller between steps).
+runs one decode step of every sequence that is generating together with one chunk of the
+oldest waiting prompt (at most ``chunk_tokens`` tokens, on the prompt's own cache row) in one
+onnxruntime call (``fused.FusedStep``), so a long prompt adds one chunk's arithmetic to the
+running streams' step and no pass over the weights; it samples each sequence's next token with
+its own ``Generation`` (its own seed and settings). A prompt whose last chunk is done joins the
+decoding rows (``BatchStage.adopt``, into buffers ``BatchStage.prepare`` made a layer a step).
+Sequences join and leave between steps (``add``, ``remove``; applied by the caller between
+steps).
 
 ``Batcher`` is the trio side: one scheduler task per model (``run``) that calls ``step()`` in a
 worker thread under the model's limiter while there is work, and hands each sequence's tokens to
