@@ -113,6 +113,12 @@ async def _admission(model: Any, running: int, admit: int, batched: bool,
     joined = [y - x for t in times for x, y in zip(t, t[1:], strict=False) if y > a and x < s2]
     base = statistics.median(before)
     stats = model.statistics().get("batch") or {}
+    trace = getattr(getattr(model.batcher, "sched", None), "trace", [])
+    window = [(t - a, ms, what) for t, ms, what in trace if a <= t < s2]
+    slowest = sorted(window, key=lambda w: -w[1])[:6]
+    kinds: dict[str, list[float]] = {}
+    for _, ms, what in window:
+        kinds.setdefault(what, []).append(ms)
     return {"running": running, "admit_tokens": admit,
             "gap_before_median_ms": base * 1000,
             "gap_during_p50_ms": float(np.percentile(during, 50)) * 1000,
@@ -125,7 +131,12 @@ async def _admission(model: Any, running: int, admit: int, batched: bool,
             "join_stall_p99_ms": (float(np.percentile(joined, 99)) - base) * 1000,
             "join_stall_max_ms": (max(joined) - base) * 1000,
             "ttft_long_s": f - a, "gaps_during": len(during), "gaps_join": len(joined),
-            "chunk_tokens": stats.get("chunk_tokens"), "fused_runs": stats.get("fused_runs")}
+            "chunk_tokens": stats.get("chunk_tokens"), "fused_runs": stats.get("fused_runs"),
+            # the scheduler's own step times in the window (this branch's trace)
+            "slowest_steps": [{"at_s": round(at, 3), "ms": round(ms, 1), "what": what}
+                              for at, ms, what in slowest],
+            "step_ms_by_kind": {k: {"n": len(v), "median": round(statistics.median(v), 1),
+                                    "max": round(max(v), 1)} for k, v in sorted(kinds.items())}}
 
 
 def _load() -> str:
@@ -210,6 +221,8 @@ def main() -> None:
                   f"{a['join_stall_p99_ms']:.0f} / max {a['join_stall_max_ms']:.0f} ms; "
                   f"chunk {a['chunk_tokens']}, fused runs {a['fused_runs']}, "
                   f"long prompt's ttft {a['ttft_long_s']:.2f} s")
+            if a.get("slowest_steps"):
+                print(f"  steps by kind {a['step_ms_by_kind']}\n  slowest {a['slowest_steps']}")
     out["load_average"] = loads
     out["label"] = args.label
     out["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

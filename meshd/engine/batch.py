@@ -192,15 +192,14 @@ class BatchStage:
     def prepare(self, need: int, extra_rows: int = 1) -> bool:
         """Make, one layer a call, the buffers that a join of ``extra_rows`` sequences needing
         ``need`` slots will grow into (zeroed and touched now, so the join only copies the
-        cached spans). Returns True when nothing is left to make."""
+        cached spans). Returns whether it made a layer (False: nothing left to make)."""
         target = self._target(len(self.slots) + extra_rows, need)
         if target is None:
-            return True
+            return False
         if target != self._next:
             self._next, self._next_kv = target, []
-        j = len(self._next_kv)
-        if j == len(self._layers):
-            return True
+        if len(self._next_kv) == len(self._layers):
+            return False
         kvh, d = self._shape
         rows, cap = target
         k, v = np.empty((rows, kvh, d, cap), np.float32), np.empty((rows, kvh, cap, d), np.float32)
@@ -208,7 +207,7 @@ class BatchStage:
         v.fill(0.0)
         self._next_kv.append((k, v))
         self.prepared_layers += 1
-        return j + 1 == len(self._layers)
+        return True
 
     def adopt(self, src: BatchStage, slot: Slot) -> Slot:
         """Move a sequence's cache from another ``BatchStage`` (its prompt's own row) into a

@@ -46,6 +46,7 @@ DEFAULT_CHUNK_TOKENS = 64
 CHUNK_BUDGET_MS = 50.0
 MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 16, 128
 EWMA = 0.3
+TRACE_STEPS = 4096
 
 
 def chunk_tokens(budget_ms: float, ms_per_token: float) -> int:
@@ -95,6 +96,8 @@ class BatchScheduler:
         self.stats = {"steps": 0, "decode_runs": 0, "prefill_chunks": 0, "fused_runs": 0,
                       "tokens": 0, "max_batch_seen": 0, "joined": 0, "left": 0}
         self.last_chunk = 0
+        # the last steps: (start, ms, what ran: decode / chunk / fused, +prepare, +join)
+        self.trace: deque[tuple[float, float, str]] = deque(maxlen=TRACE_STEPS)
 
     def add(self, seq: BatchSequence) -> None:
         self.waiting.append(seq)
@@ -199,6 +202,8 @@ class BatchScheduler:
         """One scheduling step; returns the sequences that made tokens (in ``.events``).
         Finished sequences are removed before it returns."""
         out: list[BatchSequence] = []
+        start = time.perf_counter()
+        what: list[str] = []
         seq: BatchSequence | None = None
         chunk = np.zeros(0, np.int64)
         final = False
@@ -227,16 +232,19 @@ class BatchScheduler:
             ms = (time.perf_counter() - t0) * 1000
             self._note_chunk(len(chunk), ms - self.decode_ms.get(len(batch), ms))
             self.stats["fused_runs"] += 1
+            what.append("fused")
         else:
             if seq is not None and seq.slot is not None:
                 t0 = time.perf_counter()
                 first = self.pre.step([seq.slot], chunk[None], last_only=True)[0]
+                what.append("chunk")
                 if not self.use_fused:
                     self._note_chunk(len(chunk), (time.perf_counter() - t0) * 1000)
             if batch:
                 t0 = time.perf_counter()
                 logits = self.stage.step(slots, ids, last_only=True)  # type: ignore[arg-type]
                 self.note_decode(len(batch), (time.perf_counter() - t0) * 1000)
+                what.append("decode")
         if batch:
             self.stats["decode_runs"] += 1
             self.stats["max_batch_seen"] = max(self.stats["max_batch_seen"], len(batch))
@@ -250,14 +258,15 @@ class BatchScheduler:
                 out.append(seq)
                 if ev.finish_reason is None:  # joins the decoding rows (a copy of its cache)
                     seq.slot = self.stage.adopt(self.pre, seq.slot)
+                    what.append("join")
                     seq.last = ev.token_id
                     self.running.append(seq)
                 else:
                     self.pre.close(seq.slot)
                     seq.slot = None
                     self.stats["left"] += 1
-            elif batch:  # the rows' buffers for the join, a layer a step
-                self.stage.prepare(len(seq.ids) + 1)
+            elif batch and self.stage.prepare(len(seq.ids) + 1):  # the rows' buffers for
+                what.append("prepare")  # the join, a layer a step
         if logits is not None:
             for row, s in enumerate(batch):
                 ev = s.gen.feed(logits[row])
@@ -268,6 +277,7 @@ class BatchScheduler:
                     self.remove(s)
         self.stats["steps"] += 1
         self.stats["tokens"] += len(out)
+        self.trace.append((start, (time.perf_counter() - start) * 1000, "+".join(what)))
         return out
 
     def statistics(self) -> dict[str, Any]:
