@@ -265,8 +265,10 @@ class BatchScheduler:
                     self.pre.close(seq.slot)
                     seq.slot = None
                     self.stats["left"] += 1
-            elif batch and self.stage.prepare(len(seq.ids) + 1):  # the rows' buffers for
-                what.append("prepare")  # the join, a layer a step
+            elif batch:  # the rows' buffers for the join, spread over the chunks left
+                left = -(-(len(seq.ids) - seq.prefilled) // max(self.chunk(), 1)) - 1
+                if self.stage.prepare(len(seq.ids) + 1, steps=left):
+                    what.append("prepare")
         if logits is not None:
             for row, s in enumerate(batch):
                 ev = s.gen.feed(logits[row])
@@ -284,7 +286,8 @@ class BatchScheduler:
         return {**self.stats, "running": len(self.running), "waiting": len(self.waiting),
                 "chunk_tokens": self.chunk(), "fused": self.use_fused,
                 "kv_bytes": self.stage.memory_bytes() + self.pre.memory_bytes(),
-                "prepared_layers": self.stage.prepared_layers,
+                "prepared_bytes": self.stage.prepared_bytes,
+                "zeroed_at_join": self.stage.zeroed_at_join,
                 "rows_moved": self.stage.rows_moved,
                 "prefill_ms_per_token": round(self.prefill_ms_per_token, 3),
                 "decode_ms_by_batch": {str(b): round(ms, 3)

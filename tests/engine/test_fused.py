@@ -99,7 +99,8 @@ def test_a_chunk_rides_in_the_decode_step_and_the_join_grows_into_prepared_buffe
         steps += 1
     assert steps == 13  # ceil(200 / 16), one call each: no decode step of its own
     assert sched.stage.runs == runs and sched.stats["fused_runs"] == 13
-    # the join grew the rows into buffers made a layer a step while the prompt was prefilled
-    assert sched.stage.prepared_layers == model.num_layers
+    # the join grew the rows into buffers zeroed a part a step while the prompt was prefilled
+    assert sched.stage.grown_into_prepared == 1
+    assert sched.stage.prepared_bytes > 0 and sched.stage.zeroed_at_join == 0
     assert sched.stage.capacity > cap >= 0 and long in sched.running
     assert long.slot is not None and long.slot.length == len(long_ids)
