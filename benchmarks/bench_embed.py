@@ -16,6 +16,10 @@ the baseline).
 - batches of 64 varied sentences (8 to 60 tokens): p50 and p99 wall time per batch, and
   sentences/s at the p50.
 
+With ``--baseline-model DIR`` the graphs of another imported directory (say one written by an
+older meshd, before the residual LayerNorms were unfused) are timed alongside, as
+``fp32-baseline`` and ``int8-baseline``.
+
 Accuracy: the 50 sentences of tests/embed/sentences.py against the NumPy reference (float64,
 one sentence at a time): the largest 1 - cosine and absolute difference, for the float graph;
 for the int8 graph the cosine to the float vectors (min, mean) and, on the 544 labelled pairs
@@ -48,6 +52,7 @@ sys.path.insert(0, str(ROOT / "tests" / "embed"))
 from sentences import SENTENCES  # noqa: E402
 
 from meshd.embed import Embedder, default_embedding_model, load_embedder  # noqa: E402
+from meshd.embed.manifest import read_embed_manifest  # noqa: E402
 from meshd.embed.package import packaged_zip  # noqa: E402
 from meshd.embed.reference import encode_reference  # noqa: E402
 
@@ -136,6 +141,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--model", type=Path, default=None, metavar="DIR",
                     help="an imported model directory (default: import into a temporary cache)")
+    ap.add_argument("--baseline-model", type=Path, default=None, metavar="DIR",
+                    help="also time this directory's graphs (e.g. one imported by an older "
+                         "meshd) as the settings 'fp32-baseline' and 'int8-baseline'")
     ap.add_argument("--timing-only", action="store_true",
                     help="skip the accuracy checks (reference, int8 vs float, pairs)")
     args = ap.parse_args()
@@ -151,7 +159,13 @@ def main() -> None:
             for precision in ("fp32", "int8"):
                 embedders[f"{precision} threads={t}"] = load_embedder(
                     model_dir, threads=t, precision=precision)
+                if args.baseline_model:
+                    embedders[f"{precision}-baseline threads={t}"] = load_embedder(
+                        args.baseline_model, threads=t, precision=precision)
         load_s = (time.perf_counter() - t0) / len(embedders)
+        int8_files = {"model": read_embed_manifest(model_dir).int8_scheme}
+        if args.baseline_model:
+            int8_files["baseline"] = read_embed_manifest(args.baseline_model).int8_scheme
         first = embedders[f"fp32 threads={threads[0]}"]
         text32, text12 = sentence_of(first, 32), sentence_of(first, 12)
         batch = batch_texts(first, np.random.default_rng(0))
@@ -159,7 +173,7 @@ def main() -> None:
         calls: dict[str, Any] = {}
         for name, e in embedders.items():
             calls[name] = lambda text, e=e: e.embed([text])
-            if name.startswith("fp32"):  # the padded-batch path every call took before
+            if name.startswith("fp32 "):  # the padded-batch path every call took before
                 calls[name.replace("fp32", "fp32-batch-path")] = (
                     lambda text, e=e: e.embed_ids(e.token_ids([text])))
         for f in calls.values():  # warm up
@@ -201,6 +215,7 @@ def main() -> None:
         "onnxruntime": ort.__version__, "cpu": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "loadavg_1min_before_after": [load0[0], load1[0]],
         "first_use_import_s": round(import_s, 2), "load_s": round(load_s, 3),
+        "int8_schemes": int8_files,
         "file_bytes": sizes, "sentence_32_tokens": text32, "sentence_12_tokens": text12,
         "batch_tokens_min_median_max": [min(lengths), int(np.median(lengths)), max(lengths)],
         "settings": {}, "first_call_without_warmup": cold, "reference": check,
