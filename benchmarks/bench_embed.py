@@ -133,6 +133,41 @@ def first_calls(model_dir: Path, precision: str, text: str) -> dict[str, float]:
     return out
 
 
+def op_profile(model_dir: Path, precision: str, threads: int, text: str, runs: int = 200
+               ) -> dict[str, Any]:
+    """onnxruntime's per-operator profile of one text through ``precision``'s graph: median
+    kernel time per run of each operator type (ms), and the median session run."""
+    import collections
+
+    from meshd.embed.embedder import open_session
+
+    emb = load_embedder(model_dir, threads=threads, precision=precision, warm=False)
+    m = emb.manifest
+    graph = model_dir / (m.int8_file if precision == "int8" else m.graph_file)
+    with tempfile.TemporaryDirectory() as tmp:
+        sess = open_session(graph, threads=threads, profile_prefix=str(Path(tmp) / "prof"))
+        ids = np.array([emb.token_ids([text])[0]], np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        for _ in range(20):
+            sess.run(None, feed)
+        cpu = []
+        for _ in range(runs):
+            c = time.process_time()
+            sess.run(None, feed)
+            cpu.append(time.process_time() - c)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    per: dict[str, list[float]] = collections.defaultdict(list)
+    run_us = [e["dur"] for e in events if e.get("name") == "model_run"]
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per[e["args"]["op_name"]].append(e["dur"])
+    n = len(run_us)
+    ops = {k: round(float(np.median(v)) * len(v) / n / 1e3, 3) for k, v in per.items()}
+    return {"session_run_ms_p50": round(float(np.median(run_us)) / 1e3, 3),
+            "cpu_ms_p50": round(pct(cpu, 50) * 1e3, 3),
+            "ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=300, help="single-sentence runs per setting")
@@ -146,7 +181,22 @@ def main() -> None:
                          "meshd) as the settings 'fp32-baseline' and 'int8-baseline'")
     ap.add_argument("--timing-only", action="store_true",
                     help="skip the accuracy checks (reference, int8 vs float, pairs)")
+    ap.add_argument("--profile", action="store_true",
+                    help="only print onnxruntime's per-operator profile (32 tokens, each graph "
+                         "and thread count)")
     args = ap.parse_args()
+    if args.profile:
+        model_dir = args.model or default_embedding_model()
+        text = sentence_of(load_embedder(model_dir, warm=False), 32)
+        prof = {"loadavg_1min": os.getloadavg()[0]}
+        for t in (int(x) for x in args.threads.split(",")):
+            for precision in ("int8", "fp32"):
+                prof[f"{precision} threads={t}"] = op_profile(model_dir, precision, t, text)
+        prof["loadavg_1min_end"] = os.getloadavg()[0]
+        print(json.dumps(prof, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(prof, indent=1) + "\n")
+        return
 
     with tempfile.TemporaryDirectory() as cache:
         t0 = time.perf_counter()

@@ -230,10 +230,12 @@ def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
 
 def open_session(graph: Path, *, threads: int | None = None, spin: bool = False,
                  providers: list[str] | tuple[str, ...] | None = None,
-                 optimized_model_path: Path | None = None) -> ort.InferenceSession:
+                 optimized_model_path: Path | None = None,
+                 profile_prefix: str | None = None) -> ort.InferenceSession:
     """The onnxruntime session of an encoder graph, as ``load_embedder`` builds it: all graph
     optimisations but the fusions of ``UNFUSED_OPTIMIZERS`` (meshd.embed.graph), spin-waiting
-    as asked. ``optimized_model_path``: also write the optimised graph there (tests)."""
+    as asked. ``optimized_model_path``: also write the optimised graph there (tests);
+    ``profile_prefix``: turn onnxruntime's profiler on (benchmarks)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
@@ -242,5 +244,8 @@ def open_session(graph: Path, *, threads: int | None = None, spin: bool = False,
         so.intra_op_num_threads = threads
     if optimized_model_path is not None:
         so.optimized_model_filepath = str(optimized_model_path)
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     return ort.InferenceSession(str(graph), so, providers=choose_providers(providers),
                                 disabled_optimizers=list(UNFUSED_OPTIMIZERS))
