@@ -20,6 +20,7 @@ Why it is optional and what it costs in accuracy: docs/embeddings.md ("int8").
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -95,13 +96,24 @@ def ensure_int8(directory: Path) -> EmbedManifest:
     directories meshd manages (the default model's cache); ``load_embedder`` never writes into
     a user's model directory (an older int8 graph there still loads, only slower)."""
     m = read_embed_manifest(directory)
-    if m.int8_file and (directory / m.int8_file).is_file() and m.int8_scheme == INT8_SCHEME:
+    if _current(directory, m):
         return m
-    log.warning("writing the int8 graph of an embedding model dir=%s old_scheme=%s", directory,
-                m.int8_scheme or "none")
-    m = with_int8(directory, m)
-    m.write(directory)
-    return m
+    # Several daemons of one user may start on the same cache at once: one writes, the others
+    # wait for it and then find the graph current.
+    with open(directory / ".int8.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        m = read_embed_manifest(directory)
+        if _current(directory, m):
+            return m
+        log.warning("writing the int8 graph of an embedding model dir=%s old_scheme=%s",
+                    directory, m.int8_scheme or "none")
+        m = with_int8(directory, m)
+        m.write(directory)
+        return m
+
+
+def _current(directory: Path, m: EmbedManifest) -> bool:
+    return bool(m.int8_file) and (directory / m.int8_file).is_file() and m.int8_scheme == INT8_SCHEME
 
 
 def _share_weights(model: object, directory: Path, manifest: EmbedManifest) -> None:

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from meshd.cli.main import main
-from meshd.embed import import_bert, load_embedder, read_embed_manifest
+from meshd.embed import EmbedManifest, import_bert, load_embedder, read_embed_manifest
 from meshd.embed.embedder import open_session
 from meshd.embed.graph import EMBEDDING, unfuse_skip_layer_norm
 from meshd.embed.quantize import INT8_SCHEME
@@ -255,9 +255,12 @@ def test_sessions_keep_residual_norms_unfused(tiny: tuple[Path, Path], tmp_path:
         assert float(np.min(np.sum(got * want, axis=1))) > 0.9999
 
 
-def test_ensure_int8_rewrites_an_older_scheme(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+def test_ensure_int8_rewrites_an_older_scheme(tiny: tuple[Path, Path], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
+    import threading
 
+    from meshd.embed import quantize
     from meshd.embed.quantize import ensure_int8
 
     _, out = tiny
@@ -267,8 +270,17 @@ def test_ensure_int8_rewrites_an_older_scheme(tiny: tuple[Path, Path], tmp_path:
     doc["int8"]["scheme"] = "ort-dynamic-s8-per-channel"  # written before the unfused norms
     (old / "manifest.json").write_text(json.dumps(doc))
     mtime = (old / "encoder-int8.onnx").stat().st_mtime_ns
-    m = ensure_int8(old)
-    assert m.int8_scheme == INT8_SCHEME == read_embed_manifest(old).int8_scheme
+    # Daemons starting together on one cache: one of them rewrites it, the others wait.
+    writes, real = [], quantize.with_int8
+    monkeypatch.setattr(quantize, "with_int8", lambda d, m: writes.append(d) or real(d, m))
+    got: list[EmbedManifest] = []
+    threads = [threading.Thread(target=lambda: got.append(ensure_int8(old))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(writes) == 1 and len(got) == 3
+    assert {g.int8_scheme for g in got} == {INT8_SCHEME} == {read_embed_manifest(old).int8_scheme}
     assert (old / "encoder-int8.onnx").stat().st_mtime_ns != mtime
     assert "SkipLayerNormalization" not in _ops(old / "encoder-int8.onnx")
     np.testing.assert_array_equal(load_embedder(old, precision="int8").embed(TEXTS),
