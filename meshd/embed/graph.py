@@ -16,9 +16,9 @@ CUDA providers alike) where they pay: ``Attention`` (the query, key and value pr
 one GEMM against their concatenated weights, folded at load, then softmax attention with padded
 keys masked) and ``MatMul`` plus ``BiasGelu`` (exact erf GELU). The residual LayerNorms are
 plain ``Add`` (bias), ``Add`` (residual) and ``LayerNormalization``: onnxruntime 1.32's CPU
-``SkipLayerNormalization`` kernel took about twice as long as the three (9% of the float
-graph's CPU for 32 tokens, 10% of the int8 graph's; docs/benchmarks.md), so sessions are built
-with its fusion turned off (``UNFUSED_OPTIMIZERS``). The same layer in standard operators
+``SkipLayerNormalization`` kernel took about twice as long as the three (7-10% of the int8
+graph's CPU for 32 tokens; for the float graph -9% in one run, nothing in another;
+docs/benchmarks.md), so sessions are built with its fusion turned off (``UNFUSED_OPTIMIZERS``). The same layer in standard operators
 throughout measured the same as the fused form on one thread and has 2.5x the operators.
 Padded tokens never change a real token's output: their keys are masked, and pooling weighs
 rows by the mask.

@@ -37,7 +37,7 @@ from meshd.errors import ModelError
 log = logging.getLogger(__name__)
 INT8_FILE = "encoder-int8.onnx"
 # What the manifest records; bumped when the int8 graph meshd writes changes, so that
-# ``ensure_int8`` rewrites the graphs it manages. "-2": residual LayerNorms unfused (10% less
+# ``ensure_int8`` rewrites the graphs it manages. "-2": residual LayerNorms unfused (7-10% less
 # CPU; same vectors to ~1e-7).
 INT8_SCHEME = "ort-dynamic-s8-per-channel-2"
 
