@@ -29,7 +29,11 @@ interleaved: their paraphrases (cache hits: submit to DONE on the client, throug
 socket), exact repeats, new prompts with the cache on (misses) and the same sentence with
 ``cache: false`` (no cache step: the baseline of the miss). A miss's cost is the difference of
 the client's submit-to-first-token times (the daemon's ``ttft_ms`` starts at the model and so
-does not see the cache at all).
+does not see the cache at all). With ``--daemon-entries E`` the daemon is stopped once the
+anchors are cached, its cache file is filled with synthetic entries (as above, older than the
+anchors) up to E entries, opened once in-process to build and save the HNSW graph, and the
+daemon is started again on it before the timed requests; the daemon's RSS (``VmRSS``) is read
+when it has started, when its cache is loaded and at the end.
 """
 
 from __future__ import annotations
@@ -241,6 +245,26 @@ def _plot_split(q: dict[str, Any], split: str, ax1: Any, ax2: Any) -> None:
     ax1.legend(loc="lower left")
 
 
+def add_synthetic(cache: SemanticCache, part: str, base: np.ndarray, n: int, *, now: float,
+                  last_used: float, seed: int = 0) -> None:
+    """Insert ``n`` synthetic rows into partition ``part`` through SQL, in the cache's own
+    format: real prompt vectors (``base``) plus noise (cosine ~0.7 to their source),
+    renormalised, and 300-byte answers. The open cache does not see them: reopen it."""
+    rng = np.random.default_rng(seed)
+    batch = []
+    for i in range(n):
+        v = base[i % len(base)] + 0.045 * rng.standard_normal(base.shape[1])
+        v = (v / np.linalg.norm(v)).astype(np.float32)
+        prompt, answer = f"synthetic prompt {i}", f"synthetic answer {i} " + "x" * 300
+        batch.append((part, prompt_key(prompt), prompt, answer, v.tobytes(), now, last_used,
+                      now + 86400, 0, entry_bytes(prompt, answer, base.shape[1]), "[]"))
+    with cache.db.conn:
+        cache.db.conn.executemany(
+            "INSERT INTO entries (partition, prompt_key, prompt, answer, vector, created_at, "
+            "last_used, expires_at, hits, nbytes, observations) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            batch)
+
+
 def speed(embs: dict[str, Any], rows: list[dict[str, Any]], vec: dict[str, np.ndarray],
           entries: int, root: Path) -> dict[str, Any]:
     emb = next(iter(embs.values()))
@@ -252,28 +276,13 @@ def speed(embs: dict[str, Any], rows: list[dict[str, Any]], vec: dict[str, np.nd
     t0 = time.perf_counter()
     for a in anchors:
         cache.insert(replace(req, prompt=a), f"answer to {a}", lookup=None)
-    # Synthetic rows: real vectors plus noise (cosine ~0.7 to their source), through SQL.
     base = np.stack(list(vec.values()))
-    rng = np.random.default_rng(0)
     part = cache.db.execute("SELECT partition FROM entries LIMIT 1").fetchone()[0]
     now = time.time()
-    n_syn = entries - len(anchors)
     t1 = time.perf_counter()
-    batch = []
-    for i in range(n_syn):
-        v = base[i % len(base)] + 0.045 * rng.standard_normal(base.shape[1])
-        v = (v / np.linalg.norm(v)).astype(np.float32)
-        prompt, answer = f"synthetic prompt {i}", f"synthetic answer {i} " + "x" * 300
-        batch.append((part, prompt_key(prompt), prompt, answer, v.tobytes(), now, now,
-                      now + 86400, 0, entry_bytes(prompt, answer, 384), "[]"))
-    with cache.db.conn:
-        cache.db.conn.executemany(
-            "INSERT INTO entries (partition, prompt_key, prompt, answer, vector, created_at, "
-            "last_used, expires_at, hits, nbytes, observations) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            batch)
+    add_synthetic(cache, part, base, entries - len(anchors), now=now, last_used=now)
     sql_s = time.perf_counter() - t1
     cache.close()
-    del batch
     rss0 = rss_bytes()
     t2 = time.perf_counter()
     cache = SemanticCache(path, emb, policy=FixedThreshold(),
@@ -349,16 +358,53 @@ def speed(embs: dict[str, Any], rows: list[dict[str, Any]], vec: dict[str, np.nd
     }
 
 
-def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, precision: str) -> dict[str, Any]:
+def pid_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def fill_daemon_cache(path: Path, emb: Any, vec: dict[str, np.ndarray], total: int
+                      ) -> dict[str, Any]:
+    """With the daemon stopped: add synthetic rows to its cache file (the partition its anchors
+    went to) until it holds ``total`` entries, older than the anchors (so that eviction takes
+    them first), then open it once to build the HNSW graph and close it to save the graph, as
+    the daemon's own shutdown would; the daemon loads that graph when it starts."""
+    limits = CacheLimits(max_entries=total + 1000, max_bytes=2**40)
+    cache = SemanticCache(path, emb, policy=FixedThreshold(), limits=limits)
+    parts = cache.db.execute("SELECT partition, count(*) FROM entries GROUP BY partition "
+                             "ORDER BY count(*) DESC").fetchall()
+    part, have = parts[0][0], sum(r[1] for r in parts)
+    now = time.time()
+    t0 = time.perf_counter()
+    add_synthetic(cache, part, np.stack(list(vec.values())), total - have, now=now,
+                  last_used=now - 3600)
+    sql_s = time.perf_counter() - t0
+    cache.close()
+    t1 = time.perf_counter()
+    cache = SemanticCache(path, emb, policy=FixedThreshold(), limits=limits)
+    build_s = time.perf_counter() - t1
+    st = cache.statistics()
+    cache.close()
+    return {"entries": st["entries"], "index": st["index_kinds"], "sql_insert_s": round(sql_s, 1),
+            "graph_build_s": round(build_s, 1), "sqlite_file_bytes": path.stat().st_size}
+
+
+def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, precision: str, *,
+               fill: int = 0, emb: Any = None, vec: dict[str, np.ndarray] | None = None
+               ) -> dict[str, Any]:
     import trio
 
     from meshd.testing.wait import wait_for
     from meshd.testnet.drive import cli, stream
     from meshd.testnet.launcher import NodeSpec, down, up
 
-    index = up(root / "net", [NodeSpec(name="c1", extra={"cache": {
-        "enabled": True, "embed_precision": precision}})], advert_interval_s=1.0)
+    spec = NodeSpec(name="c1", extra={"cache": {"enabled": True, "embed_precision": precision}})
+    index = up(root / "net", [spec], advert_interval_s=1.0)
     sock = index["nodes"][0]["socket"]
+    memory: dict[str, Any] = {}
 
     def stats() -> dict[str, Any]:
         return dict(json.loads(cli("cache", "stats", "--json", "--socket", sock).stdout))
@@ -383,6 +429,20 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, precision: str) -
         for a in anchors:
             ask(a)
         wait_for(lambda: stats()["inserts"] >= len(anchors), 300, "the anchors to be stored")
+        if fill:
+            down(root / "net")
+            memory["fill"] = fill_daemon_cache(root / "net" / "c1" / "state" / "semantic-cache.db",
+                                               emb, vec or {}, fill)
+            index = up(root / "net", [spec], advert_interval_s=1.0)
+            sock, pid = index["nodes"][0]["socket"], index["nodes"][0]["pid"]
+            memory["rss_started_bytes"] = pid_rss_bytes(pid)
+            ask("Warm up.", client="warmup")
+            t0 = time.perf_counter()
+            wait_for(lambda: stats()["state"] == "ready", 600, "the semantic cache to load")
+            memory["cache_load_s"] = round(time.perf_counter() - t0, 1)
+            memory["rss_cache_ready_bytes"] = pid_rss_bytes(pid)
+            for a in anchors:  # warm the hit path (and check the anchors are still there)
+                ask(a)
         paraphrases = [r["b"] for r in rows if r["same"]]
         hit_ms, hit_ttft, miss_ttft, off_ttft, repeat_ms, repeat_ttft = [], [], [], [], [], []
         miss_first, off_first = [], []
@@ -411,6 +471,8 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, precision: str) -
             off_ttft.append(float(st["ttft_ms"]))
             off_first.append(first[-1])
         final = stats()
+        if fill:
+            memory["rss_end_bytes"] = pid_rss_bytes(index["nodes"][0]["pid"])
     finally:
         down(root / "net")
 
@@ -418,11 +480,15 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, precision: str) -
         return round(float(np.percentile(xs, q)), 2) if xs else float("nan")
 
     return {
-        "hit_submit_to_done_ms": {"n": len(hit_ms), "p50": p(hit_ms, 50), "p99": p(hit_ms, 99)},
-        "hit_daemon_ttft_ms": {"p50": p(hit_ttft, 50), "p99": p(hit_ttft, 99)},
+        **memory,
+        "hit_submit_to_done_ms": {"n": len(hit_ms), "p50": p(hit_ms, 50), "p95": p(hit_ms, 95),
+                                  "p99": p(hit_ms, 99)},
+        "hit_daemon_ttft_ms": {"p50": p(hit_ttft, 50), "p95": p(hit_ttft, 95),
+                               "p99": p(hit_ttft, 99)},
         # the same requests timed from the SUBMIT frame leaving an open connection (no event
         # loop start, connect or HELLO: what a client that keeps its connection sees)
-        "hit_sent_to_done_ms": {"p50": p(hit_sent, 50), "p99": p(hit_sent, 99)},
+        "hit_sent_to_done_ms": {"p50": p(hit_sent, 50), "p95": p(hit_sent, 95),
+                                "p99": p(hit_sent, 99)},
         "exact_repeat_sent_to_done_ms": {"p50": p(repeat_sent, 50), "p99": p(repeat_sent, 99)},
         "paraphrases_not_served": missed,
         "exact_repeat_submit_to_done_ms": {"n": len(repeat_ms), "p50": p(repeat_ms, 50),
@@ -457,6 +523,10 @@ def main() -> None:
                          "also gives the quality figures and the index's vectors)")
     ap.add_argument("--daemon", type=int, default=0, metavar="N",
                     help="also time N hits, repeats and misses on a real daemon")
+    ap.add_argument("--daemon-entries", type=int, default=0, metavar="E",
+                    help="with --daemon: after the anchors are cached, stop the daemon, fill its "
+                         "cache file with synthetic entries up to E in all (the cache's own SQLite "
+                         "format, HNSW graph saved as at shutdown), and start it again")
     args = ap.parse_args()
     rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
     with tempfile.TemporaryDirectory() as tmp:
@@ -482,7 +552,8 @@ def main() -> None:
         if not args.skip_speed:
             result["speed"] = speed(embs, rows, vec, args.entries, Path(tmp))
         if args.daemon:
-            result["daemon"] = daemon_e2e(rows, Path(tmp), args.daemon, precisions[0])
+            result["daemon"] = daemon_e2e(rows, Path(tmp), args.daemon, precisions[0],
+                                          fill=args.daemon_entries, emb=emb, vec=vec)
         result["loadavg_1min_end"] = os.getloadavg()[0]
     summary = {k: v for k, v in result.items() if k != "quality"}
     summary["defaults"] = {sp: qs["defaults"] for sp, qs in q.items()}

@@ -16,6 +16,10 @@ the baseline).
 - batches of 64 varied sentences (8 to 60 tokens): p50 and p99 wall time per batch, and
   sentences/s at the p50.
 
+With ``--baseline-model DIR`` the graphs of another imported directory (say one written by an
+older meshd, before the residual LayerNorms were unfused) are timed alongside, as
+``fp32-baseline`` and ``int8-baseline``.
+
 Accuracy: the 50 sentences of tests/embed/sentences.py against the NumPy reference (float64,
 one sentence at a time): the largest 1 - cosine and absolute difference, for the float graph;
 for the int8 graph the cosine to the float vectors (min, mean) and, on the 544 labelled pairs
@@ -48,6 +52,7 @@ sys.path.insert(0, str(ROOT / "tests" / "embed"))
 from sentences import SENTENCES  # noqa: E402
 
 from meshd.embed import Embedder, default_embedding_model, load_embedder  # noqa: E402
+from meshd.embed.manifest import read_embed_manifest  # noqa: E402
 from meshd.embed.package import packaged_zip  # noqa: E402
 from meshd.embed.reference import encode_reference  # noqa: E402
 
@@ -128,6 +133,41 @@ def first_calls(model_dir: Path, precision: str, text: str) -> dict[str, float]:
     return out
 
 
+def op_profile(model_dir: Path, precision: str, threads: int, text: str, runs: int = 200
+               ) -> dict[str, Any]:
+    """onnxruntime's per-operator profile of one text through ``precision``'s graph: median
+    kernel time per run of each operator type (ms), and the median session run."""
+    import collections
+
+    from meshd.embed.embedder import open_session
+
+    emb = load_embedder(model_dir, threads=threads, precision=precision, warm=False)
+    m = emb.manifest
+    graph = model_dir / (m.int8_file if precision == "int8" else m.graph_file)
+    with tempfile.TemporaryDirectory() as tmp:
+        sess = open_session(graph, threads=threads, profile_prefix=str(Path(tmp) / "prof"))
+        ids = np.array([emb.token_ids([text])[0]], np.int64)
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        for _ in range(20):
+            sess.run(None, feed)
+        cpu = []
+        for _ in range(runs):
+            c = time.process_time()
+            sess.run(None, feed)
+            cpu.append(time.process_time() - c)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    per: dict[str, list[float]] = collections.defaultdict(list)
+    run_us = [e["dur"] for e in events if e.get("name") == "model_run"]
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per[e["args"]["op_name"]].append(e["dur"])
+    n = len(run_us)
+    ops = {k: round(float(np.median(v)) * len(v) / n / 1e3, 3) for k, v in per.items()}
+    return {"session_run_ms_p50": round(float(np.median(run_us)) / 1e3, 3),
+            "cpu_ms_p50": round(pct(cpu, 50) * 1e3, 3),
+            "ops_ms": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=300, help="single-sentence runs per setting")
@@ -136,9 +176,27 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--model", type=Path, default=None, metavar="DIR",
                     help="an imported model directory (default: import into a temporary cache)")
+    ap.add_argument("--baseline-model", type=Path, default=None, metavar="DIR",
+                    help="also time this directory's graphs (e.g. one imported by an older "
+                         "meshd) as the settings 'fp32-baseline' and 'int8-baseline'")
     ap.add_argument("--timing-only", action="store_true",
                     help="skip the accuracy checks (reference, int8 vs float, pairs)")
+    ap.add_argument("--profile", action="store_true",
+                    help="only print onnxruntime's per-operator profile (32 tokens, each graph "
+                         "and thread count)")
     args = ap.parse_args()
+    if args.profile:
+        model_dir = args.model or default_embedding_model()
+        text = sentence_of(load_embedder(model_dir, warm=False), 32)
+        prof = {"loadavg_1min": os.getloadavg()[0]}
+        for t in (int(x) for x in args.threads.split(",")):
+            for precision in ("int8", "fp32"):
+                prof[f"{precision} threads={t}"] = op_profile(model_dir, precision, t, text)
+        prof["loadavg_1min_end"] = os.getloadavg()[0]
+        print(json.dumps(prof, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(prof, indent=1) + "\n")
+        return
 
     with tempfile.TemporaryDirectory() as cache:
         t0 = time.perf_counter()
@@ -151,7 +209,13 @@ def main() -> None:
             for precision in ("fp32", "int8"):
                 embedders[f"{precision} threads={t}"] = load_embedder(
                     model_dir, threads=t, precision=precision)
+                if args.baseline_model:
+                    embedders[f"{precision}-baseline threads={t}"] = load_embedder(
+                        args.baseline_model, threads=t, precision=precision)
         load_s = (time.perf_counter() - t0) / len(embedders)
+        int8_files = {"model": read_embed_manifest(model_dir).int8_scheme}
+        if args.baseline_model:
+            int8_files["baseline"] = read_embed_manifest(args.baseline_model).int8_scheme
         first = embedders[f"fp32 threads={threads[0]}"]
         text32, text12 = sentence_of(first, 32), sentence_of(first, 12)
         batch = batch_texts(first, np.random.default_rng(0))
@@ -159,7 +223,7 @@ def main() -> None:
         calls: dict[str, Any] = {}
         for name, e in embedders.items():
             calls[name] = lambda text, e=e: e.embed([text])
-            if name.startswith("fp32"):  # the padded-batch path every call took before
+            if name.startswith("fp32 "):  # the padded-batch path every call took before
                 calls[name.replace("fp32", "fp32-batch-path")] = (
                     lambda text, e=e: e.embed_ids(e.token_ids([text])))
         for f in calls.values():  # warm up
@@ -201,6 +265,7 @@ def main() -> None:
         "onnxruntime": ort.__version__, "cpu": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "loadavg_1min_before_after": [load0[0], load1[0]],
         "first_use_import_s": round(import_s, 2), "load_s": round(load_s, 3),
+        "int8_schemes": int8_files,
         "file_bytes": sizes, "sentence_32_tokens": text32, "sentence_12_tokens": text12,
         "batch_tokens_min_median_max": [min(lengths), int(np.median(lengths)), max(lengths)],
         "settings": {}, "first_call_without_warmup": cold, "reference": check,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from meshd.embed.graph import ATTENTION_MASK, EMBEDDING, INPUT_IDS
+from meshd.embed.graph import ATTENTION_MASK, EMBEDDING, INPUT_IDS, UNFUSED_OPTIMIZERS
 from meshd.embed.manifest import EmbedManifest, read_embed_manifest
 from meshd.engine.runtime import choose_providers
 from meshd.engine.weights import file_sha256
@@ -210,24 +210,42 @@ def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
         raise ModelError(f"{m.tokenizer_file}: cannot load ({_first_line(err)})") from None
     tok.no_padding()
     tok.enable_truncation(max_length=m.arch.max_seq_length)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    if threads is not None:
-        if threads < 1:
-            raise LocalError("threads must be >= 1")
-        so.intra_op_num_threads = threads
+    if threads is not None and threads < 1:
+        raise LocalError("threads must be >= 1")
     try:
-        session = ort.InferenceSession(str(path / graph_file), so,
-                                       providers=choose_providers(providers))
+        session = open_session(path / graph_file, threads=threads, spin=spin,
+                               providers=providers)
     except Exception as err:
         raise ModelError(f"{m.name}: onnxruntime cannot build the session: "
                          f"{_first_line(err)}") from None
     emb = Embedder(path, m, tok, session, batch_size=batch_size,
-                   threads=threads or so.intra_op_num_threads, precision=precision)
+                   threads=threads or session.get_session_options().intra_op_num_threads,
+                   precision=precision)
     if warm:  # onnxruntime allocates and pre-packs on the first run (measured: docs/embeddings.md)
         emb.embed_ids([[0] * 8])
     log.info("embedding model loaded name=%s dim=%d precision=%s provider=%s load_ms=%.1f",
              m.name, emb.dim, precision, emb.provider, (time.perf_counter() - t0) * 1e3)
     return emb
+
+
+def open_session(graph: Path, *, threads: int | None = None, spin: bool = False,
+                 providers: list[str] | tuple[str, ...] | None = None,
+                 optimized_model_path: Path | None = None,
+                 profile_prefix: str | None = None) -> ort.InferenceSession:
+    """The onnxruntime session of an encoder graph, as ``load_embedder`` builds it: all graph
+    optimisations but the fusions of ``UNFUSED_OPTIMIZERS`` (meshd.embed.graph), spin-waiting
+    as asked. ``optimized_model_path``: also write the optimised graph there (tests);
+    ``profile_prefix``: turn onnxruntime's profiler on (benchmarks)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if threads is not None:
+        so.intra_op_num_threads = threads
+    if optimized_model_path is not None:
+        so.optimized_model_filepath = str(optimized_model_path)
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(str(graph), so, providers=choose_providers(providers),
+                                disabled_optimizers=list(UNFUSED_OPTIMIZERS))

@@ -11,14 +11,17 @@ Interface (``B`` sentences padded to ``T`` tokens):
 - output: ``embedding`` float32 [B, hidden], pooled over the real tokens (mean, or the CLS
   token) and L2-normalised.
 
-Each layer is onnxruntime's fused BERT operators (domain ``com.microsoft``, on the CPU and CUDA
-providers alike): ``Attention`` (the query, key and value projections as one GEMM against
-their concatenated weights, folded at load, then softmax attention with padded keys masked),
-``MatMul`` plus ``SkipLayerNormalization`` (bias, residual and LayerNorm in one pass), and
-``MatMul`` plus ``BiasGelu`` (exact erf GELU). The same layer in standard operators measured
-the same on one thread and has 2.5x the operators, each a thread barrier when onnxruntime
-runs a graph on several threads. Padded tokens never change a real token's output: their keys
-are masked, and pooling weighs rows by the mask.
+Each layer uses onnxruntime's fused BERT operators (domain ``com.microsoft``, on the CPU and
+CUDA providers alike) where they pay: ``Attention`` (the query, key and value projections as
+one GEMM against their concatenated weights, folded at load, then softmax attention with padded
+keys masked) and ``MatMul`` plus ``BiasGelu`` (exact erf GELU). The residual LayerNorms are
+plain ``Add`` (bias), ``Add`` (residual) and ``LayerNormalization``: onnxruntime 1.32's CPU
+``SkipLayerNormalization`` kernel took about twice as long as the three (7-10% of the int8
+graph's CPU for 32 tokens; for the float graph -9% in one run, nothing in another;
+docs/benchmarks.md), so sessions are built with its fusion turned off (``UNFUSED_OPTIMIZERS``). The same layer in standard operators
+throughout measured the same as the fused form on one thread and has 2.5x the operators.
+Padded tokens never change a real token's output: their keys are masked, and pooling weighs
+rows by the mask.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from meshd.engine.manifest import TensorEntry
 
 INPUT_IDS, ATTENTION_MASK, EMBEDDING = "input_ids", "attention_mask", "embedding"
 GRAPH_KIND_KEY, GRAPH_KIND = "meshd.graph", "bert-encoder-1"
+# onnxruntime fusions that would undo the plain residual LayerNorms (docstring above); passed
+# as ``disabled_optimizers`` to every session of an encoder graph.
+UNFUSED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 
 def build_encoder_graph(arch: BertArch, tensors: Mapping[str, TensorEntry],
@@ -106,17 +112,45 @@ def _layer(b: GraphBuilder, arch: BertArch, i: int, x: str, mask_i: str) -> str:
     ctx = b.op("Attention", [x, w_qkv, b_qkv, mask_i], domain="com.microsoft",
                num_heads=arch.num_heads)
     o = b.op("MatMul", [ctx, _wt(b, p + "attention.output.dense.weight")])
-    x = b.op("SkipLayerNormalization", [o, x, b.weight(p + "attention.output.LayerNorm.weight"),
-                                        b.weight(p + "attention.output.LayerNorm.bias"),
-                                        b.weight(p + "attention.output.dense.bias")],
-             domain="com.microsoft", epsilon=arch.layer_norm_eps)
+    x = _residual_norm(b, arch, o, x, p + "attention.output.")
     inner = b.op("MatMul", [x, _wt(b, p + "intermediate.dense.weight")])
     act = b.op("BiasGelu", [inner, b.weight(p + "intermediate.dense.bias")], domain="com.microsoft")
     o = b.op("MatMul", [act, _wt(b, p + "output.dense.weight")])
-    return b.op("SkipLayerNormalization", [o, x, b.weight(p + "output.LayerNorm.weight"),
-                                           b.weight(p + "output.LayerNorm.bias"),
-                                           b.weight(p + "output.dense.bias")],
-                domain="com.microsoft", epsilon=arch.layer_norm_eps)
+    return _residual_norm(b, arch, o, x, p + "output.")
+
+
+def _residual_norm(b: GraphBuilder, arch: BertArch, o: str, x: str, prefix: str) -> str:
+    """LayerNorm(o + dense bias + x): a sub-layer's output back onto the residual stream."""
+    y = b.op("Add", [b.op("Add", [o, b.weight(prefix + "dense.bias")]), x])
+    return _layer_norm(b, y, prefix + "LayerNorm", arch.layer_norm_eps)
+
+
+def unfuse_skip_layer_norm(model: onnx.ModelProto) -> int:
+    """Rewrite each ``SkipLayerNormalization`` node (graphs written before the plain form, and
+    the int8 graphs quantized from them) as ``Add``, ``Add``, ``LayerNormalization``, in place;
+    returns how many were rewritten. Same arithmetic (vectors equal to ~1e-7)."""
+    nodes, n = [], 0
+    for node in model.graph.node:
+        if (node.op_type != "SkipLayerNormalization" or len(node.input) < 4
+                or not node.output[0] or any(node.output[1:])):  # mean/inv_std outputs used
+            nodes.append(node)
+            continue
+        x, skip, gamma, beta = node.input[:4]
+        bias = node.input[4] if len(node.input) > 4 else ""
+        eps = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"),
+                   1e-12)
+        out = node.output[0]
+        if bias:
+            nodes.append(helper.make_node("Add", [x, bias], [out + "_biased"]))
+            x = out + "_biased"
+        nodes.append(helper.make_node("Add", [x, skip], [out + "_residual"]))
+        nodes.append(helper.make_node("LayerNormalization", [out + "_residual", gamma, beta], [out],
+                                      axis=-1, epsilon=eps))
+        n += 1
+    if n:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return n
 
 
 def _wt(b: GraphBuilder, name: str) -> str:

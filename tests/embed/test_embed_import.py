@@ -6,10 +6,15 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from meshd.cli.main import main
-from meshd.embed import import_bert, load_embedder, read_embed_manifest
+from meshd.embed import EmbedManifest, import_bert, load_embedder, read_embed_manifest
+from meshd.embed.embedder import open_session
+from meshd.embed.graph import EMBEDDING, unfuse_skip_layer_norm
+from meshd.embed.quantize import INT8_SCHEME
 from meshd.embed.reference import encode_reference
 from meshd.errors import LocalError, ModelError
 
@@ -166,7 +171,10 @@ def test_int8_graph_written_at_import(tiny: tuple[Path, Path]) -> None:
     _, out = tiny
     m = read_embed_manifest(out)
     assert m.int8_file == "encoder-int8.onnx" and (out / m.int8_file).is_file()
-    assert m.int8_scheme == "ort-dynamic-s8-per-channel"
+    assert m.int8_scheme == INT8_SCHEME
+    for graph in (m.graph_file, m.int8_file):  # residual LayerNorms in plain operators
+        ops = {n.op_type for n in onnx.load(str(out / graph), load_external_data=False).graph.node}
+        assert "LayerNormalization" in ops and "SkipLayerNormalization" not in ops
     # The unchanged float tensors (embedding tables, norms, biases) stay in weights.bin.
     assert (out / m.int8_file).stat().st_size < (out / m.weights_file).stat().st_size
     f32, q = load_embedder(out), load_embedder(out, precision="int8")
@@ -208,3 +216,76 @@ def test_int8_missing_or_corrupt(tiny: tuple[Path, Path], tmp_path: Path) -> Non
     assert ensure_int8(old).int8_file == "encoder-int8.onnx"
     np.testing.assert_array_equal(load_embedder(old, precision="int8").embed(TEXTS),
                                   load_embedder(out, precision="int8").embed(TEXTS))
+
+
+def _ops(path: Path) -> list[str]:
+    return [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+
+
+def test_sessions_keep_residual_norms_unfused(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    # onnxruntime's CPU SkipLayerNormalization took about twice the time of Add + Add +
+    # LayerNormalization (docs/benchmarks.md): the embedder's sessions must not fuse them back.
+    # onnxruntime does so by default in the int8 graph (not in the float one).
+    import shutil
+
+    out = tmp_path / "m"  # the optimised graphs refer to weights.bin beside them
+    shutil.copytree(tiny[1], out)
+    ours = out / "ours.onnx"
+    open_session(out / "encoder-int8.onnx", threads=1, optimized_model_path=ours)
+    assert "SkipLayerNormalization" not in _ops(ours) and "LayerNormalization" in _ops(ours)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    fused = out / "fused.onnx"
+    so.optimized_model_filepath = str(fused)
+    ort.InferenceSession(str(out / "encoder-int8.onnx"), so, providers=["CPUExecutionProvider"])
+    assert _ops(fused).count("SkipLayerNormalization") == 4  # 2 layers x 2
+    # Such a graph (as an older meshd wrote) is rewritten with the same results.
+    model = onnx.load(str(fused))
+    assert unfuse_skip_layer_norm(model) == 4
+    onnx.save(model, str(out / "unfused.onnx"))
+    assert "SkipLayerNormalization" not in _ops(out / "unfused.onnx")
+    emb = load_embedder(out, threads=1, precision="int8")
+    ids = [emb.token_ids([t])[0] for t in TEXTS]
+    want = np.concatenate([emb.embed_ids([i]) for i in ids])
+    for graph in (fused, out / "unfused.onnx"):
+        sess = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        got = np.concatenate([sess.run([EMBEDDING], {
+            "input_ids": np.array([i], np.int64),
+            "attention_mask": np.ones((1, len(i)), np.int64)})[0] for i in ids])
+        assert float(np.min(np.sum(got * want, axis=1))) > 0.9999
+
+
+def test_ensure_int8_rewrites_an_older_scheme(tiny: tuple[Path, Path], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    import threading
+
+    from meshd.embed import quantize
+    from meshd.embed.quantize import ensure_int8
+
+    _, out = tiny
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    doc = json.loads((old / "manifest.json").read_text())
+    doc["int8"]["scheme"] = "ort-dynamic-s8-per-channel"  # written before the unfused norms
+    (old / "manifest.json").write_text(json.dumps(doc))
+    mtime = (old / "encoder-int8.onnx").stat().st_mtime_ns
+    # Daemons starting together on one cache: one of them rewrites it, the others wait.
+    writes, real = [], quantize.with_int8
+    monkeypatch.setattr(quantize, "with_int8", lambda d, m: writes.append(d) or real(d, m))
+    got: list[EmbedManifest] = []
+    threads = [threading.Thread(target=lambda: got.append(ensure_int8(old))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(writes) == 1 and len(got) == 3
+    assert {g.int8_scheme for g in got} == {INT8_SCHEME} == {read_embed_manifest(old).int8_scheme}
+    assert (old / "encoder-int8.onnx").stat().st_mtime_ns != mtime
+    assert "SkipLayerNormalization" not in _ops(old / "encoder-int8.onnx")
+    np.testing.assert_array_equal(load_embedder(old, precision="int8").embed(TEXTS),
+                                  load_embedder(out, precision="int8").embed(TEXTS))
+    before = (old / "encoder-int8.onnx").stat().st_mtime_ns
+    ensure_int8(old)  # current: left alone
+    assert (old / "encoder-int8.onnx").stat().st_mtime_ns == before
+
