@@ -139,6 +139,11 @@ class EngineConfig:
     # scheduler, docs/engine.md); false: each request runs its own one-sequence loop, at most
     # `workers` onnxruntime calls at once (how nodes ran before batching; for comparisons)
     batching: bool = True
+    # with batching: run each prefill chunk inside the decode step (one onnxruntime call, a second
+    # session of the whole model's fused graph: its weights are held twice, e.g. +532 MiB in
+    # float32 for a 139.5 M-parameter model); false: chunks run between decode steps, and the
+    # running streams stall for a chunk each (docs/engine.md). Turn off where memory is short
+    fused_prefill: bool = True
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ __all__ = ["EngineModel", "build_node", "default_model_dir", "load_runner", "run
 
 
 def load_runner(cfg: Config) -> Runner:
-    runner = Runner(batching=cfg.engine.batching)
+    runner = Runner(batching=cfg.engine.batching, fused_prefill=cfg.engine.fused_prefill)
     for m in cfg.models:
         if m.upstream:  # served by an OpenAI-compatible server (meshd/upstream)
             runner.add(upstream_served(cfg, m))

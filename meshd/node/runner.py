@@ -129,8 +129,9 @@ def _ewma(old: float, new: float) -> float:
 
 
 class Runner:
-    def __init__(self, *, batching: bool = True) -> None:
+    def __init__(self, *, batching: bool = True, fused_prefill: bool = True) -> None:
         self.batching = batching  # [engine] batching: start the local models' batch schedulers
+        self.fused_prefill = fused_prefill  # [engine] fused_prefill: chunks inside decode steps
         self.models: dict[str, Served] = {}
         self.changed = trio.Event()  # set when queue figures move (for early adverts)
 
@@ -173,6 +174,7 @@ class Runner:
                     batcher = getattr(s.model, "batcher", None) if s.whole else None
                     if batcher is not None and id(batcher) not in started:
                         started.add(id(batcher))
+                        batcher.sched.use_fused = self.fused_prefill
                         await nursery.start(batcher.run)
                 await changed.wait()
 

@@ -110,3 +110,28 @@ def test_a_node_with_batching_off_serves_each_request_in_its_own_loop(
     assert model["served"] == 1 and "batch" not in model  # served, and no scheduler ran
     want = trio.run(stream, mesh["nodes"][0]["socket"], {**fields, "rid": "on-1"})
     assert got["ids"] == want["ids"]
+
+
+def test_fused_prefill_can_be_turned_off_and_gives_the_same_tokens(
+        mesh: dict[str, Any], tmp_path: Path) -> None:
+    """``[engine] fused_prefill = false`` (memory-short boxes): the batch scheduler runs without
+    the fused graph, and a request gets the same tokens as on a node with it on."""
+    import trio
+
+    from meshd.testnet.drive import stream
+
+    fields = {"prompt": "In the beginning", "max_tokens": 10, "temperature": 0.0, "cache": False}
+    index = up(tmp_path / "net", [NodeSpec(name="lean", extra={"engine": {"fused_prefill": False}})],
+               advert_interval_s=1.0)
+    try:
+        lean = index["nodes"][0]
+        got = trio.run(stream, lean["socket"], {**fields, "rid": "lean-1"})
+        model = next(m for m in _status(lean)["models"] if m["model"] == "tiny-en")
+    finally:
+        down(tmp_path / "net")
+    assert got["served"] and model["batch"]["fused"] is False
+    assert model["batch"]["fused_runs"] == 0
+    on = next(m for m in _status(mesh["nodes"][0])["models"] if m["model"] == "tiny-en")
+    assert on["batch"]["fused"] is True
+    want = trio.run(stream, mesh["nodes"][0]["socket"], {**fields, "rid": "fused-1"})
+    assert got["ids"] == want["ids"]
