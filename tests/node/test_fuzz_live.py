@@ -384,11 +384,11 @@ flat = (
     | st.text(max_size=24)
     | st.binary(max_size=48)
 )
-msgpack_values = st.recursive(
-    flat,
-    lambda c: st.lists(c, max_size=6) | st.dictionaries(st.text(max_size=8), c, max_size=5),
-    max_leaves=12,
-)
+def _containers(c: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(c, max_size=6) | st.dictionaries(st.text(max_size=8), c, max_size=5)
+
+
+msgpack_values = st.recursive(flat, _containers, max_leaves=12)  # named: see raw_pb_fields
 
 
 def _field_value(kind: F) -> st.SearchStrategy[Any]:
@@ -693,17 +693,37 @@ def _pb_varint(n: int) -> bytes:
     return bytes(encode_uvarint(n))
 
 
+# Named functions, not lambdas: Hypothesis describes a lambda by parsing its source with
+# ``ast.parse``, and under the recursive strategy's deep stack CPython 3.11 raised SystemError
+# ("AST constructor recursion depth mismatch") inside that, failing a CI run as a flaky test.
+def _varint_field(x: tuple[int, int]) -> bytes:
+    return _pb_varint(x[0] << 3 | 0) + _pb_varint(x[1])
+
+
+def _bytes_field(x: tuple[int, bytes]) -> bytes:
+    return _pb_varint(x[0] << 3 | 2) + lp(x[1])
+
+
+def _odd_wire_type_field(x: tuple[int, int, bytes]) -> bytes:
+    return _pb_varint(x[0] << 3 | x[1]) + x[2]
+
+
+def _nested_field(x: tuple[int, list[bytes]]) -> bytes:
+    return _pb_varint(x[0] << 3 | 2) + lp(b"".join(x[1]))
+
+
+def _nested(children: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
+    return st.tuples(st.integers(1, 8), st.lists(children, max_size=4)).map(_nested_field)
+
+
 raw_pb_fields = st.recursive(
     st.one_of(
-        st.tuples(st.integers(1, 8), st.integers(0, 2**64 - 1))
-        .map(lambda x: _pb_varint(x[0] << 3 | 0) + _pb_varint(x[1])),
-        st.tuples(st.integers(1, 8), st.binary(max_size=60))
-        .map(lambda x: _pb_varint(x[0] << 3 | 2) + lp(x[1])),
+        st.tuples(st.integers(1, 8), st.integers(0, 2**64 - 1)).map(_varint_field),
+        st.tuples(st.integers(1, 8), st.binary(max_size=60)).map(_bytes_field),
         st.tuples(st.integers(1, 8), st.sampled_from([1, 3, 4, 5, 6, 7]), st.binary(max_size=8))
-        .map(lambda x: _pb_varint(x[0] << 3 | x[1]) + x[2]),
+        .map(_odd_wire_type_field),
     ),
-    lambda c: st.tuples(st.integers(1, 8), st.lists(c, max_size=4))
-    .map(lambda x: _pb_varint(x[0] << 3 | 2) + lp(b"".join(x[1]))),
+    _nested,
     max_leaves=10,
 )
 
