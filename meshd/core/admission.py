@@ -118,6 +118,6 @@ def after_refusals(
     if len(refused_ms) >= policy.wait_bound_attempts + CHECKED_ATTEMPTS:
         # every check failed: the adverts are behind the mesh's load, and the soonest refuser's
         # wait is the best figure there is
-        return min(range(len(refused_ms)), key=lambda i: refused_ms[i]), None
+        return back_to_refuser(None, refused_ms), None
     bound = min(refused_ms) - max(next_known_ms or 0.0, 0.0)
     return None, max(policy.wait_bound_min_ms, bound)

@@ -4,7 +4,7 @@ embedding model, loaded off the event loop at start, used from worker threads.
 The embedding model (about 90 MB, a few seconds of CPU) is loaded on the first request the cache
 could take part in, in a worker thread, so a node that never sees one stays light; until it is
 loaded (and for good, if the ``meshd[edge]`` extra is missing or the file cannot be opened)
-every lookup is a ``skip`` with the reason, said once in the log. the semantic lookup (``start_lookup``) and ``insert`` run in worker threads
+every lookup is a ``skip`` with the reason, said once in the log. The semantic lookup (``start_lookup``) and ``insert`` run in worker threads
 (one at a time: the embedding takes most of a core). Inserting happens after the answer has
 gone to the client, in this service's own nursery, so it never delays a response; so does
 writing a hit's ``last_used`` and hit count (``SemanticCache.flush``): a hit reads SQLite and

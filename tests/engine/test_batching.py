@@ -11,6 +11,8 @@ from meshd.engine.batch import BatchStage
 from meshd.engine.scheduler import BatchScheduler, chunk_tokens, prepare
 from meshd.testing.wait import wait_until
 
+from .batch_driver import run_with_joins
+
 GREEDY = GenerationConfig(max_tokens=12, temperature=0.0, repetition_penalty=1.0)
 PROMPTS = ["Once upon a time", "The quick brown fox jumps over the lazy dog, and then",
            "In", "In the beginning the nodes were without form, and void; and darkness"]
@@ -32,16 +34,7 @@ def test_sequences_joining_at_different_steps_match_running_alone(
     sched = BatchScheduler(model)
     sched.prefill_ms_per_token = 1e9  # chunks of 16 tokens: the long prompts take 2 steps
     seqs = [prepare(model, p, c, False) for p, c in zip(PROMPTS, cfgs, strict=False)]
-    got: list[list[int]] = [[] for _ in seqs]
-    join_at = {0: [0], 2: [1, 2], 5: [3]}  # step -> sequences that join then
-    step = 0
-    while step < 200 and (step <= max(join_at) or sched.busy):
-        for i in join_at.get(step, []):
-            sched.add(seqs[i])
-        for s in sched.step():
-            got[seqs.index(s)] += [e.token_id for e in s.events]
-            s.events.clear()
-        step += 1
+    got = run_with_joins(sched, seqs, {0: [0], 2: [1, 2], 5: [3]})  # step -> who joins then
     assert got == alone
     assert sched.stats["max_batch_seen"] >= 3  # they really ran together
     assert sched.stats["decode_runs"] < sum(len(a) for a in alone) - len(alone)

@@ -11,6 +11,8 @@ from meshd.engine.batch import BatchStage
 from meshd.engine.fused import FusedStep
 from meshd.engine.scheduler import BatchScheduler, prepare
 
+from .batch_driver import run_with_joins
+
 GREEDY = GenerationConfig(max_tokens=10, temperature=0.0, repetition_penalty=1.0)
 SEEDED = GenerationConfig(max_tokens=10, temperature=1.1, top_k=30, seed=11)
 
@@ -62,16 +64,7 @@ def test_prompts_joining_mid_decode_match_running_alone(models: dict[str, Model]
     sched = BatchScheduler(model, fused=fused)
     sched.prefill_ms_per_token = 1e9  # 16-token chunks: the long prompts take several steps
     seqs = [prepare(model, p, c, False) for p, c in zip(prompts, cfgs, strict=True)]
-    got: list[list[int]] = [[] for _ in seqs]
-    join_at = {0: [0], 2: [1, 2], 4: [3]}
-    step = 0
-    while step < 200 and (step <= max(join_at) or sched.busy):
-        for i in join_at.get(step, []):
-            sched.add(seqs[i])
-        for s in sched.step():
-            got[seqs.index(s)] += [e.token_id for e in s.events]
-            s.events.clear()
-        step += 1
+    got = run_with_joins(sched, seqs, {0: [0], 2: [1, 2], 4: [3]})
     assert got == alone
     assert (sched.stats["fused_runs"] > 0) == fused
     assert sched.stage.slots == [] and sched.pre.slots == []

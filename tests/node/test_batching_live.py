@@ -4,6 +4,7 @@ and the node's advert tells its peers its batch capacity and measured batch spee
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -92,46 +93,45 @@ def test_a_node_with_batching_off_serves_each_request_in_its_own_loop(
         mesh: dict[str, Any], tmp_path: Path) -> None:
     """``[engine] batching = false``: no batch scheduler runs, and a request is served by the
     one-sequence loop with the same tokens as the batching node gives."""
+    fields = {"prompt": "And it came to pass", "max_tokens": 12, "temperature": 0.0,
+              "cache": False}
+    got, model = _serve_on_a_node_of_its_own(tmp_path, {"batching": False}, fields)
+    assert got["served"] and got["ids"]
+    assert model["served"] == 1 and "batch" not in model  # served, and no scheduler ran
+    assert got["ids"] == _stream(mesh["nodes"][0], fields)["ids"]
+
+
+def _stream(node: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
     import trio
 
     from meshd.testnet.drive import stream
 
-    fields = {"prompt": "And it came to pass", "max_tokens": 12, "temperature": 0.0,
-              "cache": False}
-    index = up(tmp_path / "net", [NodeSpec(name="solo", extra={"engine": {"batching": False}})],
+    return dict(trio.run(stream, node["socket"], {**fields, "rid": os.urandom(6).hex()}))
+
+
+def _serve_on_a_node_of_its_own(tmp_path: Path, engine: dict[str, Any], fields: dict[str, Any]
+                                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Start one daemon with these ``[engine]`` keys, serve ``fields`` on it, and return the
+    answer and the status of its tiny-en model, taken before it stops."""
+    index = up(tmp_path / "net", [NodeSpec(name="solo", extra={"engine": engine})],
                advert_interval_s=1.0)
     try:
         solo = index["nodes"][0]
-        got = trio.run(stream, solo["socket"], {**fields, "rid": "off-1"})
+        got = _stream(solo, fields)
         model = next(m for m in _status(solo)["models"] if m["model"] == "tiny-en")
     finally:
         down(tmp_path / "net")
-    assert got["served"] and got["ids"]
-    assert model["served"] == 1 and "batch" not in model  # served, and no scheduler ran
-    want = trio.run(stream, mesh["nodes"][0]["socket"], {**fields, "rid": "on-1"})
-    assert got["ids"] == want["ids"]
+    return got, model
 
 
 def test_fused_prefill_can_be_turned_off_and_gives_the_same_tokens(
         mesh: dict[str, Any], tmp_path: Path) -> None:
     """``[engine] fused_prefill = false`` (memory-short boxes): the batch scheduler runs without
     the fused graph, and a request gets the same tokens as on a node with it on."""
-    import trio
-
-    from meshd.testnet.drive import stream
-
     fields = {"prompt": "In the beginning", "max_tokens": 10, "temperature": 0.0, "cache": False}
-    index = up(tmp_path / "net", [NodeSpec(name="lean", extra={"engine": {"fused_prefill": False}})],
-               advert_interval_s=1.0)
-    try:
-        lean = index["nodes"][0]
-        got = trio.run(stream, lean["socket"], {**fields, "rid": "lean-1"})
-        model = next(m for m in _status(lean)["models"] if m["model"] == "tiny-en")
-    finally:
-        down(tmp_path / "net")
+    got, model = _serve_on_a_node_of_its_own(tmp_path, {"fused_prefill": False}, fields)
     assert got["served"] and model["batch"]["fused"] is False
     assert model["batch"]["fused_runs"] == 0
     on = next(m for m in _status(mesh["nodes"][0])["models"] if m["model"] == "tiny-en")
     assert on["batch"]["fused"] is True
-    want = trio.run(stream, mesh["nodes"][0]["socket"], {**fields, "rid": "fused-1"})
-    assert got["ids"] == want["ids"]
+    assert got["ids"] == _stream(mesh["nodes"][0], fields)["ids"]
