@@ -85,6 +85,8 @@ def specs_for(n: int, cells: int, mode: str, args: argparse.Namespace) -> list[N
                                   "busy_ping_after_s": min(5.0, args.stall_timeout_s)}
         if mode == "cells":
             gossip["cells"] = "label"
+            if args.summary_interval_s:
+                gossip["summary_interval_s"] = args.summary_interval_s
         s.extra = {"gossip": gossip}
         out.append(s)
     return out
@@ -188,6 +190,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.idle_s)
         b = trio.run(counters, socks, pids)
         out["idle"] = rates(a, b)
+        out["idle"]["loadavg_1min_at_end"] = os.getloadavg()[0]
         out["coverage_after_idle"] = trio.run(coverage, socks, mode, args.nodes, args.cells)
         log(f"{mode}: idle {json.dumps(out['idle'])}")
         cap = capacity_rps(args.nodes, args.cap, args.max_tokens)
@@ -197,6 +200,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         out["load"] = trio.run(load_run, socks, rate, args.duration_s, args.seed, args.max_tokens, mode)
         b = trio.run(counters, socks, pids)
         out["load_traffic"] = rates(a, b)
+        out["load_traffic"]["loadavg_1min_at_end"] = os.getloadavg()[0]
         log(f"{mode}: load {json.dumps(out['load'])} traffic {json.dumps(out['load_traffic'])}")
     finally:
         down(d)
@@ -211,8 +215,8 @@ def report(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> str:
     lines = [f"# bench_cells: {args.nodes} daemons, {args.cells} regions, advert every "
              f"{args.advert_interval_s:g} s, load {args.load:g} x capacity, {machine_note()}", ""]
     hdr = ("| mode | phase | gossip+probe bytes/s per node (median) | mean | CPU % per daemon (median) "
-           "| mean | TTFT p50 ms | p95 | p99 | completed | failed |")
-    lines += [hdr, "|" + "---|" * 11]
+           "| mean | TTFT p50 ms | p95 | p99 | completed | failed | load average (1 min) at the end |")
+    lines += [hdr, "|" + "---|" * 12]
     for mode, r in runs.items():
         for phase, key in (("idle", "idle"), ("70% load" if args.load == 0.7 else "load", "load_traffic")):
             t = r.get(key) or {}
@@ -221,7 +225,8 @@ def report(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> str:
                          f"{t.get('bytes_per_node_s_mean', 0):,.0f} | {t.get('cpu_pct_median', 0):.1f} | "
                          f"{t.get('cpu_pct_mean', 0):.1f} | {_ms(ld.get('ttft_p50_ms'))} | "
                          f"{_ms(ld.get('ttft_p95_ms'))} | {_ms(ld.get('ttft_p99_ms'))} | "
-                         f"{ld.get('completed', '')} | {ld.get('failed', '')} |")
+                         f"{ld.get('completed', '')} | {ld.get('failed', '')} | "
+                         f"{t.get('loadavg_1min_at_end', 0):.1f} |")
     if "flat" in runs and "cells" in runs:
         f, c = runs["flat"], runs["cells"]
         for key in ("idle", "load_traffic"):
@@ -246,6 +251,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--cap", type=float, default=2.0, help="decode tokens/s per request of every node")
     ap.add_argument("--advert-interval-s", type=float, default=5.0)
+    ap.add_argument("--summary-interval-s", type=float, default=0.0,
+                    help="cells mode: summary interval (0: the daemon's default)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ping-interval-s", type=float, default=10.0)
     ap.add_argument("--stall-timeout-s", type=float, default=3.0)

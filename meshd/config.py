@@ -57,12 +57,13 @@ class GossipConfig:
     # cells (docs/gossip-at-scale.md): "off" gossips every advert mesh-wide; "label" puts a node
     # in the cell its certificate's label cell_label names; "hash" spreads nodes over
     # ceil(mesh_size / cell_size) cells by their peer id. Full adverts then stay in the cell, and
-    # each cell publishes a summary mesh-wide every summary_interval_s
+    # each cell publishes a summary mesh-wide every summary_interval_s (slower than the adverts:
+    # a summary only picks the cells worth probing; probes bring fresh load)
     cells: str = "off"
     cell_label: str = "region"
     cell_size: int = 32  # "hash": members per cell aimed at
     mesh_size: int = 0  # "hash": the number of nodes the mesh is expected to hold
-    summary_interval_s: float = 5.0
+    summary_interval_s: float = 10.0
     summary_expiry_intervals: float = 3.0  # a cell unheard this many intervals is forgotten
     summary_top_k: int = 4  # least-loaded members a summary names per model
     probes: int = 4  # nodes of other cells an entry node asks for their load

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -46,8 +47,39 @@ class NodeSpec:
     api_port: int = 0  # the HTTP API's port (0: up() picks a free one)
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port nothing listens on, for a daemon started a moment later. It is drawn below the
+    kernel's ephemeral range: a port from that range (what binding to port 0 hands out) can be
+    taken by any outgoing connection before the daemon binds it, the testnet's own daemons
+    dialling each other included ("Address already in use" at start-up). Ports handed out
+    earlier by this process are not handed out again."""
+    lo, _ = ephemeral_range()
+    low = 10_000 if lo > 12_000 else 1024
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.randrange(low, lo)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # nothing free below: any
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
