@@ -77,6 +77,10 @@ def specs_for(n: int, cells: int, mode: str, args: argparse.Namespace) -> list[N
     for i in range(n):
         s = NodeSpec(name=f"n{i:02d}", region=f"r{i % cells}")
         s.models = [{"path": "default", "max_concurrency": SLOTS, "max_decode_tokens_per_s": args.cap}]
+        if args.reach:
+            # the shipped model again under the cell's own name: only that cell's nodes serve it,
+            # so another cell's node reaches it through the summaries and the probes
+            s.models.append({"path": "default", "name": f"cell-{s.region}", "max_concurrency": 1})
         # a saturated shared box starves daemons for seconds: tolerant liveness in both modes
         gossip: dict[str, Any] = {"advert_interval_s": args.advert_interval_s,
                                   "ping_interval_s": args.ping_interval_s,
@@ -143,6 +147,27 @@ def rates(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]) -> dic
                 (b[k]["probe"] - a[k]["probe"]) / (b[k]["t"] - a[k]["t"]) for k in a.keys() & b.keys())}
 
 
+async def reach(socks: dict[str, str], cells: int, concurrency: int = 8) -> dict[str, Any]:
+    """Every node asks for every cell's own model once (one token): which of them are served,
+    and by a node of the right cell (its name's index modulo ``cells``)."""
+    jobs = [(name, k) for name in sorted(socks) for k in range(cells)]
+    results: list[tuple[str, int, Any]] = []
+    limit = trio.CapacityLimiter(concurrency)
+
+    async def one(i: int, name: str, k: int) -> None:
+        async with limit:
+            fields = {**request_fields("reach", i, 1), "model": f"cell-r{k}"}
+            results.append((name, k, await attempt(socks[name], fields, name)))
+
+    async with trio.open_nursery() as nursery:
+        for i, (name, k) in enumerate(jobs):
+            nursery.start_soon(one, i, name, k)
+    ok = [(n, k, a) for n, k, a in results if not a.error and a.tokens >= 1]
+    right_cell = [1 for _, k, a in ok if a.served and int(a.served[-1][1:]) % cells == k]
+    return {"asked": len(jobs), "served": len(ok), "served_in_its_cell": len(right_cell),
+            "errors": sorted({f"{n} -> cell-r{k}: {a.error[:80]}" for n, k, a in results if a.error})[:8]}
+
+
 async def load_run(socks: dict[str, str], rate: float, duration_s: float, seed: int,
                    max_tokens: int, tag: str) -> dict[str, Any]:
     plan = arrivals(rate, None, duration_s, sorted(socks), seed)
@@ -185,6 +210,9 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         out["formed_s"], out["coverage_at_start"] = trio.run(wait_formed)
         log(f"{mode}: {out['coverage_at_start']:.0%} formed after {out['formed_s']:.0f} s; "
             f"settling {args.settle_s:.0f} s")
+        if args.reach:
+            out["reach"] = trio.run(reach, socks, args.cells)
+            log(f"{mode}: reach {json.dumps(out['reach'])}")
         time.sleep(args.settle_s)
         a = trio.run(counters, socks, pids)
         time.sleep(args.idle_s)
@@ -227,6 +255,11 @@ def report(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> str:
                          f"{_ms(ld.get('ttft_p95_ms'))} | {_ms(ld.get('ttft_p99_ms'))} | "
                          f"{ld.get('completed', '')} | {ld.get('failed', '')} | "
                          f"{t.get('loadavg_1min_at_end', 0):.1f} |")
+    for mode, r in runs.items():
+        if "reach" in r:
+            q = r["reach"]
+            lines.append(f"\n{mode}: every node asked for every cell's model: {q['served']} of "
+                         f"{q['asked']} served, {q['served_in_its_cell']} by a node of that cell")
     if "flat" in runs and "cells" in runs:
         f, c = runs["flat"], runs["cells"]
         for key in ("idle", "load_traffic"):
@@ -253,6 +286,9 @@ def main() -> int:
     ap.add_argument("--advert-interval-s", type=float, default=5.0)
     ap.add_argument("--summary-interval-s", type=float, default=0.0,
                     help="cells mode: summary interval (0: the daemon's default)")
+    ap.add_argument("--reach", action="store_true",
+                    help="each cell also serves a model of its own (cell-rK); once formed, every "
+                         "node asks for every cell's model (reported as 'reach')")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ping-interval-s", type=float, default=10.0)
     ap.add_argument("--stall-timeout-s", type=float, default=3.0)
