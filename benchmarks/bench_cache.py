@@ -39,6 +39,7 @@ when it has started, when its cache is loaded and at the end.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -61,13 +62,19 @@ from meshd.cache import (  # noqa: E402
     Lookup,
     SemanticCache,
 )
+from meshd.cache.align import added_alignment  # noqa: E402
 from meshd.cache.eviction import entry_bytes  # noqa: E402
 from meshd.cache.guards import guard  # noqa: E402
 from meshd.cache.keys import prompt_key  # noqa: E402
+from meshd.cache.policy import qualifier  # noqa: E402
+from meshd.cache.structure import added_run, roles_swapped  # noqa: E402
 from meshd.embed import default_embedding_model, load_embedder  # noqa: E402
+from meshd.embed.token_states import TokenStates  # noqa: E402
 
 PAIRS = ROOT / "benchmarks" / "data" / "cache_pairs.jsonl"
-FIXED_DEFAULT = FixedThreshold().threshold
+FIXED_DEFAULT_POLICY = FixedThreshold()
+FIXED_DEFAULT = FIXED_DEFAULT_POLICY.threshold
+V4_GUARDS = frozenset({"roles swapped"})  # and the verifier of "qualifier added"
 ADAPTIVE_DEFAULT = AdaptiveThreshold()
 
 
@@ -100,8 +107,13 @@ def pair_rates(served: np.ndarray, same: np.ndarray) -> dict[str, float]:
             "precision": tp / (tp + fp) if tp + fp else 1.0}
 
 
-def adaptive_twofold(rows: list[dict[str, Any]], sims: np.ndarray, policy: AdaptiveThreshold
-                     ) -> np.ndarray:
+def aligner(words: dict[str, Any], query: str, cached: str) -> Any:
+    """The ``align`` the cache passes to the policy, over word vectors computed beforehand."""
+    return functools.partial(added_alignment, words.__getitem__, query, cached)
+
+
+def adaptive_twofold(rows: list[dict[str, Any]], sims: np.ndarray, policy: AdaptiveThreshold,
+                     words: dict[str, Any]) -> np.ndarray:
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(r["a"], []).append(i)
@@ -115,27 +127,42 @@ def adaptive_twofold(rows: list[dict[str, Any]], sims: np.ndarray, policy: Adapt
             for i in train:
                 obs = policy.observe(obs, float(sims[i]), bool(rows[i]["same"]))
             for i in test:
-                d = policy.decide(float(sims[i]), rows[i]["b"], rows[i]["a"], obs, u=1.0)
+                d = policy.decide(float(sims[i]), rows[i]["b"], rows[i]["a"], obs, u=1.0,
+                                  align=aligner(words, rows[i]["b"], rows[i]["a"]))
                 served[i] = d.kind == "hit"
     return served
 
 
-SPLITS = ("tune", "test", "fresh", "fresh2")
-PLOTTED = ("fresh2", "fresh", "test")  # the held-out splits, newest first
+ALL_SPLITS = ("tune", "test", "fresh", "fresh2", "fresh3")
 
 
-def quality_by_split(rows: list[dict[str, Any]], vec: dict[str, np.ndarray]) -> dict[str, Any]:
+def splits(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The splits present in the pairs, oldest first."""
+    have = {r.get("split") for r in rows}
+    return tuple(sp for sp in ALL_SPLITS if sp in have)
+
+
+def quality_by_split(rows: list[dict[str, Any]], vec: dict[str, np.ndarray],
+                     words: dict[str, Any]) -> dict[str, Any]:
     """``quality`` of each split of the pairs (benchmarks/data/README.md): ``tune`` chose the
     guards and the default threshold, ``test`` was held out from that choice (but read while
-    the guards were written), ``fresh`` was written after both were frozen (guards v2), and
-    ``fresh2`` before guards v3 were written, and evaluated once they were frozen."""
-    return {sp: quality([r for r in rows if r.get("split") == sp], vec) for sp in SPLITS}
+    the guards were written), ``fresh`` was written after both were frozen (guards v2),
+    ``fresh2`` before guards v3 were written (a development split since guards v4), and
+    ``fresh3`` before guards v4 were frozen, evaluated once after."""
+    return {sp: quality([r for r in rows if r.get("split") == sp], vec, words)
+            for sp in splits(rows)}
 
 
-def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray]) -> dict[str, Any]:
+def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], words: dict[str, Any]
+            ) -> dict[str, Any]:
+    """Curves and default figures; ``words``: each prompt's word vectors (guards v4's
+    verifier, asked only where the policy would serve)."""
     sims = np.array([float(vec[r["a"]] @ vec[r["b"]]) for r in rows])
     same = np.array([bool(r["same"]) for r in rows])
-    ok = np.array([guard(r["b"], r["a"]) is None for r in rows])
+    ok = np.array([guard(r["b"], r["a"]) is None
+                   and qualifier(r["b"], r["a"], aligner(words, r["b"], r["a"]),
+                                 FIXED_DEFAULT_POLICY.added_word_bound) is None
+                   for r in rows])
     out: dict[str, Any] = {"pairs": len(rows), "same": int(same.sum()),
                            "different": int((~same).sum()), "curves": {}}
     for guards in (False, True):
@@ -145,13 +172,16 @@ def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray]) -> dict[str,
             for t in np.linspace(0.5, 1.0, 101)]
         out["curves"][f"adaptive{'+guards' if guards else ''}"] = [
             {"delta": d, **pair_rates(adaptive_twofold(
-                rows, sims, replace(ADAPTIVE_DEFAULT, delta=d, guards=guards)), same)}
+                rows, sims, replace(ADAPTIVE_DEFAULT, delta=d, guards=guards), words), same)}
             for d in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)]
     out["defaults"] = {
         "fixed": {"threshold": FIXED_DEFAULT, **pair_rates((sims >= FIXED_DEFAULT) & ok, same)},
         "fixed_no_guards": pair_rates(sims >= FIXED_DEFAULT, same),
         "adaptive": {"delta": ADAPTIVE_DEFAULT.delta,
-                     **pair_rates(adaptive_twofold(rows, sims, ADAPTIVE_DEFAULT), same)},
+                     **pair_rates(adaptive_twofold(rows, sims, ADAPTIVE_DEFAULT, words), same)},
+        "fixed_guards_v3": {"threshold": FIXED_DEFAULT, **pair_rates(
+            (sims >= FIXED_DEFAULT) & np.array([guard(r["b"], r["a"], skip=V4_GUARDS) is None
+                                                for r in rows]), same)},
     }
     kinds: dict[str, list[float]] = {}
     for r, s in zip(rows, sims, strict=True):
@@ -161,10 +191,11 @@ def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray]) -> dict[str,
     return out
 
 
-def stream(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], policy: Any, seed: int = 0
-           ) -> dict[str, float]:
+def stream(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], policy: Any, seed: int = 0,
+           words: dict[str, Any] | None = None) -> dict[str, float]:
     cache = SemanticCache(":memory:", Precomputed(vec, "bench"), policy=policy,
-                          rng=np.random.default_rng(seed).random)
+                          rng=np.random.default_rng(seed).random,
+                          word_states=words.__getitem__ if words is not None else None)
     truth: dict[str, str] = {}
     for r in rows:
         truth.setdefault(r["a"], r["answer_a"])
@@ -209,13 +240,13 @@ def plot(qs: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [sp for sp in PLOTTED if sp in qs]
+    shown = [sp for sp in reversed(ALL_SPLITS) if sp in qs][:3]  # the newest three
     fig, axes = plt.subplots(len(shown), 2, figsize=(11, 4.5 * len(shown)), squeeze=False)
     for (ax1, ax2), sp in zip(axes, shown, strict=True):
         _plot_split(qs[sp], sp, ax1, ax2)
-    fig.suptitle("semantic cache, all-MiniLM-L6-v2, guards v3, held-out splits; circles: "
-                 "defaults\nfresh2: written before guards v3, judged after them; fresh: "
-                 "written after guards v2")
+    fig.suptitle("semantic cache, all-MiniLM-L6-v2, guards v4 (+guards: all guards and the "
+                 "verifier); circles: defaults\nfresh3: written before guards v4 were frozen, "
+                 "judged once after; fresh2, fresh: development splits")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -356,6 +387,38 @@ def speed(embs: dict[str, Any], rows: list[dict[str, Any]], vec: dict[str, np.nd
                                 "p99": p(repeat_ms, 99)},
         "lookup_with_vector_given_ms": {"p50": p(alone, 50), "p99": p(alone, 99)},
     }
+
+
+def verifier_latency(rows: list[dict[str, Any]], vec: dict[str, np.ndarray],
+                     states: TokenStates, repeats: int = 3) -> dict[str, Any]:
+    """What guards v4 add to a candidate above the threshold, per candidate: the two
+    structural checks (``roles_swapped``, ``added_run``: pure string work, every candidate),
+    and, where ``added_run`` finds an added run, the encoder's word vectors of both prompts
+    (two runs of the token-state session, nothing memoised) and their alignment."""
+    cands = [r for r in rows if float(vec[r["a"]] @ vec[r["b"]]) >= FIXED_DEFAULT
+             and guard(r["b"], r["a"], skip=V4_GUARDS) is None]
+    structural, fired = [], []
+    for _ in range(repeats):
+        for r in cands:
+            q, c = r["b"], r["a"]
+            t = time.perf_counter()
+            roles_swapped(q + " ", c + " ")  # a new string: the lexical caches miss
+            added = added_run(q + " ", c + " ")
+            structural.append((time.perf_counter() - t) * 1e6)
+            if added is not None:
+                states._memo.clear()
+                t = time.perf_counter()
+                added_alignment(states.words, q + " ", c + " ", added)
+                fired.append((time.perf_counter() - t) * 1e6)
+
+    def p(xs: list[float], q: float) -> float:
+        return round(float(np.percentile(xs, q)), 1) if xs else float("nan")
+
+    return {"candidates": len(cands), "fired_share": round(len(fired) / max(1, len(structural)), 3),
+            "structural_us": {"n": len(structural), "p50": p(structural, 50),
+                              "p90": p(structural, 90)},
+            "alignment_when_fired_us": {"n": len(fired), "p50": p(fired, 50), "p90": p(fired, 90)},
+            "threads": 1}
 
 
 def pid_rss_bytes(pid: int) -> int:
@@ -516,6 +579,9 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, metavar="DIR",
                     help="an imported embedding model directory (default: import into a "
                     "temporary cache)")
+    ap.add_argument("--verifier-latency", action="store_true",
+                    help="time guards v4 per candidate above the threshold (structural checks; "
+                         "word vectors and alignment where a run was added)")
     ap.add_argument("--skip-quality", action="store_true",
                     help="skip the labelled-pairs curves, the stream and the plot")
     ap.add_argument("--precision", default="int8,fp32",
@@ -539,16 +605,23 @@ def main() -> None:
         vec = dict(zip(texts, emb.embed(texts), strict=True))
         result: dict[str, Any] = {"embed_pairs_s": round(time.perf_counter() - t0, 1),
                                   "loadavg_1min_start": os.getloadavg()[0]}
-        q = quality_by_split(rows, vec) if not args.skip_quality else {}
+        states = TokenStates(model_dir, precision=precisions[0])
+        t0 = time.perf_counter()
+        words = {t: states.words(t) for t in texts}
+        result["word_states_s"] = round(time.perf_counter() - t0, 1)
+        q = quality_by_split(rows, vec, words) if not args.skip_quality else {}
         result["quality"] = q
         result["stream"] = {} if args.skip_quality else {sp: {
-            "fixed": stream(part, vec, FixedThreshold()),
+            "fixed": stream(part, vec, FixedThreshold(), words=words),
+            "fixed_no_verifier": stream(part, vec, FixedThreshold()),
             "fixed_no_guards": stream(part, vec, FixedThreshold(guards=False)),
-            "adaptive": stream(part, vec, AdaptiveThreshold()),
+            "adaptive": stream(part, vec, AdaptiveThreshold(), words=words),
             "adaptive_no_guards": stream(part, vec, AdaptiveThreshold(guards=False)),
-        } for sp in SPLITS if (part := [r for r in rows if r["split"] == sp])}
+        } for sp in splits(rows) if (part := [r for r in rows if r["split"] == sp])}
         if not args.skip_quality:
             plot(q, args.plot)
+        if args.verifier_latency:
+            result["verifier"] = verifier_latency(rows, vec, states)
         if not args.skip_speed:
             result["speed"] = speed(embs, rows, vec, args.entries, Path(tmp))
         if args.daemon:

@@ -53,6 +53,16 @@ person ("which writer" = "who"), of date ("what year" = "when") and causes ("wha
 cats live"); numbers include the ordinals "second" to "twentieth" and Roman numerals after a
 name ("World War II" = "Second World War" != "World War I"); opposites include "difference" /
 "in common".
+
+Guards v4 (``meshd.cache.structure``) add two checks on the structure of the words the prompts
+share, naming no topic:
+
+12. **roles swapped**: two words (or numbers) of both prompts trade places around a third that
+    stays between them ("Subtract 38 from 100." / "Subtract 100 from 38.", "tablespoons in a
+    cup" / "cups in a tablespoon"); "A or B" / "B or A" passes.
+13. **qualifier added**: one prompt is the other plus a run of at most three words holding a
+    content word, not at the start ("... a cactus in winter?", "an egg white", "the square
+    root of" / "the square of").
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from meshd.cache.lexical import CASED_TOKEN, ROMAN, SENTENCE_STOPS, numbers, stem, words
+from meshd.cache.structure import roles_swapped
 from meshd.cache.wordclasses import (
     OPERATION_OF,
     action_differs,
@@ -240,6 +251,7 @@ GUARDS: tuple[tuple[str, Callable[[str, str], bool]], ...] = (
     ("operation differs", operation_differs),
     ("units differ", units_differ),
     ("action differs", action_differs),
+    ("roles swapped", roles_swapped),
 )
 
 

@@ -29,13 +29,30 @@ A lookup finds the nearest cached prompt (cosine similarity ``s``). Then:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from meshd.cache.guards import guard
+from meshd.cache.structure import Added, added_run
 
 Kind = Literal["hit", "verify", "miss"]
 Observation = tuple[float, bool]  # (similarity, was the cached answer right for that prompt?)
+Align = Callable[[Added], float]  # the lowest alignment of an added run's words (meshd.cache.align)
+ADDED_WORD_BOUND = 0.5
+
+
+def qualifier(query: str, cached: str, align: Align | None, bound: float) -> str | None:
+    """Guards v4's verifier (meshd.cache.structure, 13): "qualifier added" when one prompt adds
+    a run of words to the other and one of its content words aligns below ``bound`` with every
+    word of the other prompt (``align``: the encoder's word vectors, meshd.cache.align). Asked
+    only about a candidate that would otherwise be served; without ``align``, None."""
+    if align is None:
+        return None
+    added = added_run(query, cached)
+    if added is None or align(added) >= bound:
+        return None
+    return "qualifier added"
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -51,12 +68,18 @@ class FixedThreshold:
 
     threshold: float = 0.85
     guards: bool = True
+    added_word_bound: float = ADDED_WORD_BOUND
 
     def decide(self, similarity: float, query: str, cached: str,
-               observations: tuple[Observation, ...] = (), u: float = 1.0) -> Decision:
+               observations: tuple[Observation, ...] = (), u: float = 1.0,
+               align: Align | None = None) -> Decision:
+        """``align``: the verifier of an added run (``qualifier``), asked only above the
+        threshold, so a miss never pays for it."""
         if self.guards and (why := guard(query, cached)):
             return Decision("miss", similarity, self.threshold, why)
         if similarity >= self.threshold:
+            if self.guards and (why := qualifier(query, cached, align, self.added_word_bound)):
+                return Decision("miss", similarity, self.threshold, why)
             return Decision("hit", similarity, self.threshold, "above the fixed threshold")
         return Decision("miss", similarity, self.threshold, "below the fixed threshold")
 
@@ -80,6 +103,7 @@ class AdaptiveThreshold:
     explore: float = 0.02
     max_observations: int = 32
     guards: bool = True
+    added_word_bound: float = ADDED_WORD_BOUND
 
     def threshold(self, observations: tuple[Observation, ...]) -> float:
         mode, sd = posterior(observations, self.prior_t, self.prior_sd, self.slope)
@@ -87,8 +111,10 @@ class AdaptiveThreshold:
         return min(max(t, self.floor), self.ceiling)
 
     def decide(self, similarity: float, query: str, cached: str,
-               observations: tuple[Observation, ...] = (), u: float = 1.0) -> Decision:
-        """``u``: a uniform random number in [0, 1) that picks the hits to explore."""
+               observations: tuple[Observation, ...] = (), u: float = 1.0,
+               align: Align | None = None) -> Decision:
+        """``u``: a uniform random number in [0, 1) that picks the hits to explore; ``align``:
+        as for ``FixedThreshold.decide``, asked only where the answer would be served."""
         t = self.threshold(observations)
         if self.guards and (why := guard(query, cached)):
             return Decision("miss", similarity, t, why)
@@ -96,6 +122,8 @@ class AdaptiveThreshold:
             return Decision("miss", similarity, t, "below the floor")
         if similarity < t:
             return Decision("verify", similarity, t, "below the entry's threshold")
+        if self.guards and (why := qualifier(query, cached, align, self.added_word_bound)):
+            return Decision("miss", similarity, t, why)
         if u < self.explore:
             return Decision("verify", similarity, t, "explored")
         return Decision("hit", similarity, t, "above the entry's threshold")

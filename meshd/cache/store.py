@@ -18,6 +18,7 @@ meshd.cache.keys, policy and eviction; this module does the I/O.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 from sqlite_utils import Database
 
+from meshd.cache.align import WordStates, added_alignment
 from meshd.cache.eviction import (
     CacheLimits,
     Candidate,
@@ -88,16 +90,21 @@ class SemanticCache:
 
     ``policy``: ``FixedThreshold()`` (0.85, guards on) by default: on the labelled pairs it
     measured better than ``AdaptiveThreshold`` (docs/cache.md); ``clock`` and ``rng`` are
-    injectable for tests.
+    injectable for tests. ``word_states``: a text's word spans and contextual word vectors
+    (``meshd.embed.token_states.TokenStates.words``), for the verifier of guards v4's
+    "qualifier added" (meshd.cache.align), asked only about a candidate the policy would
+    serve; without it that check is off (the daemon passes it).
     """
 
     def __init__(self, path: str | os.PathLike[str], embedder: EmbedderLike, *,
                  policy: Policy | None = None, limits: CacheLimits | None = None,
                  clock: Callable[[], float] = time.time,
                  rng: Callable[[], float] = random.random, exact_max: int = EXACT_MAX,
-                 index_dtype: str = "f16") -> None:
+                 index_dtype: str = "f16",
+                 word_states: Callable[[str], WordStates] | None = None) -> None:
         self.path = str(path)
         self.embedder = embedder
+        self.word_states = word_states
         self.policy: Policy = policy if policy is not None else FixedThreshold()
         self.limits = limits or CacheLimits()
         self.dim = int(embedder.dim)
@@ -332,7 +339,11 @@ class SemanticCache:
                 self.stats["expired"] += 1
                 continue
             obs = _observations(obs_json)
-            decision = self.policy.decide(sim, req.prompt, prompt, obs, u=self._rng())
+            align = None
+            if self.word_states is not None:
+                align = functools.partial(added_alignment, self.word_states, req.prompt, prompt)
+            decision = self.policy.decide(sim, req.prompt, prompt, obs, u=self._rng(),
+                                          align=align)
             if decision.kind == "miss" and decision.reason not in ("below the floor",
                                                                     "below the fixed threshold"):
                 best = (decision, None, None)

@@ -89,13 +89,18 @@ class EdgeCache:
     def _open(self) -> Any:
         from meshd.cache import CacheLimits, FixedThreshold, SemanticCache
         from meshd.embed import load_embedder
+        from meshd.embed.token_states import TokenStates
 
         c = self.config.cache
         self.path.parent.mkdir(parents=True, exist_ok=True)
         limits = CacheLimits(max_entries=c.max_entries, max_bytes=int(c.max_size_mb * 2**20),
                              ttl_s=c.ttl_s)
-        return SemanticCache(self.path, load_embedder(precision=c.embed_precision),
-                             policy=FixedThreshold(threshold=c.threshold), limits=limits)
+        embedder = load_embedder(precision=c.embed_precision)
+        # guards v4's verifier reads the encoder's word vectors of a candidate's two prompts
+        # (docs/cache.md): a second session of the same graph, used only above the threshold
+        states = TokenStates(embedder.path, precision=c.embed_precision)
+        return SemanticCache(self.path, embedder, policy=FixedThreshold(threshold=c.threshold),
+                             limits=limits, word_states=states.words)
 
     @property
     def ready(self) -> bool:

@@ -1,0 +1,112 @@
+"""The encoder's contextual word vectors: the last hidden states before pooling, per word.
+
+An additive helper beside ``Embedder`` (whose graph and session it leaves alone): it opens a
+second onnxruntime session of the same encoder graph with one more output, the input of the
+mean pooling (the last ``LayerNormalization``), and averages the states of each word's
+word-pieces. The semantic cache's verifier (meshd.cache.align) asks it about the two prompts
+of a candidate hit whose words differ by an added run only, so it runs rarely and off the
+miss path. The int8 graph is the default, as for ``Embedder``; one text per run, so that a
+text's states never depend on another's.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from meshd.embed.graph import ATTENTION_MASK, INPUT_IDS, UNFUSED_OPTIMIZERS
+from meshd.embed.manifest import read_embed_manifest
+from meshd.engine.runtime import choose_providers
+from meshd.errors import ModelError
+
+WordStates = tuple[tuple[tuple[int, int], ...], np.ndarray]  # word char spans, [words, dim]
+
+
+def expose_token_states(model: onnx.ModelProto) -> str:
+    """Add the last ``LayerNormalization``'s output (the token states that mean pooling reads)
+    to ``model``'s outputs, in place; returns its name."""
+    norms = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
+    if not norms:
+        raise ModelError("encoder graph has no LayerNormalization: cannot read token states")
+    name = norms[-1].output[0]
+    if name not in {o.name for o in model.graph.output}:
+        model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    return name
+
+
+class TokenStates:
+    """``words(text)``: the char spans of a text's words (special tokens left out) and their
+    contextual vectors, float32 [words, dim], each row L2-normalised. Thread-safe."""
+
+    def __init__(self, path: str | Path, *, precision: str = "int8", threads: int = 1) -> None:
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        m = read_embed_manifest(path)
+        graph = path / (m.int8_file if precision == "int8" and m.int8_file else m.graph_file)
+        model = onnx.load(str(graph), load_external_data=False)
+        external = any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+        if external:  # the float graph keeps its weights in weights.bin
+            onnx.load_external_data_for_model(model, str(path))
+        self._out = expose_token_states(model)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        so.intra_op_num_threads = threads
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self._session: Any = ort.InferenceSession(
+            model.SerializeToString(), so, providers=choose_providers(None),
+            disabled_optimizers=list(UNFUSED_OPTIMIZERS))
+        tok = Tokenizer.from_file(str(path / m.tokenizer_file))
+        tok.no_padding()
+        tok.enable_truncation(max_length=m.arch.max_seq_length)
+        self._tok = tok
+        self.precision = precision
+        self._lock = threading.Lock()
+        self._memo: dict[str, WordStates] = {}
+
+    def words(self, text: str) -> WordStates:
+        with self._lock:
+            got = self._memo.get(text)
+        if got is not None:
+            return got
+        enc = self._tok.encode(text)
+        ids = np.asarray(enc.ids, np.int64)[None]
+        (states,) = self._session.run([self._out], {INPUT_IDS: ids,
+                                                    ATTENTION_MASK: np.ones_like(ids)})
+        got = group_words(enc.word_ids, enc.offsets, np.asarray(states[0], np.float32))
+        with self._lock:
+            if len(self._memo) >= 256:
+                self._memo.pop(next(iter(self._memo)))
+            self._memo[text] = got
+        return got
+
+
+def group_words(word_ids: list[int | None], offsets: list[tuple[int, int]],
+                states: np.ndarray) -> WordStates:
+    """Average the word-pieces of each word (special tokens have no word id), L2-normalise."""
+    spans: list[tuple[int, int]] = []
+    rows: list[np.ndarray] = []
+    last: int | None = None
+    for i, w in enumerate(word_ids):
+        if w is None:
+            last = None
+            continue
+        if w == last:
+            rows[-1] = rows[-1] + states[i]
+            spans[-1] = (spans[-1][0], offsets[i][1])
+            continue
+        spans.append((offsets[i][0], offsets[i][1]))
+        rows.append(states[i].astype(np.float32).copy())
+        last = w
+    if not rows:
+        return (), np.zeros((0, states.shape[-1]), np.float32)
+    vecs = np.stack(rows)
+    vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+    return tuple(spans), vecs
