@@ -32,13 +32,11 @@ import functools
 import re
 from dataclasses import dataclass
 
-from meshd.cache.wordclasses import OPERATION_OF
-
 _TOKEN = re.compile(r"[a-z]+(?:'[a-z]+)?|\d+(?:[.,]\d+)*|[-+*/^%=×÷]")
 SYMMETRIC = frozenset({"or", "and", "vs", "versus", "nor"})
 MAX_SPAN = 5  # words from the first of the swapped pair to the second, in each prompt
 MAX_RUN = 3
-LIGHT = frozenset("""
+_LIGHT_WORDS = """
 a an the this that these those some any my your our their his her its it it's there
 i me we you us they them he she one
 is are was were be been being am do does did doing can could would should will shall may might
@@ -49,7 +47,8 @@ tell give show name let know say explain describe please kindly quick question
 exactly actually usually really just quickly roughly approximately typically generally
 normally basically currently even also still ever
 much many and or
-""".split())
+"""
+LIGHT = frozenset(_LIGHT_WORDS.split())
 _STOP_ROLE = LIGHT - {"from", "to", "in", "on", "at", "for", "by", "with", "into", "onto",
                       "about", "than"}  # a swapped pair must be content words or numbers
 

@@ -2,7 +2,7 @@
 
 An additive helper beside ``Embedder`` (whose graph and session it leaves alone): it opens a
 second onnxruntime session of the same encoder graph with one more output, the input of the
-mean pooling (the last ``LayerNormalization``), and averages the states of each word's
+pooling (the output of the last ``LayerNormalization``), and averages the states of each word's
 word-pieces. The semantic cache's verifier (meshd.cache.align) asks it about the two prompts
 of a candidate hit whose words differ by an added run only, so it runs rarely and off the
 miss path. The int8 graph is the default, as for ``Embedder``; one text per run, so that a
@@ -29,12 +29,29 @@ WordStates = tuple[tuple[tuple[int, int], ...], np.ndarray]  # word char spans, 
 
 
 def expose_token_states(model: onnx.ModelProto) -> str:
-    """Add the last ``LayerNormalization``'s output (the token states that mean pooling reads)
-    to ``model``'s outputs, in place; returns its name."""
-    norms = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
-    if not norms:
-        raise ModelError("encoder graph has no LayerNormalization: cannot read token states")
-    name = norms[-1].output[0]
+    """Add the token states that pooling reads (the output of the last ``LayerNormalization``,
+    or ``SkipLayerNormalization`` in graphs imported before the plain form, found as the one a
+    pooling ``Mul`` -> ``ReduceSum`` or a CLS ``Gather`` consumes, not by node order) to ``model``'s outputs, in place; returns its name."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def pools(name: str) -> bool:
+        for n in consumers.get(name, []):
+            if n.op_type == "Gather" and n.input[0] == name:
+                return True
+            if n.op_type == "Mul" and any(c.op_type == "ReduceSum"
+                                          for c in consumers.get(n.output[0], [])):
+                return True
+        return False
+
+    found = [n.output[0] for n in model.graph.node  # (graphs imported before the unfused form
+             if n.op_type in ("LayerNormalization", "SkipLayerNormalization")  # keep Skip...)
+             and pools(n.output[0])]
+    if len(found) != 1:
+        raise ModelError("encoder graph: cannot find the token states that pooling reads")
+    name = found[0]
     if name not in {o.name for o in model.graph.output}:
         model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
     return name
