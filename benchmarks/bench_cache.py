@@ -16,6 +16,10 @@ Quality, on benchmarks/data/cache_pairs.jsonl (all-MiniLM-L6-v2 embeddings):
   prompt in a seeded random order; a lookup that is not served computes the answer (its
   label), verifies it against the candidate when the policy asked to, and inserts it.
 
+Guards v4's verifier (``--verifier-latency``): per candidate above the default threshold that
+passes the other guards, the structural checks, and where an added run is found, the word
+vectors of both prompts and their alignment.
+
 Speed and memory, on one partition of ``--entries`` entries: the anchors are real entries,
 the rest are synthetic vectors (real prompt embeddings plus noise, renormalised) inserted
 through SQL, then the cache is reopened twice (restart times: reading SQLite and building the
