@@ -11,6 +11,7 @@ text's states never depend on another's.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -77,9 +78,15 @@ class TokenStates:
         so.log_severity_level = 3
         so.intra_op_num_threads = threads
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session: Any = ort.InferenceSession(
-            model.SerializeToString(), so, providers=choose_providers(None),
-            disabled_optimizers=list(UNFUSED_OPTIMIZERS))
+        # From a file, not from bytes: onnxruntime keeps a copy of a model given as bytes
+        # (measured: +112 MiB RSS for the int8 graph from bytes, +57 MiB from a file).
+        with tempfile.TemporaryDirectory(prefix="meshd-token-states-") as tmp:
+            graph_path = Path(tmp) / "encoder-states.onnx"
+            onnx.save(model, str(graph_path))
+            del model
+            self._session: Any = ort.InferenceSession(
+                str(graph_path), so, providers=choose_providers(None),
+                disabled_optimizers=list(UNFUSED_OPTIMIZERS))
         tok = Tokenizer.from_file(str(path / m.tokenizer_file))
         tok.no_padding()
         tok.enable_truncation(max_length=m.arch.max_seq_length)
