@@ -67,7 +67,7 @@ class Gossip:
         self.on_heard: Callable[[str], None] | None = None
         # bytes_in: every byte read from peers' gossip streams (the cost cells bound)
         self.stats = {"handler_errors": 0, "validator_errors": 0, "rejected": 0, "published": 0,
-                      "bytes_in": 0}
+                      "bytes_in": 0, "streams_reopened": 0}
 
     def set_validator(self, topic: str, validator: Validator) -> None:
         def guarded(forwarder: ID, msg: Any) -> bool:
@@ -93,6 +93,20 @@ class Gossip:
 
     def mesh_size(self, topic: str) -> int:
         return len(self.router.mesh.get(topic, ()))
+
+    def has_stream(self, peer_id: ID) -> bool:
+        """Whether pubsub holds its stream to this peer (it sends our subscriptions and
+        messages over it; a connected peer without one never hears from us nor we from it)."""
+        return peer_id in self.pubsub.peers
+
+    async def reopen_stream(self, peer_id: ID) -> None:
+        """Ask pubsub again for its stream to a connected peer. py-libp2p retries the stream
+        open only after a ``SwarmException``; one that fails otherwise (a protocol negotiation
+        timed out, seen when 40 daemons start at once on 2 cores) leaves the peer connected
+        and outside gossip for good. Uses pubsub's own registration (a private method: pinned
+        libp2p version); a failure is logged there, and the caller tries again later."""
+        self.stats["streams_reopened"] += 1
+        await self.pubsub._handle_new_peer_safe(peer_id)
 
     def _guard_stream_handler(self) -> None:
         inner = self.pubsub.stream_handler

@@ -72,6 +72,14 @@ class LinkedMembership(Protocol):
     def on_rtt(self, peer_id: str, raw_ms: float) -> None: ...
 
 
+class GossipStreams(Protocol):
+    """What links need of gossip (``meshd.net.gossip.Gossip``): its stream to each peer."""
+
+    def has_stream(self, peer_id: ID) -> bool: ...
+
+    async def reopen_stream(self, peer_id: ID) -> None: ...
+
+
 class Links:
     def __init__(self, host: Any, config: Config, membership: LinkedMembership, *,
                  rng: random.Random | None = None) -> None:
@@ -89,6 +97,10 @@ class Links:
                       "stalls": 0, "pings": 0, "pulls": 0, "pulls_answered": 0, "pull_bytes_in": 0}
         # what a SYNC brought besides adverts (cells: the summaries the peer holds)
         self.on_sync_summaries: Callable[[list[Any]], None] | None = None
+        # gossip's stream to each connected peer, checked every BOOTSTRAP_KEEP_S (set by the node)
+        self.gossip: GossipStreams | None = None
+        self._no_stream: dict[str, int] = {}  # connected peer -> checks in a row without one
+        self._reopening: set[str] = set()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Own the links' tasks (dials, channels, pings) and run the liveness loop; the
@@ -96,6 +108,7 @@ class Links:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self.liveness_loop)
+            nursery.start_soon(self.gossip_streams_loop)
             task_status.started()
 
     @property
@@ -127,6 +140,12 @@ class Links:
                 if info.peer_id.to_base58() in self.membership.revoked_peer_ids:
                     continue
                 if self._connected(info.peer_id):
+                    peer = info.peer_id.to_base58()
+                    ch = self.channels.get(peer)
+                    if (ch is None or not ch.alive) and peer not in self._opening:
+                        # connected, but its channel never opened (it timed out while the
+                        # peer was busy) or closed: without it no sync, no pulls
+                        self.nursery.start_soon(self._open_bootstrap, info.peer_id)
                     continue
                 if await self._dial(info.peer_id, list(info.addrs)):
                     self.nursery.start_soon(self._open_bootstrap, info.peer_id)
@@ -293,6 +312,41 @@ class Links:
             for peer in self.membership.pulls_due(now, linked):
                 self.stats["pulls"] += 1
                 self.nursery.start_soon(self._pull, self.channels[peer])
+
+    async def gossip_streams_loop(self) -> None:
+        """Every connected peer should have a gossip stream; one that has had none for two
+        checks in a row gets pubsub's registration again (``Gossip.reopen_stream``)."""
+        while True:
+            await trio.sleep(BOOTSTRAP_KEEP_S)
+            if self.gossip is None:
+                continue
+            try:
+                connected = list(self.host.get_network().connections)
+            except Exception:
+                continue
+            seen = set()
+            for pid in connected:
+                peer = pid.to_base58()
+                seen.add(peer)
+                if self.gossip.has_stream(pid):
+                    self._no_stream.pop(peer, None)
+                    continue
+                self._no_stream[peer] = n = self._no_stream.get(peer, 0) + 1
+                if n >= 2 and peer not in self._reopening:
+                    self._reopening.add(peer)
+                    self.nursery.start_soon(self._reopen_gossip, pid, peer)
+            for peer in list(self._no_stream):
+                if peer not in seen:
+                    del self._no_stream[peer]
+
+    async def _reopen_gossip(self, pid: ID, peer: str) -> None:
+        assert self.gossip is not None
+        log.info("no gossip stream to a connected peer, opening it again peer=%s", peer)
+        try:
+            with trio.move_on_after(DIAL_TIMEOUT_S * 3):
+                await self.gossip.reopen_stream(pid)
+        finally:
+            self._reopening.discard(peer)
 
     async def _ping(self, ch: PeerChannel) -> None:
         try:

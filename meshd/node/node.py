@@ -153,6 +153,7 @@ class Node:
             ) as gossip:
                 self.gossip = gossip
                 self.links = links = Links(self.host, cfg, self.membership, rng=self.rng)
+                links.gossip = gossip
                 self.membership.add_listener(links.on_advert)
                 self.membership.add_listener(self.revocations.on_advert)
                 async with trio.open_nursery() as nursery:
