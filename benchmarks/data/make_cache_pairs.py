@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cache_fresh2 import FRESH2  # noqa: E402
 from cache_fresh3 import FRESH3  # noqa: E402
+from cache_fresh4 import FRESH4  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "cache_pairs.jsonl"
 
@@ -542,7 +543,7 @@ def build() -> list[dict[str, Any]]:
         fresh.append(_pair(key, a, b, same, kind, key, key if same else f"handfresh:{i}"))
     for r in fresh:
         r["split"] = "fresh"
-    return rows + fresh + build_fresh2() + build_fresh3()
+    return rows + fresh + build_fresh2() + build_fresh3() + build_fresh4()
 
 
 def build_fresh2() -> list[dict[str, Any]]:
@@ -571,6 +572,21 @@ def build_fresh3() -> list[dict[str, Any]]:
             out.append(_pair(key, anchor, b, False, kind, key, f"{key}#{i}"))
     for r in out:
         r["split"] = "fresh3"
+    return out
+
+
+def build_fresh4() -> list[dict[str, Any]]:
+    """The ``fresh4`` split (cache_fresh4.py), made like ``fresh3`` and appended after it;
+    each near miss's ``how`` stays in cache_fresh4.py."""
+    out = []
+    for anchor, paraphrases, misses in FRESH4:
+        key = "fresh4:" + anchor
+        for b in paraphrases:
+            out.append(_pair(key, anchor, b, True, "paraphrase", key, key))
+        for i, (b, kind, _how) in enumerate(misses):
+            out.append(_pair(key, anchor, b, False, kind, key, f"{key}#{i}"))
+    for r in out:
+        r["split"] = "fresh4"
     return out
 
 
