@@ -96,8 +96,12 @@ class Gossip:
 
     def has_stream(self, peer_id: ID) -> bool:
         """Whether pubsub holds its stream to this peer (it sends our subscriptions and
-        messages over it; a connected peer without one never hears from us nor we from it)."""
-        return peer_id in self.pubsub.peers
+        messages over it; a connected peer without one never hears from us nor we from it),
+        or is getting one: it is retrying the open itself, or it refuses the peer on purpose
+        (blacklisted)."""
+        ps = self.pubsub
+        return (peer_id in ps.peers or peer_id in getattr(ps, "_peer_stream_retries_pending", ())
+                or ps.is_peer_blacklisted(peer_id))
 
     async def reopen_stream(self, peer_id: ID) -> None:
         """Ask pubsub again for its stream to a connected peer. py-libp2p retries the stream

@@ -94,7 +94,8 @@ class Links:
         self.liveness = Liveness(ping_interval_s=g.ping_interval_s, busy_silence_s=g.busy_ping_after_s,
                                  stall_timeout_s=g.stall_timeout_s, rng=rng)
         self.stats = {"dials": 0, "dial_failures": 0, "dials_yielded": 0, "channels_opened": 0,
-                      "stalls": 0, "pings": 0, "pulls": 0, "pulls_answered": 0, "pull_bytes_in": 0}
+                      "stalls": 0, "pings": 0, "pulls": 0, "pulls_answered": 0, "pull_bytes_in": 0,
+                      "gossip_streams_missing": 0}
         # what a SYNC brought besides adverts (cells: the summaries the peer holds)
         self.on_sync_summaries: Callable[[list[Any]], None] | None = None
         # gossip's stream to each connected peer, checked every BOOTSTRAP_KEEP_S (set by the node)
@@ -332,12 +333,17 @@ class Links:
                     self._no_stream.pop(peer, None)
                     continue
                 self._no_stream[peer] = n = self._no_stream.get(peer, 0) + 1
-                if n >= 2 and peer not in self._reopening:
+                self.stats["gossip_streams_missing"] = len(self._no_stream)
+                # after 2, 4, 8 and 16 checks, then once a minute: an open that keeps failing
+                # (a peer too busy to answer) is not hammered
+                due = n in (2, 4, 8, 16) or (n > 16 and n % 12 == 0)
+                if due and peer not in self._reopening:
                     self._reopening.add(peer)
                     self.nursery.start_soon(self._reopen_gossip, pid, peer)
             for peer in list(self._no_stream):
                 if peer not in seen:
                     del self._no_stream[peer]
+            self.stats["gossip_streams_missing"] = len(self._no_stream)
 
     async def _reopen_gossip(self, pid: ID, peer: str) -> None:
         assert self.gossip is not None
