@@ -194,7 +194,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     specs = specs_for(args.nodes, args.cells, mode, args)
     log(f"{mode}: starting {args.nodes} daemons in {d}")
     t_start = time.monotonic()
-    index = up(d, specs, advert_interval_s=args.advert_interval_s, wait=False)
+    index = up(d, specs, advert_interval_s=args.advert_interval_s, wait=False, start_gap_s=args.start_gap_s)
     socks = {n["name"]: n["socket"] for n in index["nodes"]}
     pids = {n["name"]: n["pid"] for n in index["nodes"]}
     out: dict[str, Any] = {"mode": mode, "dir": str(d)}
@@ -289,6 +289,8 @@ def main() -> int:
     ap.add_argument("--reach", action="store_true",
                     help="each cell also serves a model of its own (cell-rK); once formed, every "
                          "node asks for every cell's model (reported as 'reach')")
+    ap.add_argument("--start-gap-s", type=float, default=0.0,
+                    help="seconds between daemon starts (0: all at once)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ping-interval-s", type=float, default=10.0)
     ap.add_argument("--stall-timeout-s", type=float, default=3.0)

@@ -102,6 +102,7 @@ class Links:
         self.gossip: GossipStreams | None = None
         self._no_stream: dict[str, int] = {}  # connected peer -> checks in a row without one
         self._reopening: set[str] = set()
+        self._bootstrap_ids: set[ID] = set()
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Own the links' tasks (dials, channels, pings) and run the liveness loop; the
@@ -135,6 +136,7 @@ class Links:
                 log.error("bad bootstrap address (needs /p2p/<peer id>) addr=%s", a)
         if not infos:
             self.membership.joined.set()
+        self._bootstrap_ids = {info.peer_id for info in infos}
         while infos:
             pending = False
             for info in infos:
@@ -315,8 +317,12 @@ class Links:
                 self.nursery.start_soon(self._pull, self.channels[peer])
 
     async def gossip_streams_loop(self) -> None:
-        """Every connected peer should have a gossip stream; one that has had none for two
-        checks in a row gets pubsub's registration again (``Gossip.reopen_stream``)."""
+        """A bootstrap peer, or any connected peer while no connected peer has one, that has
+        had no gossip stream for two checks in a row gets pubsub's registration again
+        (``Gossip.reopen_stream``). That is the node cut off from gossip at join; once it
+        hears adverts (or syncs) it dials the others, and those connections register their
+        streams as usual. Other peers without a stream are left to pubsub's own retries:
+        re-opening every one of them kept a starved 40-daemon mesh starved."""
         while True:
             await trio.sleep(BOOTSTRAP_KEEP_S)
             if self.gossip is None:
@@ -325,6 +331,9 @@ class Links:
                 connected = list(self.host.get_network().connections)
             except Exception:
                 continue
+            gossip = self.gossip
+            if any(gossip.has_stream(pid) for pid in connected):
+                connected = [pid for pid in connected if pid in self._bootstrap_ids]
             seen = set()
             for pid in connected:
                 peer = pid.to_base58()

@@ -268,9 +268,10 @@ def _wait_listening(sock: Path, pid: int, timeout_s: float) -> None:
 
 def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0,
        wait: bool = True, env_for: dict[str, dict[str, str]] | None = None,
-       extra_index: dict[str, Any] | None = None) -> dict[str, Any]:
+       extra_index: dict[str, Any] | None = None, start_gap_s: float = 0.0) -> dict[str, Any]:
     """Start the daemons of ``specs``; ``extra_index`` is recorded in testnet.json (the scenario
-    launcher notes its network there). Nodes with ``netns`` set run in that namespace."""
+    launcher notes its network there). Nodes with ``netns`` set run in that namespace.
+    ``start_gap_s`` spaces the starts (a mesh whose nodes come up over a while, not at once)."""
     directory = directory.resolve()
     check_not_running(directory)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -293,6 +294,8 @@ def up(directory: Path, specs: list[NodeSpec], *, advert_interval_s: float = 2.0
         d = directory / s.name
         cfg = node_config(s, d, [] if i == 0 else boot, advert_interval_s=advert_interval_s)
         (d / "meshd.toml").write_text(write_toml(cfg))
+        if i > 1 and start_gap_s > 0:
+            time.sleep(start_gap_s)
         pid = start_process(d, netns=s.netns, env=(env_for or {}).get(s.name))
         if i == 0 and len(specs) > 1:
             # the others dial it at once: a dial that finds nothing listening costs a retry

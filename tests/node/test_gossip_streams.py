@@ -1,4 +1,5 @@
-"""Links re-open pubsub's stream to a connected peer that has none (py-libp2p gives up on a
+"""Links re-open pubsub's stream to a connected bootstrap peer that has none (or to any
+connected peer while none has one) (py-libp2p gives up on a
 stream open that fails with anything but a SwarmException, and the peer then stays connected
 but outside gossip for good: 40 daemons starting at once on 2 cores left 3 of them isolated).
 Pure loop logic over fakes of the host and the gossip; the real path runs in every live test."""
@@ -59,9 +60,10 @@ class _Membership:
         return []
 
 
-def _links(gossip: _Gossip) -> Links:
+def _links(gossip: _Gossip, bootstrap: set[ID] | None = None) -> Links:
     links = Links(_Host(), Config(), _Membership())  # type: ignore[arg-type]
     links.gossip = gossip
+    links._bootstrap_ids = {B} if bootstrap is None else bootstrap
     return links
 
 
@@ -99,3 +101,19 @@ def test_a_peer_whose_reopen_fails_is_tried_again_and_a_gone_peer_is_forgotten()
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_other_peers_are_left_to_pubsub_while_some_stream_exists_but_not_when_none_does() -> None:
+    async def main(gossip: _Gossip) -> None:
+        links = _links(gossip, bootstrap=set())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(links.run)
+            await trio.sleep(BOOTSTRAP_KEEP_S * 2.5)
+            nursery.cancel_scope.cancel()
+
+    some = _Gossip({A})
+    trio.run(main, some, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert some.reopened == []
+    none = _Gossip(set())
+    trio.run(main, none, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert sorted(map(str, none.reopened)) == sorted(map(str, [A, B]))
