@@ -91,7 +91,8 @@ class Cells:
         self.rejections: dict[str, int] = {}
         self.stats = {"summaries_published": 0, "summaries_accepted": 0, "summaries_rejected": 0,
                       "cells_expired": 0, "probes_sent": 0, "probes_answered": 0,
-                      "probe_bytes_in": 0, "probe_rounds": 0, "links_opened": 0, "summary_pulls": 0}
+                      "probe_bytes_in": 0, "probe_rounds": 0, "links_opened": 0, "summary_pulls": 0,
+                      "summary_pulls_on_demand": 0}
 
     async def run(self, gossip: SummaryGossip, links: Links, *,
                   task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -256,6 +257,25 @@ class Cells:
             where, pid = self.rng.choice(boot).rsplit("/p2p/", 1)
             self._spawn(self._link, pid, (where,), True)
 
+    async def _pull_for(self, model: str, now: float) -> None:
+        """No member of our cell serves ``model`` and no summary we hold names it: the summary
+        naming it may not have reached us yet (summaries come every ``summary_interval_s``),
+        so ask a linked peer for the summaries it holds (at most once per ``PULL_S``, waiting
+        up to ``probe_wait_s``) before the request is refused."""
+        links = self.links
+        if links is None or now - self._pulled_at < PULL_S:
+            return
+        alive = sorted(p for p, ch in links.channels.items() if ch.alive)
+        if not alive:
+            return
+        self._pulled_at = now
+        self.stats["summary_pulls_on_demand"] += 1
+        with trio.move_on_after(self.g.probe_wait_s):
+            try:
+                await self._pull(self.rng.choice(alive))
+            except (PeerGoneError, trio.TooSlowError):
+                pass
+
     async def _pull(self, peer_id: str) -> None:
         assert self.links is not None
         ch = self.links.channels.get(peer_id)
@@ -343,8 +363,10 @@ class Cells:
         wait up to ``probe_wait_s`` for the answers."""
         if not model or not self.g.probes:
             return
-        running = self._probing.get(model)
         now = trio.current_time()
+        if need and not self.pick(model):
+            await self._pull_for(model, now)
+        running = self._probing.get(model)
         if running is None and now - self._probed_at.get(model, -math.inf) >= self.g.probe_interval_s:
             targets = self.pick(model)
             if targets:
