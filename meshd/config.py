@@ -68,7 +68,9 @@ class GossipConfig:
     summary_top_k: int = 4  # least-loaded members a summary names per model
     probes: int = 4  # nodes of other cells an entry node asks for their load
     probe_interval_s: float = 1.0  # at most one round of probes per model this often
-    probe_wait_s: float = 1.0  # how long a request for a model no cell member serves waits for them
+    # how long a request for a model no cell member serves waits for the probes' answers (it
+    # goes on as soon as they come; a first probe needs a dial, a handshake and a channel)
+    probe_wait_s: float = 5.0
     bridges: int = 2  # links kept to nodes of other cells (carry summaries and revocations)
 
 
