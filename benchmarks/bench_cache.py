@@ -73,6 +73,7 @@ from meshd.cache.keys import prompt_key  # noqa: E402
 from meshd.cache.policy import qualifier  # noqa: E402
 from meshd.cache.structure import added_run, roles_swapped  # noqa: E402
 from meshd.embed import default_embedding_model, load_embedder  # noqa: E402
+from meshd.embed.pair_verifier import PairVerifier  # noqa: E402
 from meshd.embed.token_states import TokenStates  # noqa: E402
 
 PAIRS = ROOT / "benchmarks" / "data" / "cache_pairs.jsonl"
@@ -137,7 +138,7 @@ def adaptive_twofold(rows: list[dict[str, Any]], sims: np.ndarray, policy: Adapt
     return served
 
 
-ALL_SPLITS = ("tune", "test", "fresh", "fresh2", "fresh3")
+ALL_SPLITS = ("tune", "test", "fresh", "fresh2", "fresh3", "fresh4")
 
 
 def splits(rows: list[dict[str, Any]]) -> tuple[str, ...]:
@@ -147,20 +148,24 @@ def splits(rows: list[dict[str, Any]]) -> tuple[str, ...]:
 
 
 def quality_by_split(rows: list[dict[str, Any]], vec: dict[str, np.ndarray],
-                     words: dict[str, Any]) -> dict[str, Any]:
+                     words: dict[str, Any], pair: dict[tuple[str, str], float],
+                     pair_policy: FixedThreshold) -> dict[str, Any]:
     """``quality`` of each split of the pairs (benchmarks/data/README.md): ``tune`` chose the
     guards and the default threshold, ``test`` was held out from that choice (but read while
     the guards were written), ``fresh`` was written after both were frozen (guards v2),
     ``fresh2`` before guards v3 were written (a development split since guards v4), and
-    ``fresh3`` before guards v4 were frozen, evaluated once after."""
-    return {sp: quality([r for r in rows if r.get("split") == sp], vec, words)
-            for sp in splits(rows)}
+    ``fresh3`` before guards v4 were frozen, evaluated once after; ``fresh4`` was held out from
+    the pair verifier (its training, cross-validation and defaults), evaluated once after."""
+    return {sp: quality([r for r in rows if r.get("split") == sp], vec, words, pair,
+                        pair_policy) for sp in splits(rows)}
 
 
-def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], words: dict[str, Any]
-            ) -> dict[str, Any]:
+def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], words: dict[str, Any],
+            pair: dict[tuple[str, str], float] | None = None,
+            pair_policy: FixedThreshold | None = None) -> dict[str, Any]:
     """Curves and default figures; ``words``: each prompt's word vectors (guards v4's
-    verifier, asked only where the policy would serve)."""
+    verifier, asked only where the policy would serve); ``pair``: the pair verifier's
+    probability of each (anchor, other prompt), judged with ``pair_policy``'s bound."""
     sims = np.array([float(vec[r["a"]] @ vec[r["b"]]) for r in rows])
     same = np.array([bool(r["same"]) for r in rows])
     ok = np.array([guard(r["b"], r["a"]) is None
@@ -178,6 +183,19 @@ def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], words: dict[
             {"delta": d, **pair_rates(adaptive_twofold(
                 rows, sims, replace(ADAPTIVE_DEFAULT, delta=d, guards=guards), words), same)}
             for d in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)]
+    if pair is not None and pair_policy is not None:
+        pp = np.array([pair[(r["a"], r["b"])] for r in rows])
+        gate = np.array([guard(r["b"], r["a"]) is None for r in rows])
+        passes = pp >= pair_policy.pair_min_p
+        out["curves"]["fixed+pair"] = [
+            {"threshold": round(float(t), 3), **pair_rates((sims >= t) & gate & passes, same)}
+            for t in np.linspace(0.5, 1.0, 101)]
+        out["pair_defaults"] = {
+            "pair": {"threshold": pair_policy.threshold, "min_p": pair_policy.pair_min_p,
+                     **pair_rates((sims >= pair_policy.threshold) & gate & passes, same)},
+            "pair_no_guards": pair_rates((sims >= pair_policy.threshold) & passes, same),
+            "pair_candidates": float(np.mean((sims >= pair_policy.threshold) & gate)),
+        }
     out["defaults"] = {
         "fixed": {"threshold": FIXED_DEFAULT, **pair_rates((sims >= FIXED_DEFAULT) & ok, same)},
         "fixed_no_guards": pair_rates(sims >= FIXED_DEFAULT, same),
@@ -196,10 +214,11 @@ def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], words: dict[
 
 
 def stream(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], policy: Any, seed: int = 0,
-           words: dict[str, Any] | None = None) -> dict[str, float]:
+           words: dict[str, Any] | None = None, pair: Any = None) -> dict[str, float]:
     cache = SemanticCache(":memory:", Precomputed(vec, "bench"), policy=policy,
                           rng=np.random.default_rng(seed).random,
-                          word_states=words.__getitem__ if words is not None else None)
+                          word_states=words.__getitem__ if words is not None else None,
+                          pair_verifier=pair)
     truth: dict[str, str] = {}
     for r in rows:
         truth.setdefault(r["a"], r["answer_a"])
@@ -258,6 +277,7 @@ def plot(qs: dict[str, Any], path: Path) -> None:
 
 def _plot_split(q: dict[str, Any], split: str, ax1: Any, ax2: Any) -> None:
     styles = {"fixed": ("tab:blue", "--"), "fixed+guards": ("tab:blue", "-"),
+              "fixed+pair": ("tab:green", "-"),
               "adaptive": ("tab:orange", "--"), "adaptive+guards": ("tab:orange", "-")}
     for name, pts in q["curves"].items():
         color, ls = styles[name]
@@ -268,6 +288,10 @@ def _plot_split(q: dict[str, Any], split: str, ax1: Any, ax2: Any) -> None:
         d = q["defaults"][key]
         ax1.plot(d["recall"], d["precision"], "o", color=color, ms=10, mfc="none")
         ax2.plot(d["false_hit_rate"], d["recall"], "o", color=color, ms=10, mfc="none")
+    if "pair_defaults" in q:
+        d = q["pair_defaults"]["pair"]
+        ax1.plot(d["recall"], d["precision"], "o", color="tab:green", ms=10, mfc="none")
+        ax2.plot(d["false_hit_rate"], d["recall"], "o", color="tab:green", ms=10, mfc="none")
     ax2.axvline(0.01, color="grey", lw=0.8)
     ax2.axhline(0.60, color="grey", lw=0.8)
     ax1.set(xlabel="recall (hit rate on same-answer pairs)", ylabel="precision",
@@ -425,6 +449,35 @@ def verifier_latency(rows: list[dict[str, Any]], vec: dict[str, np.ndarray],
             "threads": 1}
 
 
+def pair_latency(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], pv: PairVerifier,
+                 policy: FixedThreshold, repeats: int = 3) -> dict[str, Any]:
+    """What the pair verifier adds to a candidate it is asked about (similarity at or above
+    the policy's threshold, no guard refusing), per candidate: tokenizing the pair, the
+    embedding sum and one run of its graph (one thread), nothing memoised; and its RSS."""
+    cands = [r for r in rows if float(vec[r["a"]] @ vec[r["b"]]) >= policy.threshold
+             and guard(r["b"], r["a"]) is None]
+    ms, tokens = [], []
+    for _ in range(repeats):
+        for r in cands:
+            t = time.perf_counter()
+            pv.probability(r["a"], r["b"])
+            ms.append((time.perf_counter() - t) * 1e3)
+    for r in cands:
+        tokens.append(len(pv._tok.encode(r["a"], r["b"]).ids))
+    rss0 = rss_bytes()
+    extra = PairVerifier(None, pv.embed_dir)  # a second one: what loading one costs
+    extra.probability("warm", "up")
+    rss1 = rss_bytes()
+
+    def p(xs: list[float], q: float) -> float:
+        return round(float(np.percentile(xs, q)), 2) if xs else float("nan")
+
+    return {"candidates": len(cands), "share_of_pairs": round(len(cands) / max(1, len(rows)), 3),
+            "ms": {"n": len(ms), "p50": p(ms, 50), "p90": p(ms, 90), "p99": p(ms, 99)},
+            "tokens_p50": p([float(x) for x in tokens], 50), "threads": 1,
+            "load_rss_mib": round((rss1 - rss0) / 2**20, 1)}
+
+
 def pid_rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -580,6 +633,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "cache_pr.png")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--splits", default="",
+                    help="only these splits of the labelled pairs, comma separated (default: all)")
+    ap.add_argument("--pair-verifier", type=Path, default=None, metavar="NPZ",
+                    help="the pair verifier's weights (default: the one shipped with meshd)")
     ap.add_argument("--model", type=Path, default=None, metavar="DIR",
                     help="an imported embedding model directory (default: import into a "
                     "temporary cache)")
@@ -599,6 +656,8 @@ def main() -> None:
                          "format, HNSW graph saved as at shutdown), and start it again")
     args = ap.parse_args()
     rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
+    if args.splits:
+        rows = [r for r in rows if r.get("split") in args.splits.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or default_embedding_model(cache_dir=Path(tmp))
         precisions = args.precision.split(",")
@@ -613,9 +672,17 @@ def main() -> None:
         t0 = time.perf_counter()
         words = {t: states.words(t) for t in texts}
         result["word_states_s"] = round(time.perf_counter() - t0, 1)
-        q = quality_by_split(rows, vec, words) if not args.skip_quality else {}
+        pv = PairVerifier(args.pair_verifier, model_dir)
+        pair_policy = FixedThreshold(threshold=pv.info.threshold, pair_min_p=pv.info.min_p)
+        t0 = time.perf_counter()
+        pair = {(r["a"], r["b"]): pv.probability(r["a"], r["b"]) for r in rows}
+        result["pair_verifier_s"] = round(time.perf_counter() - t0, 1)
+        memo = functools.lru_cache(maxsize=None)(pv.probability)
+        q = (quality_by_split(rows, vec, words, pair, pair_policy)
+             if not args.skip_quality else {})
         result["quality"] = q
         result["stream"] = {} if args.skip_quality else {sp: {
+            "pair": stream(part, vec, pair_policy, pair=memo),
             "fixed": stream(part, vec, FixedThreshold(), words=words),
             "fixed_no_verifier": stream(part, vec, FixedThreshold()),
             "fixed_no_guards": stream(part, vec, FixedThreshold(guards=False)),
@@ -626,6 +693,7 @@ def main() -> None:
             plot(q, args.plot)
         if args.verifier_latency:
             result["verifier"] = verifier_latency(rows, vec, states)
+            result["pair_verifier"] = pair_latency(rows, vec, pv, pair_policy)
         if not args.skip_speed:
             result["speed"] = speed(embs, rows, vec, args.entries, Path(tmp))
         if args.daemon:
@@ -633,7 +701,8 @@ def main() -> None:
                                           fill=args.daemon_entries, emb=emb, vec=vec)
         result["loadavg_1min_end"] = os.getloadavg()[0]
     summary = {k: v for k, v in result.items() if k != "quality"}
-    summary["defaults"] = {sp: qs["defaults"] for sp, qs in q.items()}
+    summary["defaults"] = {sp: {**qs.get("pair_defaults", {}), **qs["defaults"]}
+                           for sp, qs in q.items()}
     print(json.dumps(summary, indent=1))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -39,7 +39,21 @@ from meshd.cache.structure import Added, added_run
 Kind = Literal["hit", "verify", "miss"]
 Observation = tuple[float, bool]  # (similarity, was the cached answer right for that prompt?)
 Align = Callable[[Added], float]  # the lowest alignment of an added run's words (meshd.cache.align)
+PairCheck = Callable[[], float]  # the pair verifier's P(same answer) for this candidate
 ADDED_WORD_BOUND = 0.5
+
+
+def pair_refusal(pair: PairCheck | None, min_p: float) -> str | None:
+    """The learned pair verifier's verdict (meshd.embed.pair_verifier: a cross-encoder reading
+    both prompts): refuse when its probability that the cached answer is right is below
+    ``min_p``. Asked only about a candidate that would otherwise be served; without ``pair``
+    (or with ``min_p`` 0), None."""
+    if pair is None or min_p <= 0.0:
+        return None
+    p = pair()
+    if p >= min_p:
+        return None
+    return f"pair verifier refused (p={p:.3f} < {min_p:g})"
 
 
 def qualifier(query: str, cached: str, align: Align | None, bound: float) -> str | None:
@@ -69,16 +83,20 @@ class FixedThreshold:
     threshold: float = 0.85
     guards: bool = True
     added_word_bound: float = ADDED_WORD_BOUND
+    pair_min_p: float = 0.0  # the pair verifier's bound (0: not asked)
 
     def decide(self, similarity: float, query: str, cached: str,
                observations: tuple[Observation, ...] = (), u: float = 1.0,
-               align: Align | None = None) -> Decision:
-        """``align``: the verifier of an added run (``qualifier``), asked only above the
-        threshold, so a miss never pays for it."""
+               align: Align | None = None, pair: PairCheck | None = None) -> Decision:
+        """``align``: the verifier of an added run (``qualifier``); ``pair``: the learned pair
+        verifier (``pair_refusal``, bound ``pair_min_p``); both asked only above the
+        threshold, after the guards, so a miss never pays for them."""
         if self.guards and (why := guard(query, cached)):
             return Decision("miss", similarity, self.threshold, why)
         if similarity >= self.threshold:
             if self.guards and (why := qualifier(query, cached, align, self.added_word_bound)):
+                return Decision("miss", similarity, self.threshold, why)
+            if why := pair_refusal(pair, self.pair_min_p):
                 return Decision("miss", similarity, self.threshold, why)
             return Decision("hit", similarity, self.threshold, "above the fixed threshold")
         return Decision("miss", similarity, self.threshold, "below the fixed threshold")
@@ -104,6 +122,7 @@ class AdaptiveThreshold:
     max_observations: int = 32
     guards: bool = True
     added_word_bound: float = ADDED_WORD_BOUND
+    pair_min_p: float = 0.0
 
     def threshold(self, observations: tuple[Observation, ...]) -> float:
         mode, sd = posterior(observations, self.prior_t, self.prior_sd, self.slope)
@@ -112,9 +131,10 @@ class AdaptiveThreshold:
 
     def decide(self, similarity: float, query: str, cached: str,
                observations: tuple[Observation, ...] = (), u: float = 1.0,
-               align: Align | None = None) -> Decision:
-        """``u``: a uniform random number in [0, 1) that picks the hits to explore; ``align``:
-        as for ``FixedThreshold.decide``, asked only where the answer would be served."""
+               align: Align | None = None, pair: PairCheck | None = None) -> Decision:
+        """``u``: a uniform random number in [0, 1) that picks the hits to explore; ``align``,
+        ``pair``: as for ``FixedThreshold.decide``, asked only where the answer would be
+        served."""
         t = self.threshold(observations)
         if self.guards and (why := guard(query, cached)):
             return Decision("miss", similarity, t, why)
@@ -123,6 +143,8 @@ class AdaptiveThreshold:
         if similarity < t:
             return Decision("verify", similarity, t, "below the entry's threshold")
         if self.guards and (why := qualifier(query, cached, align, self.added_word_bound)):
+            return Decision("miss", similarity, t, why)
+        if why := pair_refusal(pair, self.pair_min_p):
             return Decision("miss", similarity, t, why)
         if u < self.explore:
             return Decision("verify", similarity, t, "explored")

@@ -93,7 +93,10 @@ class SemanticCache:
     injectable for tests. ``word_states``: a text's word spans and contextual word vectors
     (``meshd.embed.token_states.TokenStates.words``), for the verifier of guards v4's
     "qualifier added" (meshd.cache.align), asked only about a candidate the policy would
-    serve; without it that check is off (the daemon passes it).
+    serve; without it that check is off. ``pair_verifier``: ``(cached, query) -> P(same
+    answer)``, the learned pair verifier (``meshd.embed.pair_verifier.PairVerifier.probability``),
+    asked, like the other, only about a candidate the policy would serve, and only by a policy
+    with ``pair_min_p`` > 0 (the daemon passes one or the other, docs/cache.md).
     """
 
     def __init__(self, path: str | os.PathLike[str], embedder: EmbedderLike, *,
@@ -101,10 +104,12 @@ class SemanticCache:
                  clock: Callable[[], float] = time.time,
                  rng: Callable[[], float] = random.random, exact_max: int = EXACT_MAX,
                  index_dtype: str = "f16",
-                 word_states: Callable[[str], WordStates] | None = None) -> None:
+                 word_states: Callable[[str], WordStates] | None = None,
+                 pair_verifier: Callable[[str, str], float] | None = None) -> None:
         self.path = str(path)
         self.embedder = embedder
         self.word_states = word_states
+        self.pair_verifier = pair_verifier
         self.policy: Policy = policy if policy is not None else FixedThreshold()
         self.limits = limits or CacheLimits()
         self.dim = int(embedder.dim)
@@ -342,8 +347,11 @@ class SemanticCache:
             align = None
             if self.word_states is not None:
                 align = functools.partial(added_alignment, self.word_states, req.prompt, prompt)
+            pair = None
+            if self.pair_verifier is not None:
+                pair = functools.partial(self.pair_verifier, prompt, req.prompt)
             decision = self.policy.decide(sim, req.prompt, prompt, obs, u=self._rng(),
-                                          align=align)
+                                          align=align, pair=pair)
             if decision.kind == "miss" and decision.reason not in ("below the floor",
                                                                     "below the fixed threshold"):
                 best = (decision, None, None)

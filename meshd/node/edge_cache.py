@@ -28,6 +28,32 @@ from meshd.config import Config
 log = logging.getLogger(__name__)
 
 
+def cache_policy(c: Any, embed_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """The policy and the verifier ``[cache] verifier`` names (docs/cache.md), as
+    ``(policy, SemanticCache keyword arguments)``: ``pair`` (the default), the learned pair
+    verifier shipped with meshd with its own threshold and bound unless ``threshold`` /
+    ``verifier_min_p`` are set; ``words``, guards v4's verifier of an added run (a second
+    session of the embedding graph, +64.5 MiB); ``off``, the guards and the threshold only."""
+    from meshd.cache import FixedThreshold
+
+    if c.verifier == "pair":
+        from meshd.embed.pair_verifier import PairVerifier
+
+        pv = PairVerifier(embed_dir=embed_dir)
+        policy = FixedThreshold(threshold=c.threshold or pv.info.threshold,
+                                pair_min_p=c.verifier_min_p or pv.info.min_p)
+        return policy, {"pair_verifier": pv.probability}
+    policy = FixedThreshold(threshold=c.threshold or 0.85)
+    if c.verifier == "words":
+        from meshd.embed.token_states import TokenStates
+
+        # reads the encoder's word vectors of a candidate's two prompts: a second session of
+        # the same graph, used only above the threshold
+        states = TokenStates(embed_dir, precision=c.embed_precision)
+        return policy, {"word_states": states.words}
+    return policy, {}
+
+
 class PendingLookup:
     """A semantic lookup running in the cache service's nursery: ``set`` once, awaited by
     ``result``."""
@@ -87,20 +113,16 @@ class EdgeCache:
             log.warning("semantic cache off reason=%s", self.reason)
 
     def _open(self) -> Any:
-        from meshd.cache import CacheLimits, FixedThreshold, SemanticCache
+        from meshd.cache import CacheLimits, SemanticCache
         from meshd.embed import load_embedder
-        from meshd.embed.token_states import TokenStates
 
         c = self.config.cache
         self.path.parent.mkdir(parents=True, exist_ok=True)
         limits = CacheLimits(max_entries=c.max_entries, max_bytes=int(c.max_size_mb * 2**20),
                              ttl_s=c.ttl_s)
         embedder = load_embedder(precision=c.embed_precision)
-        # guards v4's verifier reads the encoder's word vectors of a candidate's two prompts
-        # (docs/cache.md): a second session of the same graph, used only above the threshold
-        states = TokenStates(embedder.path, precision=c.embed_precision)
-        return SemanticCache(self.path, embedder, policy=FixedThreshold(threshold=c.threshold),
-                             limits=limits, word_states=states.words)
+        policy, verifiers = cache_policy(c, embedder.path)
+        return SemanticCache(self.path, embedder, policy=policy, limits=limits, **verifiers)
 
     @property
     def ready(self) -> bool:

@@ -1,0 +1,159 @@
+"""The semantic cache's pair verifier on onnxruntime: two prompts in, P(same answer) out.
+
+A cross-encoder (both prompts in one input, ``[CLS] cached [SEP] query [SEP]``) made of the
+first layers of all-MiniLM-L6-v2 fine-tuned on labelled prompt pairs by
+``scripts/train_pair_verifier.py`` (dev-only, torch), plus one linear unit over the mean of
+the last hidden states. Only what training changed ships with meshd
+(``meshd/data/verifier/pair-verifier-v1.npz``, float16: the layers, the position and
+token-type embeddings, the LayerNorms and the head; ``.json`` beside it says how it was made
+and its default thresholds); the word-embedding table, frozen in training, is read from the
+embedding model's own ``weights.bin`` (memory-mapped: only the rows of the words seen are
+read). The word, position and token-type embeddings are summed in NumPy; the ONNX graph
+(built here, in memory, at load) takes that sum and holds the rest.
+
+The policy (meshd.cache.policy) asks it only about a candidate whose similarity reaches the
+threshold, so a miss never pays for it. One pair per run (no padding); thread-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from meshd.embed.manifest import read_embed_manifest
+from meshd.engine.graph import IR_VERSION, OPSET
+from meshd.engine.runtime import choose_providers
+from meshd.errors import ModelError
+
+NAME = "pair-verifier-v1"
+WORDS = "embeddings.word_embeddings.weight"
+
+
+def shipped_verifier() -> Path:
+    """The weights file shipped in the package data (``.json`` beside it)."""
+    return Path(__file__).resolve().parents[1] / "data" / "verifier" / f"{NAME}.npz"
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierInfo:
+    """What the ``.json`` beside the weights says: the defaults the policy uses."""
+
+    name: str
+    layers: int
+    max_len: int
+    threshold: float  # the cosine threshold to use with the verifier (chosen by cross-validation)
+    min_p: float  # the verifier's probability from which a candidate is served
+    base: str  # the embedding model's identity whose word table it reads
+
+
+def read_info(npz: Path) -> VerifierInfo:
+    path = npz.with_suffix(".json")
+    try:
+        meta = json.loads(path.read_text())
+        return VerifierInfo(str(meta["name"]), int(meta["layers"]), int(meta["max_len"]),
+                            float(meta["default"]["threshold"]), float(meta["default"]["min_p"]),
+                            str(meta["base"]))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelError(f"{path}: cannot read the pair verifier's description ({err})") from None
+
+
+def build_graph(t: dict[str, np.ndarray], layers: int, heads: int, eps: float) -> bytes:
+    """x float32 [1, T, H] (the summed embeddings) -> p float32 [1]: the serialized model."""
+    nodes: list[Any] = []
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in t.items()]
+
+    def op(kind: str, inputs: list[str], out: str, domain: str = "", **attrs: Any) -> str:
+        nodes.append(helper.make_node(kind, inputs, [out], domain=domain or None, **attrs))
+        return out
+
+    x = op("LayerNormalization", ["x", "ln.w", "ln.b"], "emb", axis=-1, epsilon=eps)
+    for i in range(layers):
+        p = f"l{i}."
+        ctx = op("Attention", [x, p + "qkv.w", p + "qkv.b"], p + "ctx", "com.microsoft",
+                 num_heads=heads)
+        o = op("Add", [op("MatMul", [ctx, p + "o.w"], p + "o"), p + "o.b"], p + "ob")
+        x = op("LayerNormalization", [op("Add", [o, x], p + "r1"), p + "ln1.w", p + "ln1.b"],
+               p + "h1", axis=-1, epsilon=eps)
+        act = op("BiasGelu", [op("MatMul", [x, p + "inter.w"], p + "i"), p + "inter.b"],
+                 p + "act", "com.microsoft")
+        o = op("Add", [op("MatMul", [act, p + "out.w"], p + "m"), p + "out.b"], p + "mb")
+        x = op("LayerNormalization", [op("Add", [o, x], p + "r2"), p + "ln2.w", p + "ln2.b"],
+               p + "h2", axis=-1, epsilon=eps)
+    pooled = op("ReduceMean", [x], "pooled", axes=[1], keepdims=0)  # [1, H]
+    logit = op("Add", [op("MatMul", [pooled, "head.w"], "dot"), "head.b"], "logit")
+    op("Sigmoid", [logit], "p")
+    graph = helper.make_graph(
+        nodes, "pair_verifier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", t["ln.w"].shape[0]])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", min(OPSET, 17)),
+                                                    helper.make_opsetid("com.microsoft", 1)],
+                              producer_name="meshd")
+    model.ir_version = IR_VERSION
+    return bytes(model.SerializeToString())
+
+
+class PairVerifier:
+    """``probability(cached, query)``: the verifier's P(the cached answer is right for the
+    query). ``embed_dir``: the imported embedding model whose word table the verifier reads
+    (the default model when None)."""
+
+    def __init__(self, npz: str | Path | None = None, embed_dir: str | Path | None = None, *,
+                 threads: int = 1) -> None:
+        from tokenizers import Tokenizer
+
+        npz = Path(npz) if npz is not None else shipped_verifier()
+        self.info = read_info(npz)
+        if embed_dir is None:
+            from meshd.embed.package import default_embedding_model
+            embed_dir = default_embedding_model()
+        embed_dir = Path(embed_dir)
+        self.embed_dir = embed_dir
+        m = read_embed_manifest(embed_dir)
+        if m.identity != self.info.base:
+            raise ModelError(f"{npz.name}: trained on {self.info.base}, not {m.identity}")
+        entry = next(e for e in m.tensors if e.name == WORDS)
+        if entry.dtype != "fp32":
+            raise ModelError(f"{embed_dir}: the pair verifier needs fp32 word embeddings")
+        blob = np.memmap(embed_dir / m.weights_file, np.uint8, mode="r")
+        self._words = np.frombuffer(blob[entry.offset:entry.offset + entry.nbytes],
+                                    np.float32).reshape(entry.shape)
+        try:
+            with np.load(npz) as z:
+                t = {k: z[k].astype(np.float32) for k in z.files}
+        except (OSError, ValueError) as err:
+            raise ModelError(f"{npz}: cannot read the pair verifier ({err})") from None
+        self._pos, self._typ = t.pop("pos"), t.pop("typ")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        so.intra_op_num_threads = threads
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self._session: Any = ort.InferenceSession(
+            build_graph(t, self.info.layers, m.arch.num_heads, m.arch.layer_norm_eps), so,
+            providers=choose_providers(None))
+        tok = Tokenizer.from_file(str(embed_dir / m.tokenizer_file))
+        tok.no_padding()
+        tok.enable_truncation(max_length=min(self.info.max_len, len(self._pos)))
+        self._tok = tok
+        self._lock = threading.Lock()
+        self.calls = 0
+
+    def probability(self, cached: str, query: str) -> float:
+        enc = self._tok.encode(cached, query)
+        ids = np.asarray(enc.ids, np.int64)
+        x = self._words[ids] + self._pos[:len(ids)] + self._typ[np.asarray(enc.type_ids)]
+        try:
+            (p,) = self._session.run(["p"], {"x": x[None].astype(np.float32)})
+        except Exception as err:  # onnxruntime's own exception types
+            raise ModelError(f"pair verifier: onnxruntime failed: {err}") from None
+        with self._lock:
+            self.calls += 1
+        return float(p[0])
