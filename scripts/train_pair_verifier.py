@@ -6,8 +6,9 @@
 Dev-only (torch is never imported by meshd). A cross-encoder: both prompts in one input,
 ``[CLS] cached [SEP] query [SEP]`` (token types 0 and 1), through the embeddings and the first
 ``--layers`` BERT layers of all-MiniLM-L6-v2 (the weights of the ``meshd[edge]`` package,
-read from the model directory meshd imports it into), mean-pooled over the tokens, then one
-linear unit: ``p_same = sigmoid(w . pooled + b)``. The word-embedding table stays frozen,
+read from the model directory meshd imports it into), then one
+linear unit over ``[a, b, |a - b|, a * b]``, where ``a`` and ``b`` are the mean last hidden
+states of the two segments: ``p_same = sigmoid(w . features + b)``. The word-embedding table stays frozen,
 so meshd reuses the package's own at run time and only the fine-tuned layers, position and
 token-type embeddings, LayerNorms and the head are shipped (float16, ``pair-verifier-v1.npz``;
 the run-time graph is built by ``meshd.embed.pair_verifier``).
@@ -126,7 +127,7 @@ class PairVerifier(nn.Module):
         self.ln = nn.LayerNorm(h, eps=arch.layer_norm_eps)
         self.layers = nn.ModuleList(Layer(h, arch.intermediate_size, arch.num_heads,
                                           arch.layer_norm_eps, drop) for _ in range(layers))
-        self.head = nn.Linear(h, 1)
+        self.head = nn.Linear(4 * h, 1)
         self.drop = nn.Dropout(drop)
         with torch.no_grad():
             self.ln.weight.copy_(_t(weights["embeddings.LayerNorm.weight"]))
@@ -155,9 +156,8 @@ class PairVerifier(nn.Module):
         bias = (1.0 - mask[:, None, None, :].float()) * -1e4
         for layer in self.layers:
             x = layer(x, bias)
-        m = mask[..., None].float()
-        pooled = (x * m).sum(1) / m.sum(1)
-        return self.head(self.drop(pooled))[:, 0]
+        feats = pair_features(x, types, mask)
+        return self.head(self.drop(feats))[:, 0]
 
     def export(self) -> dict[str, np.ndarray]:
         """The trained tensors, by the names of ``meshd.embed.pair_verifier`` (float16)."""
@@ -180,6 +180,17 @@ class PairVerifier(nn.Module):
         with torch.no_grad():
             for p in self.parameters():
                 p.copy_(p.half().float())
+
+
+def pair_features(x: torch.Tensor, types: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[a, b, |a - b|, a * b] of the mean last states of the first segment (``[CLS] cached
+    [SEP]``) and of the second (``query [SEP]``): the head reads how the two differ."""
+    m = mask.float()
+    wa = m * (types == 0).float()
+    wb = m * (types == 1).float()
+    a = (x * wa[..., None]).sum(1) / wa.sum(1, keepdim=True)
+    b = (x * wb[..., None]).sum(1) / wb.sum(1, keepdim=True).clamp(min=1.0)
+    return torch.cat([a, b, (a - b).abs(), a * b], dim=-1)
 
 
 def _t(a: np.ndarray) -> torch.Tensor:
@@ -359,17 +370,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cv-splits", default=",".join(DEV_SPLITS))
     ap.add_argument("--cv-out", type=Path, default=Path("/tmp/pair-verifier-cv.json"))
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--choose", type=Path, default=None, metavar="CV_JSON",
-                    help="pick the default (threshold, min_p) from a --cv run's predictions")
-    ap.add_argument("--max-false", type=float, default=0.005,
+    ap.add_argument("--choose", type=Path, nargs="+", default=None, metavar="CV_JSON",
+                    help="pick the default (threshold, min_p) from --cv runs' predictions "
+                         "(their folds merged); writes CHOSEN_JSON (--chosen-out)")
+    ap.add_argument("--chosen-out", type=Path, default=Path("/tmp/pair-verifier-chosen.json"))
+    ap.add_argument("--max-false", type=float, default=0.01,
                     help="--choose: pooled false-hit bound over the held-out splits")
     ap.add_argument("--defaults", type=Path, default=None, metavar="CHOSEN_JSON",
                     help="the (threshold, min_p) --choose wrote, stored beside the weights")
+    ap.add_argument("--write-defaults", action="store_true",
+                    help="with --defaults: only rewrite the defaults in --out's .json")
     ap.add_argument("--limit", type=int, default=0, help="train on this many pairs (timing)")
     args = ap.parse_args(argv)
+    if args.defaults is not None and args.cv is False and args.write_defaults:
+        meta_path = args.out / f"{NAME}.json"
+        meta = json.loads(meta_path.read_text())
+        chosen = json.loads(args.defaults.read_text())
+        meta["default"] = {k: v for k, v in chosen.items()
+                           if k in ("threshold", "min_p", "max_false_pooled", "splits")}
+        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+        print(f"wrote the defaults into {meta_path}")
+        return 0
     if args.choose is not None:
-        choose(json.loads(args.choose.read_text()), args.max_false,
-               args.choose.with_suffix(".chosen.json"))
+        folds: dict[str, Any] = {}
+        for f in args.choose:
+            folds.update(json.loads(f.read_text())["folds"])
+        choose({"folds": folds}, args.max_false, args.chosen_out)
         return 0
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)

@@ -54,3 +54,27 @@ def test_engine_keys_are_checked(tmp_path: Path, text: str, message: str) -> Non
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
         load_config(f)
     assert "\n" not in str(err.value) and str(f) in str(err.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[cache]\nverifier = "maybe"\n', "[cache] verifier must be one of pair, words, off"),
+    ("[cache]\nverifier_min_p = 1.5\n", "[cache] verifier_min_p must be in [0, 1)"),
+    ("[cache]\nthreshold = -0.1\n", "[cache] threshold must be in [0, 1]"),
+])
+def test_cache_verifier_keys_are_checked(tmp_path: Path, text: str, message: str) -> None:
+    import re
+
+    from meshd.errors import ConfigError
+
+    f = tmp_path / "meshd.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(f)
+
+
+def test_cache_verifier_defaults(tmp_path: Path) -> None:
+    f = tmp_path / "meshd.toml"
+    f.write_text('[cache]\nverifier = "words"\nthreshold = 0.9\n')
+    c = load_config(f).cache
+    assert (c.verifier, c.threshold, c.verifier_min_p) == ("words", 0.9, 0.0)
+    assert (Config().cache.verifier, Config().cache.threshold) == ("pair", 0.0)

@@ -5,7 +5,8 @@ first layers of all-MiniLM-L6-v2 fine-tuned on labelled prompt pairs by
 ``scripts/train_pair_verifier.py`` (dev-only, torch), plus one linear unit over the mean of
 the last hidden states. Only what training changed ships with meshd
 (``meshd/data/verifier/pair-verifier-v1.npz``, float16: the layers, the position and
-token-type embeddings, the LayerNorms and the head; ``.json`` beside it says how it was made
+token-type embeddings, the LayerNorms and the head over ``[a, b, |a - b|, a * b]`` of the two
+segments' mean last states; ``.json`` beside it says how it was made
 and its default thresholds); the word-embedding table, frozen in training, is read from the
 embedding model's own ``weights.bin`` (memory-mapped: only the rows of the words seen are
 read). The word, position and token-type embeddings are summed in NumPy; the ONNX graph
@@ -65,7 +66,9 @@ def read_info(npz: Path) -> VerifierInfo:
 
 
 def build_graph(t: dict[str, np.ndarray], layers: int, heads: int, eps: float) -> bytes:
-    """x float32 [1, T, H] (the summed embeddings) -> p float32 [1]: the serialized model."""
+    """x float32 [1, T, H] (the summed embeddings), wa and wb float32 [1, 1, T] (each
+    segment's tokens, weights summing to 1) -> p float32 [1, 1]: the serialized model. The
+    head reads ``[a, b, |a - b|, a * b]`` of the two segments' mean last states."""
     nodes: list[Any] = []
     inits = [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in t.items()]
 
@@ -86,13 +89,18 @@ def build_graph(t: dict[str, np.ndarray], layers: int, heads: int, eps: float) -
         o = op("Add", [op("MatMul", [act, p + "out.w"], p + "m"), p + "out.b"], p + "mb")
         x = op("LayerNormalization", [op("Add", [o, x], p + "r2"), p + "ln2.w", p + "ln2.b"],
                p + "h2", axis=-1, epsilon=eps)
-    pooled = op("ReduceMean", [x], "pooled", axes=[1], keepdims=0)  # [1, H]
-    logit = op("Add", [op("MatMul", [pooled, "head.w"], "dot"), "head.b"], "logit")
+    a = op("MatMul", ["wa", x], "a")  # [1, 1, H]: the mean state of the first segment
+    b = op("MatMul", ["wb", x], "b")  # and of the second
+    diff = op("Abs", [op("Sub", [a, b], "sub")], "diff")
+    feats = op("Concat", [a, b, diff, op("Mul", [a, b], "prod")], "feats", axis=-1)
+    logit = op("Add", [op("MatMul", [feats, "head.w"], "dot"), "head.b"], "logit")  # [1, 1]
     op("Sigmoid", [logit], "p")
     graph = helper.make_graph(
         nodes, "pair_verifier",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", t["ln.w"].shape[0]])],
-        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1])], initializer=inits)
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "T", t["ln.w"].shape[0]]),
+         helper.make_tensor_value_info("wa", TensorProto.FLOAT, [1, 1, "T"]),
+         helper.make_tensor_value_info("wb", TensorProto.FLOAT, [1, 1, "T"])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 1])], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", min(OPSET, 17)),
                                                     helper.make_opsetid("com.microsoft", 1)],
                               producer_name="meshd")
@@ -149,11 +157,17 @@ class PairVerifier:
     def probability(self, cached: str, query: str) -> float:
         enc = self._tok.encode(cached, query)
         ids = np.asarray(enc.ids, np.int64)
-        x = self._words[ids] + self._pos[:len(ids)] + self._typ[np.asarray(enc.type_ids)]
+        types = np.asarray(enc.type_ids)
+        x = self._words[ids] + self._pos[:len(ids)] + self._typ[types]
+        wa = (types == 0).astype(np.float32)
+        wb = (types == 1).astype(np.float32)
+        wa /= max(float(wa.sum()), 1.0)
+        wb /= max(float(wb.sum()), 1.0)
         try:
-            (p,) = self._session.run(["p"], {"x": x[None].astype(np.float32)})
+            (p,) = self._session.run(["p"], {"x": x[None].astype(np.float32),
+                                             "wa": wa[None, None], "wb": wb[None, None]})
         except Exception as err:  # onnxruntime's own exception types
             raise ModelError(f"pair verifier: onnxruntime failed: {err}") from None
         with self._lock:
             self.calls += 1
-        return float(p[0])
+        return float(p[0, 0])
