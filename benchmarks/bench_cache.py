@@ -267,9 +267,10 @@ def plot(qs: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(len(shown), 2, figsize=(11, 4.5 * len(shown)), squeeze=False)
     for (ax1, ax2), sp in zip(axes, shown, strict=True):
         _plot_split(qs[sp], sp, ax1, ax2)
-    fig.suptitle("semantic cache, all-MiniLM-L6-v2, guards v4 (+guards: all guards and the "
-                 "verifier); circles: defaults\nfresh3: written before guards v4 were frozen, "
-                 "judged once after; fresh2, fresh: development splits")
+    fig.suptitle("semantic cache, all-MiniLM-L6-v2; fixed+guards: guards v4 and their verifier; "
+                 "fixed+pair: the guards and the pair verifier at its min_p,\nswept over the "
+                 "cosine threshold; circles: defaults (green: the pair verifier's, 0.79); "
+                 "splits named in docs/cache.md")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

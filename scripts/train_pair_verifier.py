@@ -3,7 +3,10 @@
     PYTHONPATH=.:TORCH_DIR nice -n 10 .venv/bin/python scripts/train_pair_verifier.py \
         [--cv] [--layers 2] [--epochs 2] [--out meshd/data/verifier]
 
-Dev-only (torch is never imported by meshd). A cross-encoder: both prompts in one input,
+Dev-only (torch is never imported by meshd): install torch apart, e.g.
+``pip install --target DIR torch==2.13.0`` (the CPU wheel) and put DIR last on PYTHONPATH; run
+with ``OMP_NUM_THREADS=1`` (``--threads 1``, the default: the shipped file was made so, and
+another thread count may round differently). A cross-encoder: both prompts in one input,
 ``[CLS] cached [SEP] query [SEP]`` (token types 0 and 1), through the embeddings and the first
 ``--layers`` BERT layers of all-MiniLM-L6-v2 (the weights of the ``meshd[edge]`` package,
 read from the model directory meshd imports it into), then one
