@@ -16,6 +16,11 @@ the baseline).
 - batches of 64 varied sentences (8 to 60 tokens): p50 and p99 wall time per batch, and
   sentences/s at the p50.
 
+With more than one thread, each graph is also timed as ``... spin=off``: the embedder's
+``spin=False`` (no spinning twin session), which was the default before ``spin="auto"``
+(meshd.core.spin); the plain setting is the default, ``spin="auto"``. ``--spin off`` times only
+``spin=False`` (the names then carry no suffix).
+
 With ``--baseline-model DIR`` the graphs of another imported directory (say one written by an
 older meshd, before the residual LayerNorms were unfused) are timed alongside, as
 ``fp32-baseline`` and ``int8-baseline``.
@@ -174,6 +179,11 @@ def main() -> None:
     ap.add_argument("--batch-repeats", type=int, default=10, help="64-sentence batches per setting")
     ap.add_argument("--threads", default="1,2", help="intra-op thread counts, comma separated")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--precisions", default="fp32,int8",
+                    help="graphs to time, comma separated (default: fp32,int8)")
+    ap.add_argument("--spin", default="auto,off",
+                    help="embedder spin modes to time with >1 thread: auto, off or both "
+                         "(default: both; 'off' gets the suffix ' spin=off' when both)")
     ap.add_argument("--model", type=Path, default=None, metavar="DIR",
                     help="an imported model directory (default: import into a temporary cache)")
     ap.add_argument("--baseline-model", type=Path, default=None, metavar="DIR",
@@ -205,25 +215,32 @@ def main() -> None:
         threads = [int(t) for t in args.threads.split(",")]
         t0 = time.perf_counter()
         embedders: dict[str, Embedder] = {}
+        modes = args.spin.split(",")
+        spins: dict[str, bool | str] = {"": "auto" if "auto" in modes else False}
+        if "auto" in modes and "off" in modes:
+            spins[" spin=off"] = False
         for t in threads:
-            for precision in ("fp32", "int8"):
-                embedders[f"{precision} threads={t}"] = load_embedder(
-                    model_dir, threads=t, precision=precision)
-                if args.baseline_model:
-                    embedders[f"{precision}-baseline threads={t}"] = load_embedder(
-                        args.baseline_model, threads=t, precision=precision)
+            for precision in args.precisions.split(","):
+                for suffix, spin in spins.items():
+                    if t == 1 and suffix:
+                        continue  # one thread: no twin session, "auto" is "off"
+                    embedders[f"{precision} threads={t}{suffix}"] = load_embedder(
+                        model_dir, threads=t, precision=precision, spin=spin)
+                    if args.baseline_model:
+                        embedders[f"{precision}-baseline threads={t}{suffix}"] = load_embedder(
+                            args.baseline_model, threads=t, precision=precision, spin=spin)
         load_s = (time.perf_counter() - t0) / len(embedders)
         int8_files = {"model": read_embed_manifest(model_dir).int8_scheme}
         if args.baseline_model:
             int8_files["baseline"] = read_embed_manifest(args.baseline_model).int8_scheme
-        first = embedders[f"fp32 threads={threads[0]}"]
+        first = next(iter(embedders.values()))
         text32, text12 = sentence_of(first, 32), sentence_of(first, 12)
         batch = batch_texts(first, np.random.default_rng(0))
         lengths = [len(i) for i in first.token_ids(batch)]
         calls: dict[str, Any] = {}
         for name, e in embedders.items():
             calls[name] = lambda text, e=e: e.embed([text])
-            if name.startswith("fp32 "):  # the padded-batch path every call took before
+            if name.startswith("fp32 ") and "spin=" not in name:  # the padded-batch path every call took before
                 calls[name.replace("fp32", "fp32-batch-path")] = (
                     lambda text, e=e: e.embed_ids(e.token_ids([text])))
         for f in calls.values():  # warm up
@@ -254,6 +271,7 @@ def main() -> None:
     quality: dict[str, Any] = {}
     if not args.timing_only:
         check = reference_check(first)
+        first = embedders[f"fp32 threads={threads[0]}"]
         int8 = embedders[f"int8 threads={threads[0]}"]
         a, b = first.embed(SENTENCES), int8.embed(SENTENCES)
         cos = np.sum(a * b, axis=1)
@@ -268,7 +286,9 @@ def main() -> None:
         "int8_schemes": int8_files,
         "file_bytes": sizes, "sentence_32_tokens": text32, "sentence_12_tokens": text12,
         "batch_tokens_min_median_max": [min(lengths), int(np.median(lengths)), max(lengths)],
-        "settings": {}, "first_call_without_warmup": cold, "reference": check,
+        "settings": {}, "spin_runs": {n: e.statistics()["spin_runs"]
+                                      for n, e in embedders.items()},
+        "first_call_without_warmup": cold, "reference": check,
         "int8_on_cache_pairs": quality,
     }
     for name in calls:
@@ -294,17 +314,19 @@ def main() -> None:
 def summary(result: dict[str, Any]) -> str:
     """One line per setting: 32 and 12 tokens p50 / p99 / CPU p50 / best, ratio to the base."""
     settings = result["settings"]
-    base_name = next(n for n in settings if n.startswith("fp32-batch-path"))
+    base_name = next((n for n in settings if n.startswith("fp32-batch-path")), next(iter(settings)))
     base = settings[base_name]["one_32_token_sentence_ms"]
     lines = [f"load average {result['loadavg_1min_before_after']}; baseline {base_name}",
              f"{'setting':28s} {'32 tok p50/p99/cpu/min ms':>28s} {'x base(cpu)':>11s} "
-             f"{'12 tok p50/cpu ms':>18s} {'batch64 s/s':>11s}"]
+             f"{'12 tok p50/cpu ms':>18s} {'batch64 s/s':>11s} {'32 tok p50 x spin=off':>21s}"]
     for name, row in settings.items():
         r32, r12 = row["one_32_token_sentence_ms"], row["one_12_token_sentence_ms"]
         rate = row.get("batch_of_64_ms", {}).get("sentences_per_s_at_p50", "")
+        off = settings.get(name + " spin=off")
+        vs_off = (f"{r32['p50'] / off['one_32_token_sentence_ms']['p50']:.3f}" if off else "")
         lines.append(f"{name:28s} {r32['p50']:7.2f}/{r32['p99']:6.1f}/{r32['cpu_p50']:6.2f}/"
                      f"{r32['min']:6.2f} {base['cpu_p50'] / r32['cpu_p50']:11.2f} "
-                     f"{r12['p50']:9.2f}/{r12['cpu_p50']:6.2f} {rate!s:>11s}")
+                     f"{r12['p50']:9.2f}/{r12['cpu_p50']:6.2f} {rate!s:>11s} {vs_off:>21s}")
     return "\n".join(lines)
 
 

@@ -41,7 +41,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from meshd.embed import load_embedder
 
     t0 = time.perf_counter()
-    emb = load_embedder(args.model, threads=args.threads,
+    emb = load_embedder(args.model, threads=args.threads, spin=False,  # one-shot: no twin session
                         precision="int8" if args.int8 else "fp32")
     t1 = time.perf_counter()
     vectors = emb.embed(args.texts)

@@ -8,12 +8,19 @@ each batch of up to ``batch_size`` pads little, runs the encoder and returns the
 caller's order; one text takes a shorter path (no sorting, no padding, no copies). The int8
 graph runs one text per call, so that a text's vector never depends on the rest of its batch.
 An ``Embedder`` may be shared by any number of threads.
+
+With ``spin="auto"`` (the default) and two or more threads, the embedder holds a second
+session of the same graph whose idle threads spin-wait while a ``run`` lasts (and stop when it
+returns: onnxruntime's ``session.force_spinning_stop``), and each call takes it only when the
+kernel counts no other runnable task that would need a core (``meshd.core.spin``; Linux's
+``/proc/loadavg``, read per call in ~10-20 us). The two sessions give bit-identical vectors.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +30,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from meshd.core.spin import spin_pays
 from meshd.embed.graph import ATTENTION_MASK, EMBEDDING, INPUT_IDS, UNFUSED_OPTIMIZERS
 from meshd.embed.manifest import EmbedManifest, read_embed_manifest
 from meshd.engine.runtime import choose_providers
@@ -32,6 +40,8 @@ from meshd.errors import LocalError, ModelError
 log = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZE = 64
 PRECISIONS = ("fp32", "int8")
+SPIN_MODES = (False, True, "auto")
+LOADAVG = "/proc/loadavg"
 
 
 class Embedder:
@@ -39,7 +49,8 @@ class Embedder:
 
     def __init__(self, path: Path, manifest: EmbedManifest, tokenizer: Any,
                  session: ort.InferenceSession, *, batch_size: int, threads: int,
-                 precision: str = "fp32") -> None:
+                 precision: str = "fp32", spin_session: ort.InferenceSession | None = None,
+                 cores: int | None = None) -> None:
         self.path = path
         self.manifest = manifest
         self.batch_size = batch_size
@@ -47,6 +58,10 @@ class Embedder:
         self.precision = precision
         self._tok = tokenizer
         self._session: Any = session
+        # The spinning twin of ``session`` (spin="auto"), taken when ``spin_pays``: None if none.
+        self._spin_session: Any = spin_session
+        self._cores = cores or _cores()
+        self._spin_calls = 0
         self._lock = threading.Lock()
         self._texts = 0
         self._batches = 0
@@ -127,8 +142,13 @@ class Embedder:
         return self._run_arrays(input_ids, mask)
 
     def _run_arrays(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        session = self._session
+        if self._spin_session is not None and spin_pays(_runnable(), self._cores, self.threads):
+            session = self._spin_session
+            with self._lock:
+                self._spin_calls += 1
         try:
-            (emb,) = self._session.run([EMBEDDING], {INPUT_IDS: input_ids, ATTENTION_MASK: mask})
+            (emb,) = session.run([EMBEDDING], {INPUT_IDS: input_ids, ATTENTION_MASK: mask})
         except Exception as err:  # onnxruntime's own exception types
             raise ModelError(f"{self.name}: onnxruntime failed: {_first_line(err)}") from None
         return np.asarray(emb, np.float32)
@@ -138,10 +158,34 @@ class Embedder:
             return {"model": self.name, "identity": self.identity, "dim": self.dim,
                     "precision": self.precision, "provider": self.provider,
                     "threads": self.threads, "texts": self._texts,
+                    "spin": "auto" if self._spin_session is not None else "off",
+                    "spin_runs": self._spin_calls,
                     "batches": self._batches, "busy_s": round(self._busy_s, 3)}
 
     def close(self) -> None:
         self._session = None
+        self._spin_session = None
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def _runnable() -> int | None:
+    """Tasks the kernel counts as runnable now, the caller included; None where unknown."""
+    try:
+        fd = os.open(LOADAVG, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 128).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def _check_texts(texts: Sequence[str]) -> None:
@@ -156,15 +200,19 @@ def _first_line(err: BaseException) -> str:
 
 def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
                   providers: list[str] | tuple[str, ...] | None = None, verify: bool = True,
-                  batch_size: int = DEFAULT_BATCH_SIZE, spin: bool = False,
+                  batch_size: int = DEFAULT_BATCH_SIZE, spin: bool | str = "auto",
                   precision: str = "fp32", warm: bool = True) -> Embedder:
     """Load an embedding model directory (default: all-MiniLM-L6-v2 from the ``meshd[edge]``
     extra, imported into the user's cache on first use). ``verify`` checks the weights' sha256
     (the file size and the graph's and tokenizer's hashes are always checked). ``threads``:
-    onnxruntime intra-op threads (default: onnxruntime's, one per core). ``spin``: let idle
-    intra-op threads spin-wait (onnxruntime's default); off here, because on a small shared box
-    a spinning thread takes CPU from everything else (32 tokens on 2 threads at load 7: 44.9 ms
-    p50 without spinning, 58.1 ms with). ``precision``: ``"fp32"`` (the float graph) or
+    onnxruntime intra-op threads (default: onnxruntime's, one per core). ``spin``: whether idle
+    intra-op threads spin-wait. ``False``: never (they sleep between operators); ``True``:
+    always (onnxruntime's own default: on a small shared box a spinning thread takes CPU from
+    everything else, 32 tokens on 2 threads at load 7: 44.9 ms p50 without spinning, 58.1 ms
+    with); ``"auto"`` (the default): a second session of the graph spins during its runs only,
+    and a call takes it only when no other runnable task needs a core (module docstring; with
+    one thread, or where ``/proc/loadavg`` is missing, as ``False``; +12.5 MiB for the int8
+    graph). ``precision``: ``"fp32"`` (the float graph) or
     ``"int8"`` (the int8 graph written at import, about 2x less CPU per embedding; vectors
     within cosine ~0.97 of the float ones, docs/embeddings.md); the two give different
     ``identity`` strings. ``warm``: run the session once before returning."""
@@ -212,34 +260,45 @@ def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
     tok.enable_truncation(max_length=m.arch.max_seq_length)
     if threads is not None and threads < 1:
         raise LocalError("threads must be >= 1")
+    if spin not in SPIN_MODES:
+        raise LocalError(f"spin={spin!r} is not supported (False, True or 'auto')")
+    cores = _cores()
+    n_threads = threads or cores  # onnxruntime's default: one per core
+    twin = spin == "auto" and n_threads >= 2 and cores >= 2 and _runnable() is not None
     try:
-        session = open_session(path / graph_file, threads=threads, spin=spin,
+        session = open_session(path / graph_file, threads=threads, spin=spin is True,
                                providers=providers)
+        spin_session = (open_session(path / graph_file, threads=threads, spin=True,
+                                     spin_stop=True, providers=providers) if twin else None)
     except Exception as err:
         raise ModelError(f"{m.name}: onnxruntime cannot build the session: "
                          f"{_first_line(err)}") from None
-    emb = Embedder(path, m, tok, session, batch_size=batch_size,
-                   threads=threads or session.get_session_options().intra_op_num_threads,
-                   precision=precision)
+    emb = Embedder(path, m, tok, session, batch_size=batch_size, threads=n_threads,
+                   precision=precision, spin_session=spin_session, cores=cores)
     if warm:  # onnxruntime allocates and pre-packs on the first run (measured: docs/embeddings.md)
         emb.embed_ids([[0] * 8])
+        if spin_session is not None:
+            ids = np.zeros((1, 8), np.int64)
+            spin_session.run([EMBEDDING], {INPUT_IDS: ids, ATTENTION_MASK: np.ones_like(ids)})
     log.info("embedding model loaded name=%s dim=%d precision=%s provider=%s load_ms=%.1f",
              m.name, emb.dim, precision, emb.provider, (time.perf_counter() - t0) * 1e3)
     return emb
 
 
 def open_session(graph: Path, *, threads: int | None = None, spin: bool = False,
-                 providers: list[str] | tuple[str, ...] | None = None,
+                 spin_stop: bool = False, providers: list[str] | tuple[str, ...] | None = None,
                  optimized_model_path: Path | None = None,
                  profile_prefix: str | None = None) -> ort.InferenceSession:
     """The onnxruntime session of an encoder graph, as ``load_embedder`` builds it: all graph
     optimisations but the fusions of ``UNFUSED_OPTIMIZERS`` (meshd.embed.graph), spin-waiting
-    as asked. ``optimized_model_path``: also write the optimised graph there (tests);
+    as asked (``spin_stop``: only while a ``run`` lasts). ``optimized_model_path``: also write the optimised graph there (tests);
     ``profile_prefix``: turn onnxruntime's profiler on (benchmarks)."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if spin_stop:
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     if threads is not None:
         so.intra_op_num_threads = threads
     if optimized_model_path is not None:

@@ -106,3 +106,29 @@ def test_int8_within_cosine_bound_of_float(minilm: Embedder, model_dir: Path) ->
     want = np.array([[1.0, 0.6660, 0.1046], [0.6660, 1.0, 0.1411], [0.1046, 0.1411, 1.0]])
     np.testing.assert_allclose(v @ v.T, want, atol=0.03)
     assert q.identity == minilm.identity + "+int8"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_auto_spin_takes_the_twin_session_only_on_a_free_core(
+        model_dir: Path, precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # spin="auto" (the default) holds a spinning twin of the session and takes it when the
+    # kernel counts no other runnable task; both give the same vectors, bit for bit.
+    from meshd.embed import embedder as mod
+
+    plain = load_embedder(model_dir, threads=2, precision=precision, spin=False)
+    auto = load_embedder(model_dir, threads=2, precision=precision)
+    assert plain.statistics()["spin"] == "off" and auto.statistics()["spin"] == "auto"
+    texts = SENTENCES[:4]
+
+    def each(e: Embedder) -> np.ndarray:  # one run per text, as the cache calls it
+        return np.concatenate([e.embed([t]) for t in texts])
+
+    monkeypatch.setattr(mod, "_runnable", lambda: 1)  # only the caller: spin
+    spun = each(auto)
+    assert auto.statistics()["spin_runs"] == len(texts)
+    monkeypatch.setattr(mod, "_runnable", lambda: 3)  # two others runnable: sleep
+    slept = each(auto)
+    assert auto.statistics()["spin_runs"] == len(texts)
+    assert np.array_equal(spun, slept) and np.array_equal(spun, each(plain))
+    assert load_embedder(model_dir, threads=1, precision=precision).statistics()["spin"] == "off"
+    assert mod._runnable() is not None  # this box has /proc/loadavg: the twin is real here
