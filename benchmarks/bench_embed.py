@@ -9,6 +9,9 @@ int8 graph (``int8``, meshd.embed.quantize), plus ``fp32-batch-path``: the float
 the padded-batch path every call took before the one-text path (``embed_ids(token_ids(...))``,
 the baseline).
 
+- (``--block N``: each setting N calls in a row at a time, after two untimed ones, instead of
+  one call per setting in turn: the figure of a process holding one embedder, whose weights
+  stay in the caches between calls; the default alternation makes each call reload them.)
 - one sentence of exactly 32 tokens (special tokens included) and one of 12, through
   ``Embedder.embed`` (tokenization included): p50 and p99 wall time, p50 CPU time of the
   process (less noisy than wall time on a shared box) and the best run;
@@ -65,6 +68,7 @@ SOURCE = ("the node forwards each request to the peer with the best predicted ti
          "token while gossip spreads signed adverts of load and capability across every region "
          "of the mesh so that routers can decide locally without asking anyone else")
 WORDS = SOURCE.split()
+BLOCK_WARM = 2  # untimed calls before each timed block (--block > 1)
 
 
 def sentence_of(emb: Embedder, tokens: int) -> str:
@@ -179,6 +183,12 @@ def main() -> None:
     ap.add_argument("--batch-repeats", type=int, default=10, help="64-sentence batches per setting")
     ap.add_argument("--threads", default="1,2", help="intra-op thread counts, comma separated")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--block", type=int, default=1,
+                    help="time each setting in runs of this many consecutive calls (after "
+                         f"{BLOCK_WARM} untimed ones), settings taking turns; default 1: the "
+                         "settings alternate call by call, and each call finds the caches "
+                         "full of the other settings' weights (the int8 weights alone are "
+                         "~11 MB a session, the shared L3 32 MB)")
     ap.add_argument("--precisions", default="fp32,int8",
                     help="graphs to time, comma separated (default: fp32,int8)")
     ap.add_argument("--spin", default="auto,off",
@@ -251,13 +261,17 @@ def main() -> None:
         load0 = os.getloadavg()
         single: dict[str, dict[int, tuple[list[float], list[float]]]] = {
             name: {32: ([], []), 12: ([], [])} for name in calls}
-        for _ in range(args.repeats):
+        block = max(args.block, 1)
+        for _ in range(-(-args.repeats // block)):
             for tokens, text in ((32, text32), (12, text12)):
                 for name, f in calls.items():
-                    w, c = time.perf_counter(), time.process_time()
-                    f(text)
-                    single[name][tokens][0].append(time.perf_counter() - w)
-                    single[name][tokens][1].append(time.process_time() - c)
+                    for _ in range(BLOCK_WARM if block > 1 else 0):
+                        f(text)  # this setting's weights back into the caches
+                    for _ in range(block):
+                        w, c = time.perf_counter(), time.process_time()
+                        f(text)
+                        single[name][tokens][0].append(time.perf_counter() - w)
+                        single[name][tokens][1].append(time.process_time() - c)
         batched: dict[str, list[float]] = {name: [] for name in embedders}
         for _ in range(args.batch_repeats):
             for name, e in embedders.items():
@@ -286,7 +300,7 @@ def main() -> None:
         "int8_schemes": int8_files,
         "file_bytes": sizes, "sentence_32_tokens": text32, "sentence_12_tokens": text12,
         "batch_tokens_min_median_max": [min(lengths), int(np.median(lengths)), max(lengths)],
-        "settings": {}, "spin_runs": {n: e.statistics()["spin_runs"]
+        "block": args.block, "settings": {}, "spin_runs": {n: e.statistics()["spin_runs"]
                                       for n, e in embedders.items()},
         "first_call_without_warmup": cold, "reference": check,
         "int8_on_cache_pairs": quality,
