@@ -211,8 +211,8 @@ def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
     everything else, 32 tokens on 2 threads at load 7: 44.9 ms p50 without spinning, 58.1 ms
     with); ``"auto"`` (the default): a second session of the graph spins during its runs only,
     and a call takes it only when no other runnable task needs a core (module docstring; with
-    one thread, or where ``/proc/loadavg`` is missing, as ``False``; +12.5 MiB for the int8
-    graph). ``precision``: ``"fp32"`` (the float graph) or
+    one thread, on a GPU provider, or where ``/proc/loadavg`` is missing, as ``False``; +7-16
+    MiB for the int8 graph). ``precision``: ``"fp32"`` (the float graph) or
     ``"int8"`` (the int8 graph written at import, about 2x less CPU per embedding; vectors
     within cosine ~0.97 of the float ones, docs/embeddings.md); the two give different
     ``identity`` strings. ``warm``: run the session once before returning."""
@@ -268,6 +268,7 @@ def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
     try:
         session = open_session(path / graph_file, threads=threads, spin=spin is True,
                                providers=providers)
+        twin = twin and session.get_providers()[0] == "CPUExecutionProvider"
         spin_session = (open_session(path / graph_file, threads=threads, spin=True,
                                      spin_stop=True, providers=providers) if twin else None)
     except Exception as err:
