@@ -111,10 +111,11 @@ def build_graph(t: dict[str, np.ndarray], layers: int, heads: int, eps: float) -
 class PairVerifier:
     """``probability(cached, query)``: the verifier's P(the cached answer is right for the
     query). ``embed_dir``: the imported embedding model whose word table the verifier reads
-    (the default model when None)."""
+    (the default model when None). ``threads``: onnxruntime intra-op threads (0: its default,
+    one per core; on 2 cores 3.2 ms p50 per candidate against 4.8 on one thread)."""
 
     def __init__(self, npz: str | Path | None = None, embed_dir: str | Path | None = None, *,
-                 threads: int = 1) -> None:
+                 threads: int = 0) -> None:
         from tokenizers import Tokenizer
 
         npz = Path(npz) if npz is not None else shipped_verifier()
