@@ -543,7 +543,7 @@ def build() -> list[dict[str, Any]]:
         fresh.append(_pair(key, a, b, same, kind, key, key if same else f"handfresh:{i}"))
     for r in fresh:
         r["split"] = "fresh"
-    return rows + fresh + build_fresh2() + build_fresh3() + build_fresh4()
+    return rows + fresh + build_fresh2() + build_groups(FRESH3, "fresh3") + build_groups(FRESH4, "fresh4")
 
 
 def build_fresh2() -> list[dict[str, Any]]:
@@ -560,33 +560,20 @@ def build_fresh2() -> list[dict[str, Any]]:
     return out
 
 
-def build_fresh3() -> list[dict[str, Any]]:
-    """The ``fresh3`` split (cache_fresh3.py), made like ``fresh2``; each near miss's ``how``
-    stays in cache_fresh3.py, the rows keep the fields of the other splits."""
+def build_groups(groups: Any, split: str) -> list[dict[str, Any]]:
+    """A split of hand-written groups whose near misses carry how they were made
+    (``fresh3``, ``fresh4``: cache_fresh3.py, cache_fresh4.py; each appended after the ones
+    before it); the ``how`` stays in the groups' file, the rows keep the fields of the other
+    splits."""
     out = []
-    for anchor, paraphrases, misses in FRESH3:
-        key = "fresh3:" + anchor
+    for anchor, paraphrases, misses in groups:
+        key = f"{split}:" + anchor
         for b in paraphrases:
             out.append(_pair(key, anchor, b, True, "paraphrase", key, key))
         for i, (b, kind, _how) in enumerate(misses):
             out.append(_pair(key, anchor, b, False, kind, key, f"{key}#{i}"))
     for r in out:
-        r["split"] = "fresh3"
-    return out
-
-
-def build_fresh4() -> list[dict[str, Any]]:
-    """The ``fresh4`` split (cache_fresh4.py), made like ``fresh3`` and appended after it;
-    each near miss's ``how`` stays in cache_fresh4.py."""
-    out = []
-    for anchor, paraphrases, misses in FRESH4:
-        key = "fresh4:" + anchor
-        for b in paraphrases:
-            out.append(_pair(key, anchor, b, True, "paraphrase", key, key))
-        for i, (b, kind, _how) in enumerate(misses):
-            out.append(_pair(key, anchor, b, False, kind, key, f"{key}#{i}"))
-    for r in out:
-        r["split"] = "fresh4"
+        r["split"] = split
     return out
 
 
