@@ -247,7 +247,7 @@ class Cells:
         if len(self.table) > 1 and self.membership.cell_members() and not missing:
             return
         self._pulled_at = now
-        alive = sorted(p for p, ch in links.channels.items() if ch.alive)
+        alive = self._alive_links()
         if alive:
             self._spawn(self._pull, self.rng.choice(alive))
             return
@@ -262,11 +262,8 @@ class Cells:
         naming it may not have reached us yet (summaries come every ``summary_interval_s``),
         so ask a linked peer for the summaries it holds (at most once per ``PULL_S``, waiting
         up to ``probe_wait_s``) before the request is refused."""
-        links = self.links
-        if links is None or now - self._pulled_at < PULL_S:
-            return
-        alive = sorted(p for p, ch in links.channels.items() if ch.alive)
-        if not alive:
+        alive = self._alive_links()
+        if not alive or now - self._pulled_at < PULL_S:
             return
         self._pulled_at = now
         self.stats["summary_pulls_on_demand"] += 1
@@ -275,6 +272,10 @@ class Cells:
                 await self._pull(self.rng.choice(alive))
             except (PeerGoneError, trio.TooSlowError):
                 pass
+
+    def _alive_links(self) -> list[str]:
+        links = self.links
+        return [] if links is None else sorted(p for p, ch in links.channels.items() if ch.alive)
 
     async def _pull(self, peer_id: str) -> None:
         assert self.links is not None
@@ -342,6 +343,11 @@ class Cells:
             return UNKNOWN_RTT_MS
         return estimate_rtt_ms(local, Coord(s.coord, 0.0, 1.0, 0.0))
 
+    def _named(self, model: str) -> bool:
+        """Whether a summary of another cell names a node serving ``model``."""
+        return any(s.cell != self.cell and (ms := s.model(model)) is not None and ms.nodes
+                   for s in self.table.summaries())
+
     def pick(self, model: str) -> list[tuple[str, tuple[str, ...]]]:
         """The nodes to probe for ``model`` (``meshd.core.probes``: the simulator's picks), with
         the addresses the summaries give for them."""
@@ -364,7 +370,7 @@ class Cells:
         if not model or not self.g.probes:
             return
         now = trio.current_time()
-        if need and not self.pick(model):
+        if need and not self._named(model):
             await self._pull_for(model, now)
         running = self._probing.get(model)
         if running is None and now - self._probed_at.get(model, -math.inf) >= self.g.probe_interval_s:

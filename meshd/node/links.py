@@ -332,27 +332,21 @@ class Links:
             except Exception:
                 continue
             gossip = self.gossip
-            if any(gossip.has_stream(pid) for pid in connected):
-                connected = [pid for pid in connected if pid in self._bootstrap_ids]
-            seen = set()
-            for pid in connected:
+            without = [pid for pid in connected if not gossip.has_stream(pid)]
+            if len(without) < len(connected):  # gossip works: mend the bootstrap peers only
+                without = [pid for pid in without if pid in self._bootstrap_ids]
+            strikes: dict[str, int] = {}
+            for pid in without:
                 peer = pid.to_base58()
-                seen.add(peer)
-                if self.gossip.has_stream(pid):
-                    self._no_stream.pop(peer, None)
-                    continue
-                self._no_stream[peer] = n = self._no_stream.get(peer, 0) + 1
-                self.stats["gossip_streams_missing"] = len(self._no_stream)
+                n = strikes[peer] = self._no_stream.get(peer, 0) + 1
                 # after 2, 4, 8 and 16 checks, then once a minute: an open that keeps failing
                 # (a peer too busy to answer) is not hammered
                 due = n in (2, 4, 8, 16) or (n > 16 and n % 12 == 0)
                 if due and peer not in self._reopening:
                     self._reopening.add(peer)
                     self.nursery.start_soon(self._reopen_gossip, pid, peer)
-            for peer in list(self._no_stream):
-                if peer not in seen:
-                    del self._no_stream[peer]
-            self.stats["gossip_streams_missing"] = len(self._no_stream)
+            self._no_stream = strikes
+            self.stats["gossip_streams_missing"] = len(strikes)
 
     async def _reopen_gossip(self, pid: ID, peer: str) -> None:
         assert self.gossip is not None
