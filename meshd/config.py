@@ -47,6 +47,10 @@ class GossipConfig:
     pull_after_intervals: float = 2.0
     degree: int = 4  # gossipsub mesh degree D (low = D-1, high = D+2)
     heartbeat_interval_s: float = 1.0
+    # heartbeats of recent message ids announced (IHAVE) to peers outside the mesh each heartbeat;
+    # 0: none, a message travels over mesh links only (adverts repeat every interval, and a peer
+    # gone silent is pulled: the repair IHAVE brings costs more than it saves here)
+    ihave_window: int = 0
     # liveness (meshd/node/liveness.py): any frame from a peer proves it alive; pings are only for
     # RTT samples (Vivaldi, routing) and for silent peers that our requests wait on
     ping_interval_s: float = 10.0  # RTT ping of each linked peer, jittered +-25%
@@ -325,6 +329,8 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[gossip] pull_after_intervals", "must be >= 0 (0 turns pulls off)")
     if g.degree < 2:
         raise bad("[gossip] degree", "must be >= 2")
+    if not 0 <= g.ihave_window <= 5:
+        raise bad("[gossip] ihave_window", "must be 0 to 5 (heartbeats of message ids announced)")
     for key in ("ping_interval_s", "busy_ping_after_s", "stall_timeout_s"):
         if getattr(g, key) <= 0:
             raise bad(f"[gossip] {key}", "must be > 0")

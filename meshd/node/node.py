@@ -150,6 +150,7 @@ class Node:
                 self.host,
                 degree=cfg.gossip.degree,
                 heartbeat_interval_s=cfg.gossip.heartbeat_interval_s,
+                ihave_window=cfg.gossip.ihave_window,
             ) as gossip:
                 self.gossip = gossip
                 self.links = links = Links(self.host, cfg, self.membership, rng=self.rng)

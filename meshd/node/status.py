@@ -103,7 +103,7 @@ def node_status(node: StatusSource) -> dict[str, Any]:
         "services": {
             "node": {**ms, **node.stats},
             "advert_rejections": rejections,
-            "gossip": dict(node.gossip.stats) if node.gossip else {},
+            "gossip": {**node.gossip.stats, "sent": dict(node.gossip.sent)} if node.gossip else {},
             "advert_delay_ms": delays,
             "attestation": node.attestor.statistics(),
             "links": node.links.statistics() if node.links else {},

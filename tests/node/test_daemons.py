@@ -113,6 +113,8 @@ def test_status_reports_identity_and_services(mesh: dict[str, Any]) -> None:
     assert data["name"] == "n1" and data["peer_id"].startswith("12D3")
     assert data["models"][0]["num_layers"] > 0
     assert {"gossip", "attestation", "links", "request_server"} <= set(data["services"])
+    sent = data["services"]["gossip"]["sent"]  # what pubsub wrote to peers, by kind
+    assert sent["rpcs"] >= sent["messages"] > 0  # its own adverts went out to its peers
 
 
 def test_unattested_daemon_cannot_join_or_be_served(mesh: dict[str, Any], tmp_path: Path) -> None:
