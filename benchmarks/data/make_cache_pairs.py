@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cache_fresh2 import FRESH2  # noqa: E402
 from cache_fresh3 import FRESH3  # noqa: E402
 from cache_fresh4 import FRESH4  # noqa: E402
+from cache_fresh5 import FRESH5  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "cache_pairs.jsonl"
 
@@ -543,7 +544,8 @@ def build() -> list[dict[str, Any]]:
         fresh.append(_pair(key, a, b, same, kind, key, key if same else f"handfresh:{i}"))
     for r in fresh:
         r["split"] = "fresh"
-    return rows + fresh + build_fresh2() + build_groups(FRESH3, "fresh3") + build_groups(FRESH4, "fresh4")
+    return (rows + fresh + build_fresh2() + build_groups(FRESH3, "fresh3")
+            + build_groups(FRESH4, "fresh4") + build_groups(FRESH5, "fresh5"))
 
 
 def build_fresh2() -> list[dict[str, Any]]:
@@ -562,9 +564,9 @@ def build_fresh2() -> list[dict[str, Any]]:
 
 def build_groups(groups: Any, split: str) -> list[dict[str, Any]]:
     """A split of hand-written groups whose near misses carry how they were made
-    (``fresh3``, ``fresh4``: cache_fresh3.py, cache_fresh4.py; each appended after the ones
-    before it); the ``how`` stays in the groups' file, the rows keep the fields of the other
-    splits."""
+    (``fresh3``, ``fresh4``, ``fresh5``: cache_fresh3.py, cache_fresh4.py, cache_fresh5.py;
+    each appended after the ones before it); the ``how`` stays in the groups' file, the rows
+    keep the fields of the other splits."""
     out = []
     for anchor, paraphrases, misses in groups:
         key = f"{split}:" + anchor
