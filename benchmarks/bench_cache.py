@@ -185,7 +185,10 @@ def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], words: dict[
             for d in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)]
     if pair is not None and pair_policy is not None:
         pp = np.array([pair[(r["a"], r["b"])] for r in rows])
-        gate = np.array([guard(r["b"], r["a"]) is None for r in rows])
+        guarded = np.array([guard(r["b"], r["a"]) is None for r in rows])
+        # the policy's own setting: a verifier whose defaults were chosen without the guards
+        # (pair-verifier-v2) is asked with none in front
+        gate = guarded if pair_policy.guards else np.ones_like(guarded)
         passes = pp >= pair_policy.pair_min_p
         out["curves"]["fixed+pair"] = [
             {"threshold": round(float(t), 3), **pair_rates((sims >= t) & gate & passes, same)}
@@ -194,6 +197,7 @@ def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], words: dict[
             "pair": {"threshold": pair_policy.threshold, "min_p": pair_policy.pair_min_p,
                      **pair_rates((sims >= pair_policy.threshold) & gate & passes, same)},
             "pair_no_guards": pair_rates((sims >= pair_policy.threshold) & passes, same),
+            "pair_with_guards": pair_rates((sims >= pair_policy.threshold) & guarded & passes, same),
             "pair_candidates": float(np.mean((sims >= pair_policy.threshold) & gate)),
         }
     out["defaults"] = {
@@ -674,7 +678,8 @@ def main() -> None:
         words = {t: states.words(t) for t in texts}
         result["word_states_s"] = round(time.perf_counter() - t0, 1)
         pv = PairVerifier(args.pair_verifier, model_dir)
-        pair_policy = FixedThreshold(threshold=pv.info.threshold, pair_min_p=pv.info.min_p)
+        pair_policy = FixedThreshold(threshold=pv.info.threshold, pair_min_p=pv.info.min_p,
+                                     guards=pv.info.guards)
         t0 = time.perf_counter()
         pair = {(r["a"], r["b"]): pv.probability(r["a"], r["b"]) for r in rows}
         result["pair_verifier_s"] = round(time.perf_counter() - t0, 1)

@@ -52,6 +52,7 @@ class VerifierInfo:
     threshold: float  # the cosine threshold to use with the verifier (chosen by cross-validation)
     min_p: float  # the verifier's probability from which a candidate is served
     base: str  # the embedding model's identity whose word table it reads
+    guards: bool = True  # whether the defaults were chosen with the lexical guards in front
 
 
 def read_info(npz: Path) -> VerifierInfo:
@@ -60,7 +61,7 @@ def read_info(npz: Path) -> VerifierInfo:
         meta = json.loads(path.read_text())
         return VerifierInfo(str(meta["name"]), int(meta["layers"]), int(meta["max_len"]),
                             float(meta["default"]["threshold"]), float(meta["default"]["min_p"]),
-                            str(meta["base"]))
+                            str(meta["base"]), bool(meta["default"].get("guards", True)))
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ModelError(f"{path}: cannot read the pair verifier's description ({err})") from None
 

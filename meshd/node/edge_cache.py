@@ -32,7 +32,8 @@ def cache_policy(c: Any, embed_dir: Path) -> tuple[Any, dict[str, Any]]:
     """The policy and the verifier ``[cache] verifier`` names (docs/cache.md), as
     ``(policy, SemanticCache keyword arguments)``: ``pair`` (the default), the learned pair
     verifier shipped with meshd with its own threshold and bound unless ``threshold`` /
-    ``verifier_min_p`` are set; ``words``, guards v4's verifier of an added run (a second
+    ``verifier_min_p`` are set, and the lexical guards in front of it only if its defaults were
+    chosen with them; ``words``, guards v4's verifier of an added run (a second
     session of the embedding graph, +64.5 MiB); ``off``, the guards and the threshold only."""
     from meshd.cache import FixedThreshold
 
@@ -41,7 +42,7 @@ def cache_policy(c: Any, embed_dir: Path) -> tuple[Any, dict[str, Any]]:
 
         pv = PairVerifier(embed_dir=embed_dir)
         policy = FixedThreshold(threshold=c.threshold or pv.info.threshold,
-                                pair_min_p=c.verifier_min_p or pv.info.min_p)
+                                pair_min_p=c.verifier_min_p or pv.info.min_p, guards=pv.info.guards)
         return policy, {"pair_verifier": pv.probability}
     policy = FixedThreshold(threshold=c.threshold or 0.85)
     if c.verifier == "words":

@@ -3,7 +3,9 @@ a fake probability here; the real verifier in test_cache_pair_verifier.py."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +95,18 @@ def test_the_store_asks_cached_then_query_and_falls_back_to_the_next_neighbour()
 
 def _req(req: CacheRequest, prompt: str) -> CacheRequest:
     return replace(req, prompt=prompt)
+
+
+@pytest.mark.parametrize(("default", "guards"), [({}, True), ({"guards": False}, False)])
+def test_the_verifier_description_says_whether_its_defaults_use_the_guards(
+        tmp_path: Path, default: dict[str, bool], guards: bool) -> None:
+    """A verifier whose defaults were chosen without the lexical guards in front
+    (scripts/train_pair_verifier.py --choose sweeps both) is asked with none; a description
+    that does not say (pair-verifier-v1) keeps them."""
+    from meshd.embed.pair_verifier import read_info
+
+    meta = {"name": "v", "layers": 2, "max_len": 128, "base": "b",
+            "default": {"threshold": 0.6, "min_p": 0.9, **default}}
+    (tmp_path / "v.json").write_text(json.dumps(meta))
+    info = read_info(tmp_path / "v.npz")
+    assert (info.threshold, info.min_p, info.guards) == (0.6, 0.9, guards)

@@ -11,6 +11,7 @@ hosts each has peers outside its mesh."""
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
+
 import pytest
 import trio
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -55,7 +56,7 @@ async def _run_mesh(ihave_window: int) -> tuple[dict[str, int], list[int]]:
             await trio.sleep(WATCH_S)
             nursery.cancel_scope.cancel()
         counts: dict[str, int] = {}
-        for g, b in zip(gossips, before):
+        for g, b in zip(gossips, before, strict=True):
             for k, v in g.sent.items():
                 counts[k] = counts.get(k, 0) + v - b[k]
         return counts, [g.mesh_size(TOPIC) for g in gossips]
