@@ -138,7 +138,7 @@ def adaptive_twofold(rows: list[dict[str, Any]], sims: np.ndarray, policy: Adapt
     return served
 
 
-ALL_SPLITS = ("tune", "test", "fresh", "fresh2", "fresh3", "fresh4")
+ALL_SPLITS = ("tune", "test", "fresh", "fresh2", "fresh3", "fresh4", "fresh5")
 
 
 def splits(rows: list[dict[str, Any]]) -> tuple[str, ...]:
