@@ -25,9 +25,9 @@ fields of cache_pairs.jsonl and ``split = "train3b"``:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+
+from cache_groups import write_split
 
 Miss = tuple[str, str, str]
 Group = tuple[str, tuple[str, str, str], tuple[Miss, Miss, Miss]]
@@ -1154,30 +1154,5 @@ TRAIN3B: tuple[Group, ...] = (
 )
 
 
-def build() -> list[dict[str, Any]]:
-    """The pairs: per group, three paraphrase pairs then three near-miss pairs, each near
-    miss with an answer id of its own (``<group>#<i>``)."""
-    out = []
-    for anchor, paraphrases, misses in TRAIN3B:
-        key = "train3b:" + anchor
-        rows = [(b, True, "paraphrase", key) for b in paraphrases]
-        rows += [(b, False, kind, f"{key}#{i}") for i, (b, kind, _how) in enumerate(misses)]
-        for b, same, kind, answer_b in rows:
-            out.append({"group": key, "a": anchor, "b": b, "same": same, "kind": kind,
-                        "answer_a": key, "answer_b": answer_b, "split": "train3b"})
-    return out
-
-
-def main() -> None:
-    rows = build()
-    with OUT.open("w") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    kinds: dict[str, int] = {}
-    for r in rows:
-        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
-    print(f"{len(TRAIN3B)} groups, {len(rows)} pairs -> {OUT.name}; {kinds}")
-
-
 if __name__ == "__main__":
-    main()
+    write_split(TRAIN3B, "train3b", OUT)

@@ -26,9 +26,9 @@ fields of cache_pairs.jsonl and ``split = "train3c"``:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+
+from cache_groups import write_split
 
 Miss = tuple[str, str, str]
 Group = tuple[str, tuple[str, str, str], tuple[Miss, Miss, Miss]]
@@ -1594,30 +1594,5 @@ TRAIN3C: tuple[Group, ...] = (
 )
 
 
-def build() -> list[dict[str, Any]]:
-    """The pairs: per group, three paraphrase pairs then three near-miss pairs, each near
-    miss with an answer id of its own (``<group>#<i>``)."""
-    out = []
-    for anchor, paraphrases, misses in TRAIN3C:
-        key = "train3c:" + anchor
-        rows = [(b, True, "paraphrase", key) for b in paraphrases]
-        rows += [(b, False, kind, f"{key}#{i}") for i, (b, kind, _how) in enumerate(misses)]
-        for b, same, kind, answer_b in rows:
-            out.append({"group": key, "a": anchor, "b": b, "same": same, "kind": kind,
-                        "answer_a": key, "answer_b": answer_b, "split": "train3c"})
-    return out
-
-
-def main() -> None:
-    rows = build()
-    with OUT.open("w") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    kinds: dict[str, int] = {}
-    for r in rows:
-        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
-    print(f"{len(TRAIN3C)} groups, {len(rows)} pairs -> {OUT.name}; {kinds}")
-
-
 if __name__ == "__main__":
-    main()
+    write_split(TRAIN3C, "train3c", OUT)

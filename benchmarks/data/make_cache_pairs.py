@@ -28,6 +28,8 @@ from cache_fresh2 import FRESH2  # noqa: E402
 from cache_fresh3 import FRESH3  # noqa: E402
 from cache_fresh4 import FRESH4  # noqa: E402
 from cache_fresh5 import FRESH5  # noqa: E402
+from cache_groups import build_groups  # noqa: E402
+from cache_groups import pair_row as _pair  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "cache_pairs.jsonl"
 
@@ -419,12 +421,6 @@ HAND_FRESH: list[tuple[str, str, bool, str]] = [
 ]
 
 
-def _pair(group: str, a: str, b: str, same: bool, kind: str, ans_a: str, ans_b: str
-          ) -> dict[str, Any]:
-    return {"group": group, "a": a, "b": b, "same": same, "kind": kind, "answer_a": ans_a,
-            "answer_b": ans_b}
-
-
 def _family(name: str, phrasings: list[str], values: list[dict[str, Any]],
             misses: list[tuple[str, str, dict[str, Any], str]]) -> list[dict[str, Any]]:
     """Anchor = phrasings[0] with each value; paraphrases = the other phrasings with the same
@@ -559,23 +555,6 @@ def build_fresh2() -> list[dict[str, Any]]:
             out.append(_pair(key, anchor, b, False, kind, key, f"{key}#{i}"))
     for r in out:
         r["split"] = "fresh2"
-    return out
-
-
-def build_groups(groups: Any, split: str) -> list[dict[str, Any]]:
-    """A split of hand-written groups whose near misses carry how they were made
-    (``fresh3``, ``fresh4``, ``fresh5``: cache_fresh3.py, cache_fresh4.py, cache_fresh5.py;
-    each appended after the ones before it); the ``how`` stays in the groups' file, the rows
-    keep the fields of the other splits."""
-    out = []
-    for anchor, paraphrases, misses in groups:
-        key = f"{split}:" + anchor
-        for b in paraphrases:
-            out.append(_pair(key, anchor, b, True, "paraphrase", key, key))
-        for i, (b, kind, _how) in enumerate(misses):
-            out.append(_pair(key, anchor, b, False, kind, key, f"{key}#{i}"))
-    for r in out:
-        r["split"] = split
     return out
 
 
