@@ -11,7 +11,7 @@ range the node serves now only when the move clearly helps, so small changes in 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from meshd.errors import ConfigError
 
@@ -90,27 +90,59 @@ def choose_range(
     return cur
 
 
+def outranked(my_id: str, current: tuple[int, int],
+              peers: Iterable[tuple[str, tuple[int, int]]]) -> bool:
+    """True when a peer with a lower peer ID serves exactly ``current`` (pure).
+
+    Nodes that share a range hear the same coverage apart from each other, so they all want
+    the same move. If each acted, they would land on the same target together and move again;
+    if one acts on a picture in which the other has not moved yet, the two swap. The node with
+    the lowest peer ID of those sharing the range goes first; the others wait to hear it.
+    ``peers`` is ``(peer_id, (layer_start, layer_end))`` for each other node serving the model.
+    """
+    return any(pid < my_id and rng == current for pid, rng in peers)
+
+
 class MoveGate:
-    """A node moves only when two decisions in a row pick the same target on the same picture.
+    """A node moves only when two decisions in a row pick the same target on the same picture,
+    and, when it shares its range with a node of lower peer ID, only after it has waited
+    ``patience`` decisions on one picture for that node to move first.
 
     One decision can be made on a stale picture: another node's advert announcing its own move
     is still in flight, or a peer looks gone for a moment. Acting on it makes two nodes swap
     ranges back and forth. Asking for the same target, from the same coverage, one decision
-    later (a random fraction of an advert interval) lets that picture refresh first.
+    later (a random fraction of an advert interval) lets that picture refresh first. The wait
+    behind a senior node (``outranked``) covers a picture that stays stale for longer, on a
+    loaded host: the senior's move, once heard, changes what this node wants. A senior that
+    never moves (its layers are fixed) delays this node by ``patience`` decisions only.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, patience: int = 6) -> None:
+        self.patience = patience
         self._pending: dict[str, tuple[tuple[int, int], tuple[float, ...]]] = {}
+        self._waited: dict[str, tuple[tuple[float, ...], int]] = {}
 
     def confirm(self, model: str, current: tuple[int, int], target: tuple[int, int],
-                heard: Sequence[float]) -> bool:
+                heard: Sequence[float], outranked: bool = False) -> bool:
         """True when this node should move ``model`` to ``target`` now."""
         if target == current:
             self._pending.pop(model, None)
+            self._waited.pop(model, None)
             return False
+        if not outranked:
+            self._waited.pop(model, None)
+        else:
+            picture, waited = self._waited.get(model, (tuple(heard), 0))
+            if picture != tuple(heard):  # something moved: the wait starts over
+                waited = 0
+            if waited < self.patience:
+                self._waited[model] = (tuple(heard), waited + 1)
+                self._pending.pop(model, None)
+                return False
         seen = (target, tuple(heard))
         if self._pending.get(model) == seen:
             del self._pending[model]
+            self._waited.pop(model, None)
             return True
         self._pending[model] = seen
         return False

@@ -6,8 +6,10 @@ advert interval, with the pure ``meshd.core.placement.choose_range`` over the co
 (replicas per layer of the same model, this node not counted): it moves only when the move
 clearly helps (hysteresis), only when the next decision picks the same target on the same
 picture (``MoveGate``: a picture can be stale while another node's move is still being gossiped),
-never while it serves a request on that model, and after a move it waits two advert intervals,
-so that the others hear it, before deciding again. Coverage counts every peer in the table,
+only after a node of lower peer ID that shares its range has had a few decisions to move
+first (``outranked``: nodes sharing a range all want the same move), never while it serves a
+request on that model, and after a move it waits two advert intervals, so that the others
+hear it, before deciding again. Coverage counts every peer in the table,
 stalled ones too: a peer that is slow for a moment has not left its layers. A move re-loads
 the model for the new range and publishes an advert at once.
 """
@@ -27,7 +29,7 @@ import trio
 from meshd.config import Config
 from meshd.core.advert import Advert
 from meshd.core.peertable import PeerTable
-from meshd.core.placement import MoveGate, choose_range
+from meshd.core.placement import MoveGate, choose_range, outranked
 from meshd.node.engine_model import EngineModel, default_model_dir, load_engine_model
 from meshd.node.runner import Runner, Served
 from meshd.node.stages import StageServer
@@ -147,11 +149,15 @@ class AutoPlacer:
         n = s.num_layers
         if a.capacity >= n:
             return False
-        heard = heard_coverage((e.advert for e in self.membership.table.known()), a.name, n)
+        adverts = [e.advert for e in self.membership.table.known()]
+        heard = heard_coverage(adverts, a.name, n)
         current = (s.layer_start, s.layer_end)
         self.stats["decisions"] += 1
         target = choose_range(a.name, n, a.capacity, heard, current, HYSTERESIS)
-        if not self.gate.confirm(a.name, current, target, heard):
+        junior = outranked(self.membership.table.local_peer_id, current, (
+            (ad.peer_id, (m.layer_start, m.layer_end))
+            for ad in adverts for m in ad.models if m.name == a.name and m.num_layers == n))
+        if not self.gate.confirm(a.name, current, target, heard, junior):
             if target != current:
                 self.stats["unconfirmed"] += 1
             return False

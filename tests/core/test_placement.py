@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from meshd.core.placement import MoveGate, choose_range
+from meshd.core.placement import MoveGate, choose_range, outranked
 from meshd.errors import ConfigError
 
 
@@ -176,3 +176,46 @@ def test_one_stale_picture_does_not_move_a_settled_node() -> None:
 def test_errors(layers: int, cap: int, heard: list[float], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         choose_range("m", layers, cap, heard, None)
+
+
+def test_outranked_only_by_a_lower_peer_id_on_the_same_range() -> None:
+    assert outranked("b", (0, 2), [("a", (0, 2))])
+    assert not outranked("a", (0, 2), [("b", (0, 2))])
+    assert not outranked("b", (0, 2), [("a", (2, 4))])
+    assert not outranked("b", (0, 2), [])
+
+
+def test_gate_waits_behind_a_senior_then_moves_after_patience() -> None:
+    gate = MoveGate(patience=2)
+    heard = cov(6, (0, 2, 1), (2, 4, 1))
+    for _ in range(2):  # waiting for the senior on the same range
+        assert not gate.confirm("m", (0, 2), (4, 6), heard, outranked=True)
+    # patience spent (the senior's layers may be fixed): the usual two decisions move it
+    assert not gate.confirm("m", (0, 2), (4, 6), heard, outranked=True)
+    assert gate.confirm("m", (0, 2), (4, 6), heard, outranked=True)
+
+
+def test_senior_moving_first_means_the_junior_never_moves() -> None:
+    """Three nodes start on 0-2 of a 6-layer model. Each hears the others through a picture
+    that lags (a loaded host): a move is heard only some decisions after it happened, and all
+    decide in lock-step. Without seniority they never settle; with it, at lags below the
+    patience, two nodes move once each, the third stays, and nobody moves again."""
+    layers, cap = 6, 2
+    ids = ["a", "b", "c"]
+    placed = {i: (0, 2) for i in ids}
+    lag = 4
+    history: list[dict[str, tuple[int, int]]] = [dict(placed)] * (lag + 1)
+    gates = {i: MoveGate() for i in ids}
+    moves = {i: 0 for i in ids}
+    for _ in range(60):
+        seen = history[-1 - lag]
+        for i in ids:
+            others = [(j, seen[j]) for j in ids if j != i]
+            heard = cov(layers, *((r[0], r[1], 1) for _, r in others))
+            target = choose_range("m", layers, cap, heard, placed[i], 0.5)
+            if gates[i].confirm("m", placed[i], target, heard, outranked(i, placed[i], others)):
+                placed[i] = target
+                moves[i] += 1
+        history.append(dict(placed))
+    assert sorted(placed.values()) == [(0, 2), (2, 4), (4, 6)]
+    assert sum(moves.values()) == 2, moves
