@@ -130,7 +130,8 @@ async def counters(socks: dict[str, str], pids: dict[str, int]) -> dict[str, dic
                      # traffic over request channels
                      "probe": float((svc.get("cells") or {}).get("probe_bytes_in", 0))
                      + float(svc["links"].get("pull_bytes_in", 0)),
-                     "cpu": cpu_s(pids[name]), "t": time.monotonic()}
+                     "cpu": cpu_s(pids[name]), "t": time.monotonic(),
+                     "channels": float(svc["links"].get("channels", 0))}
     return out
 
 
@@ -144,7 +145,9 @@ def rates(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]]) -> dic
             "bytes_per_node_s_median": statistics.median(per_bytes), "bytes_per_node_s_mean": statistics.mean(per_bytes),
             "cpu_pct_median": statistics.median(per_cpu), "cpu_pct_mean": statistics.mean(per_cpu),
             "probe_bytes_per_node_s_mean": statistics.mean(
-                (b[k]["probe"] - a[k]["probe"]) / (b[k]["t"] - a[k]["t"]) for k in a.keys() & b.keys())}
+                (b[k]["probe"] - a[k]["probe"]) / (b[k]["t"] - a[k]["t"]) for k in a.keys() & b.keys()),
+            # open request channels (one per linked peer) at the end of the window
+            "channels_median": statistics.median(b[k].get("channels", 0.0) for k in b)}
 
 
 async def reach(socks: dict[str, str], cells: int, concurrency: int = 8) -> dict[str, Any]:

@@ -11,14 +11,15 @@ functions, so the candidates a daemon's router sees are drawn the way the simula
 * ``rank_cells``: the cells worth probing, from their score (RTT to the cell plus its best
   wait): every cell within ``PROBE_SLACK_MS`` of the best, and at least the best ``4 * probes``;
 * ``pick_probes``: ``probes`` cells drawn at random among those, and in each a node at random
-  among the ones its summary names; drawing, rather than taking the best, keeps a region's entry
-  nodes from all probing (and then piling onto) the same few nodes.
+  among the ones its summary names (among those the entry is already linked to, where there are
+  any: a dial costs more than the probe); drawing, rather than taking the best, keeps a region's
+  entry nodes from all probing (and then piling onto) the same few nodes.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Container, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from meshd.core import predict
@@ -63,8 +64,18 @@ def rank_cells(scored: Iterable[tuple[float, C]], probes: int) -> list[C]:
 
 
 def pick_probes(cells: Sequence[C], named: Mapping[C, Sequence[K]], probes: int,
-                rng: random.Random) -> list[K]:
+                rng: random.Random, linked: Container[K] = ()) -> list[K]:
     """The nodes to ask for their load: ``probes`` cells drawn among ``cells`` (the entry's own
-    cell left out by the caller), a node drawn among the ones each names; sorted, no repeats."""
+    cell left out by the caller), a node drawn among the ones each names; sorted, no repeats.
+
+    ``linked``: nodes the entry already holds a connection to. Where a cell names some, the
+    node is drawn among those: a probe to a new node costs a dial (a Noise handshake and an
+    attestation on both sides, more CPU than the probe itself), and any node a summary names is
+    among its cell's least loaded. The simulator passes none (it does not model connections)."""
     drawn = rng.sample(list(cells), min(probes, len(cells)))
-    return sorted({rng.choice(named[c]) for c in drawn if named[c]})  # type: ignore[type-var]
+    out = set()
+    for c in drawn:
+        pool = [j for j in named[c] if j in linked] or list(named[c])
+        if pool:
+            out.add(rng.choice(pool))
+    return sorted(out)  # type: ignore[type-var]

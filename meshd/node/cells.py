@@ -360,7 +360,9 @@ class Cells:
             named[s.cell] = list(ms.nodes)
             addrs.update({r.peer_id: r.addrs for r in s.reps})
         ranked = probes.rank_cells(scored, self.g.probes)
-        picks = probes.pick_probes(ranked, named, self.g.probes, self.rng)
+        linked = self.links.channels if self.links is not None else {}
+        picks = probes.pick_probes(ranked, named, self.g.probes, self.rng,
+                                   {p for p, ch in linked.items() if ch.alive})
         return [(p, addrs.get(p, ())) for p in picks if p != self.peer_id]
 
     async def reach(self, model: str, *, need: bool) -> None:

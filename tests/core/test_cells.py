@@ -221,3 +221,16 @@ def test_pick_probes_draws_cells_and_nodes_without_repeats() -> None:
     assert len(seen) == 32  # every node of every cell gets probed sometimes
     assert probes.pick_probes(["c0"], named, 4, rng)[0].startswith("c0-")
     assert probes.pick_probes([], named, 4, rng) == []
+
+
+def test_pick_probes_prefers_linked_nodes_within_a_cell() -> None:
+    named = {f"c{i}": [f"c{i}-n{j}" for j in range(4)] for i in range(4)}
+    linked = {"c0-n2", "c1-n1", "c1-n3"}
+    rng = random.Random(5)
+    seen: Counter[str] = Counter()
+    for _ in range(300):
+        picks = probes.pick_probes(list(named), named, 4, rng, linked)
+        assert len(picks) == 4
+        seen.update(picks)
+    assert {p for p in seen if p.startswith(("c0-", "c1-"))} == linked  # only the linked ones
+    assert len([p for p in seen if p.startswith(("c2-", "c3-"))]) == 8  # no link: any named node
