@@ -105,3 +105,18 @@ class Liveness:
             if now >= p.ping_due or (peer in busy and silent >= self.busy_silence_s):
                 ping.append(peer)
         return Decision(tuple(ping), tuple(stalled))
+
+    def next_check(self, now: float, busy: Collection[str] = ()) -> float:
+        """The earliest time ``decide`` can answer differently if nothing new arrives (inf with
+        no peers): a ping due, a silent busy peer's ping, an unanswered ping's stall."""
+        at = float("inf")
+        for peer, p in self._peers.items():
+            if p.ping_sent is not None:
+                stall = self.stall_timeout_s
+                at = min(at, max(p.ping_sent, p.heard_at) + stall,
+                         p.ping_sent + UNANSWERED_FACTOR * stall)
+                continue
+            at = min(at, p.ping_due)
+            if peer in busy:
+                at = min(at, p.heard_at + self.busy_silence_s)
+        return max(at, now)

@@ -133,3 +133,29 @@ def test_bad_liveness_settings_are_config_errors_naming_the_key(gossip: dict[str
 def test_the_default_liveness_settings_are_valid_and_stall_is_no_longer_tied_to_the_interval() -> None:
     g = parse_config({"gossip": {"ping_interval_s": 10.0, "stall_timeout_s": 3.0}}, "meshd.toml").gossip
     assert g == GossipConfig()
+
+
+def test_next_check_is_the_first_moment_a_decision_can_change() -> None:
+    lv = make()
+    assert lv.next_check(5.0) == float("inf")  # no peers: nothing falls due
+    lv.track("p", 0.0)
+    lv.ping_sent("p", 0.0)
+    lv.answered("p", 0.01)
+    lv.track("q", 0.0)
+    lv.ping_sent("q", 0.0)
+    lv.answered("q", 0.01)
+    assert lv.next_check(1.0) == INTERVAL  # the next RTT pings
+    assert lv.next_check(1.0, busy={"q"}) == 0.01 + BUSY  # a silent peer a request waits on
+    assert lv.decide(0.01 + BUSY, busy={"q"}).ping == ("q",)
+    assert lv.decide(0.01 + BUSY - 1e-6, busy={"q"}).ping == ()
+    lv.ping_sent("q", 2.0)  # unanswered: its stall is next
+    lv.ping_sent("p", 2.0)
+    lv.heard("p", 2.5)
+    assert lv.next_check(2.1) == 2.0 + STALL
+    assert lv.decide(2.0 + STALL).stalled[0][0] == "q"
+    lv.forget("q")
+    assert lv.next_check(2.1) == 2.5 + STALL  # p was heard after its ping: its silence counts
+    assert lv.next_check(100.0) == 100.0  # overdue: now
+    # every instant before next_check decides the same as the one before
+    for t in (2.2, 3.0, 4.0, 5.49):
+        assert lv.decide(t) == lv.decide(2.2)
