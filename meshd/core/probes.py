@@ -10,6 +10,9 @@ functions, so the candidates a daemon's router sees are drawn the way the simula
   wait, from its members' waits;
 * ``rank_cells``: the cells worth probing, from their score (RTT to the cell plus its best
   wait): every cell within ``PROBE_SLACK_MS`` of the best, and at least the best ``4 * probes``;
+* ``worth_probing``: whether to probe at all: only when the best other cell's score beats what
+  the entry's own cell offers (the best RTT plus typical wait of its members) by more than
+  ``PROBE_SLACK_MS``. A cell with a free member answers locally and sends no probe;
 * ``pick_probes``: ``probes`` cells drawn at random among those, and in each a node at random
   among the ones its summary names (among those the entry is already linked to, where there are
   any: a dial costs more than the probe); drawing, rather than taking the best, keeps a region's
@@ -61,6 +64,18 @@ def rank_cells(scored: Iterable[tuple[float, C]], probes: int) -> list[C]:
     least = max(4, 4 * probes)
     cut = ordered[0][0] + PROBE_SLACK_MS if ordered else 0.0
     return [c for i, (sc, c) in enumerate(ordered) if i < least or sc <= cut]
+
+
+def worth_probing(local_best_ms: float, remote_scores: Iterable[float],
+                  slack_ms: float = PROBE_SLACK_MS) -> bool:
+    """Whether an entry node should probe other cells before routing a model its own cell
+    serves: only when the best other cell's score (RTT to it plus its summary's best wait) is
+    below ``local_best_ms`` (the best RTT plus typical wait among the members of its own cell,
+    itself included) by more than ``slack_ms``. Otherwise no other cell can win the routing
+    decision by more than the slack, and a probe would cost a round trip (and maybe a dial)
+    for nothing. A model the cell does not serve has ``local_best_ms`` = inf: always."""
+    best = min(remote_scores, default=float("inf"))
+    return best + slack_ms < local_best_ms
 
 
 def pick_probes(cells: Sequence[C], named: Mapping[C, Sequence[K]], probes: int,

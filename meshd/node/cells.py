@@ -91,7 +91,7 @@ class Cells:
         self.rejections: dict[str, int] = {}
         self.stats = {"summaries_published": 0, "summaries_accepted": 0, "summaries_rejected": 0,
                       "cells_expired": 0, "probes_sent": 0, "probes_answered": 0,
-                      "probe_bytes_in": 0, "probe_rounds": 0, "links_opened": 0, "summary_pulls": 0,
+                      "probe_bytes_in": 0, "probe_rounds": 0, "probes_skipped": 0, "links_opened": 0, "summary_pulls": 0,
                       "summary_pulls_on_demand": 0}
 
     async def run(self, gossip: SummaryGossip, links: Links, *,
@@ -348,9 +348,10 @@ class Cells:
         return any(s.cell != self.cell and (ms := s.model(model)) is not None and ms.nodes
                    for s in self.table.summaries())
 
-    def pick(self, model: str) -> list[tuple[str, tuple[str, ...]]]:
-        """The nodes to probe for ``model`` (``meshd.core.probes``: the simulator's picks), with
-        the addresses the summaries give for them."""
+    def _scored(self, model: str) -> tuple[list[tuple[float, str]], dict[str, list[str]],
+                                           dict[str, tuple[str, ...]]]:
+        """Other cells serving ``model``: (score, cell) with score = RTT to the cell plus its
+        summary's best wait; the nodes each names; their addresses."""
         scored, named, addrs = [], {}, {}
         for s in self.table.summaries():
             ms = s.model(model)
@@ -359,6 +360,41 @@ class Cells:
             scored.append((self._cell_rtt_ms(s) + ms.best_ms, s.cell))
             named[s.cell] = list(ms.nodes)
             addrs.update({r.peer_id: r.addrs for r in s.reps})
+        return scored, named, addrs
+
+    def local_best_ms(self, model: str) -> float:
+        """The best RTT plus typical wait (``meshd.core.probes.typical_wait_ms``, as summaries
+        score a cell) among the members of this node's cell that serve ``model`` whole, itself
+        included, from their adverts; inf when none does."""
+        m = self.membership
+        best = math.inf
+        runner = m.runner
+        s = runner.get(model)
+        if s is not None and s.whole:
+            slots = sum(x.max_concurrency for x in runner.models.values()) or 1
+            best = probes.typical_wait_ms(runner.queue_depth(), runner.in_flight() + len(m.stages.sessions),
+                                          slots, s.prefill_tps or 1000.0, s.decode_tps or 50.0)
+        for e in m.table.live():
+            a = e.advert
+            if m.via.get(a.peer_id) == "probe" or not any(
+                    x.name == model and x.layer_start == 0 and x.layer_end == x.num_layers
+                    for x in a.models):
+                continue
+            if e.rtt_ms is not None:
+                rtt = e.rtt_ms
+            elif a.coord and len(a.coord) == len(m.coord.vec):
+                rtt = estimate_rtt_ms(m.coord, Coord(a.coord, a.coord_height, a.coord_error, a.coord_adjustment))
+            else:
+                rtt = 0.0
+            wait = probes.typical_wait_ms(a.queue_depth, a.in_flight, a.max_concurrency,
+                                          a.prefill_tps or 1000.0, a.decode_tps or 50.0)
+            best = min(best, rtt + wait)
+        return best
+
+    def pick(self, model: str) -> list[tuple[str, tuple[str, ...]]]:
+        """The nodes to probe for ``model`` (``meshd.core.probes``: the simulator's picks), with
+        the addresses the summaries give for them."""
+        scored, named, addrs = self._scored(model)
         ranked = probes.rank_cells(scored, self.g.probes)
         linked = self.links.channels if self.links is not None else {}
         picks = probes.pick_probes(ranked, named, self.g.probes, self.rng,
@@ -366,8 +402,9 @@ class Cells:
         return [(p, addrs.get(p, ())) for p in picks if p != self.peer_id]
 
     async def reach(self, model: str, *, need: bool) -> None:
-        """Before routing ``model``: probe other cells if a round is due (in the background, its
-        answers serve the following decisions); with ``need`` (no member of our cell serves it)
+        """Before routing ``model``: probe other cells if a round is due and another cell may beat
+        this one (``meshd.core.probes.worth_probing``; in the background, its answers serve the
+        following decisions); with ``need`` (no member of our cell serves it)
         wait up to ``probe_wait_s`` for the answers."""
         if not model or not self.g.probes:
             return
@@ -376,6 +413,11 @@ class Cells:
             await self._pull_for(model, now)
         running = self._probing.get(model)
         if running is None and now - self._probed_at.get(model, -math.inf) >= self.g.probe_interval_s:
+            if not need and not probes.worth_probing(
+                    self.local_best_ms(model), (sc for sc, _ in self._scored(model)[0])):
+                self._probed_at[model] = now  # decided for this interval (the simulator too)
+                self.stats["probes_skipped"] += 1
+                return
             targets = self.pick(model)
             if targets:
                 self._probed_at[model] = now

@@ -96,6 +96,7 @@ class Views:
         self.pending_summary: tuple[float, list[dict[str, list[int]]], list[float]] | None = None
         self.ranked: dict[tuple[int, str], list[int]] = {}  # (region, model) -> best cells
         self.probes_sent = 0
+        self.probes_skipped = 0
         self.adverts_published = 0
         self.adverts_in_window = 0  # published during the run's arrival window
         self.advert_receipts = 0  # ... times the cell members that receive each
@@ -194,8 +195,12 @@ class Views:
             self.ranked[key] = r
         return r
 
-    def _probe(self, e: SimNode, now: float, model: str) -> None:
-        """Ask a few nodes of good other cells for their load; answers come an RTT later.
+    def _probe(self, e: SimNode, now: float, model: str,
+               local: list[tuple[SimNode, int, int, float]]) -> None:
+        """Ask a few nodes of good other cells for their load; answers come an RTT later. Only
+        when another cell may beat the entry's own by more than the slack
+        (``meshd.core.probes.worth_probing``, as the daemon decides): one decision per
+        ``probe_interval_s``.
 
         The cells are drawn at random among the best few, and a node at random among each
         one's least-loaded, so that the entry nodes of a region do not all probe (and then
@@ -212,6 +217,13 @@ class Views:
         rng = self.rng
         cells = [c for c in self._best_cells(e.region, model) if c != e.cell]
         if not cells:
+            return
+        best_other = (self.world.latency.region_rtt_ms(e.region, self.world.cell_region[cells[0]])
+                      + self.summary_score[cells[0]])
+        local_best = min((self._wait_ms(t, q, inf) + rtt for t, q, inf, rtt in local),
+                         default=math.inf)
+        if not probes.worth_probing(local_best, (best_other,)):
+            self.probes_skipped += 1
             return
         named = {c: self.summary[c][model] for c in cells}
         picks = probes.pick_probes(cells, named, self.g.probes, rng)
@@ -246,12 +258,17 @@ class Views:
         cache = e.view_cache if self.cache_rtt else None
         if cache is None and self.cache_rtt:
             cache = e.view_cache = {}
+        # own-cell members serving the model whole, as seen: (node, queue, in flight, RTT), for
+        # the decision to probe (meshd.core.probes.worth_probing)
+        local: list[tuple[SimNode, int, int, float]] | None = [] if self.g.probes else None
         for j in world.cells[e.cell]:
             t = nodes[j]
             if model not in t.models_any:
                 continue
             if j == eidx:
                 add(_view(e, len(e.queue), e.running, 0.0, "local", 0.0, 0, True, ecoord))
+                if local is not None and model in e.whole_models:
+                    local.append((e, len(e.queue), e.running, 0.0))
                 continue
             if j in dead:
                 continue
@@ -292,15 +309,17 @@ class Views:
                     rtt, src = c[1], "vivaldi"
                 else:
                     rtt, src = est(ecoord, a[5]), "vivaldi"
+            if local is not None and model in t.whole_models:
+                local.append((t, a[3], a[4], rtt))
             nv = t.nv
             if nv is not None:
                 add(nv(a[3], a[4], *t.nv_tail, rtt, src, now - a[1], n_sent, t.cost_per_hour,
                        _FREE_KV, False, t.rate, a[5], None, t.power_w))  # fmt: skip
             else:
                 add(_view(t, a[3], a[4], rtt, src, now - a[1], n_sent, False, a[5]))
-        if self.g.probes:
+        if local is not None:
             self._summaries_now(now)
-            self._probe(e, now, model)
+            self._probe(e, now, model, local)
             for j, asked, _ready, q, inf, rtt in e.probes:
                 if j in dead or nodes[j].cell == e.cell:
                     continue
@@ -376,6 +395,7 @@ def stats(views: Views) -> dict[str, Any]:
         "decisions": views.decisions,
         "mean_candidates": views.candidates_seen / max(views.decisions, 1),
         "probes_sent": views.probes_sent,
+        "probes_skipped": views.probes_skipped,
         "adverts_per_node_s": views.adverts_in_window / n / dur,
         "gossip_advert_bytes_per_node_s": adverts,
         "gossip_summary_bytes_per_node_s": summaries,

@@ -234,3 +234,12 @@ def test_pick_probes_prefers_linked_nodes_within_a_cell() -> None:
         seen.update(picks)
     assert {p for p in seen if p.startswith(("c0-", "c1-"))} == linked  # only the linked ones
     assert len([p for p in seen if p.startswith(("c2-", "c3-"))]) == 8  # no link: any named node
+
+
+def test_worth_probing_only_when_another_cell_beats_ours_by_the_slack() -> None:
+    slack = probes.PROBE_SLACK_MS
+    assert not probes.worth_probing(20.0, [15.0, 400.0])  # a free member here: no probe
+    assert not probes.worth_probing(20.0 + slack, [20.0])  # exactly the slack: not enough
+    assert probes.worth_probing(20.0 + slack + 1, [20.0])
+    assert probes.worth_probing(float("inf"), [900.0])  # our cell does not serve it
+    assert not probes.worth_probing(float("inf"), [])  # nobody else does either

@@ -137,6 +137,8 @@ def test_every_node_routes_to_every_model(mesh: dict[str, Any]) -> None:
         assert cell_of(served_by) == f"r{model[1:]}", (name, model, served_by)  # the model's cell
     probed = [status(n["socket"])["services"]["cells"] for n in mesh["nodes"]]  # type: ignore[index]
     assert all(c["probes_answered"] >= CELLS - 1 for c in probed), probed
+    # its own cell's model: the cell is idle, so no other cell can beat it and nobody probes
+    assert all(c["probes_skipped"] >= 1 for c in probed), probed
 
 
 def test_a_revocation_pushed_in_one_cell_reaches_every_cell(mesh: dict[str, Any]) -> None:

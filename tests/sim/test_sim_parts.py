@@ -6,6 +6,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +17,7 @@ from meshd.sim.loop import Engine
 from meshd.sim.scenario import ArrivalSpec, LatencySettings, LengthDist
 from meshd.sim.workload import ArrivalStream, mean_length, sample_length
 
-from .helpers import SCENARIOS, scenario
+from .helpers import BASE, SCENARIOS, scenario
 
 FIXED = LengthDist("fixed", 10)
 
@@ -113,6 +114,19 @@ def test_gossip_accounting_is_bounded_by_the_cell() -> None:
     assert 0 < r["gossip_advert_bytes_per_node_s"] <= 7 * g.advert_bytes / g.min_advert_gap_s * 1.1
     assert r["flat_advert_bytes_per_node_s"] > r["gossip_advert_bytes_per_node_s"]
     assert r["probes_sent"] > 0
+
+
+def test_entries_probe_other_cells_only_when_their_own_is_busy() -> None:
+    """worth_probing in the simulator: at a trickle every entry's cell has a free member and
+    hardly any probe goes out; at a load its cell cannot absorb, probes go out."""
+    def run(rate: float) -> dict[str, Any]:
+        arrivals = [{**a, "rate_per_s": rate} for a in BASE["arrivals"]]
+        return Engine(scenario(arrivals=arrivals), "meshd").run()
+
+    quiet, busy = run(0.5), run(12.0)
+    assert quiet["probes_sent"] == 0 and quiet["probes_skipped"] > 5, quiet
+    assert busy["probes_sent"] > 0
+    assert busy["probes_sent"] / busy["decisions"] > quiet["probes_sent"] / quiet["decisions"]
 
 
 def test_cli_json_has_the_promised_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
