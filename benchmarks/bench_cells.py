@@ -211,6 +211,19 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                 await trio.sleep(2.0)
 
         out["formed_s"], out["coverage_at_start"] = trio.run(wait_formed)
+
+        async def wait_started() -> int:
+            # --form-share below 1 can end the wait before the last daemons (started
+            # --start-gap-s apart) are up; the reach check would then count them as failures
+            deadline = trio.current_time() + 120.0
+            while True:
+                sts = await ask_all(socks, MessageType.STATUS_REQ, 5.0)
+                up_now = sum(1 for v in sts.values() if v is not None)
+                if up_now == len(socks) or trio.current_time() > deadline:
+                    return up_now
+                await trio.sleep(1.0)
+
+        out["daemons_answering"] = trio.run(wait_started)
         log(f"{mode}: {out['coverage_at_start']:.0%} formed after {out['formed_s']:.0f} s; "
             f"settling {args.settle_s:.0f} s")
         if args.reach:
