@@ -33,6 +33,7 @@ from meshd.config import Config
 from meshd.core import cells as cellmath
 from meshd.core import probes
 from meshd.core.advert_check import Rejected
+from meshd.core.routing import residency_allows
 from meshd.core.summary import (
     CellSummary,
     ModelSummary,
@@ -48,6 +49,7 @@ from meshd.errors import PeerGoneError
 from meshd.net.identity import NodeIdentity
 from meshd.node.links import Links
 from meshd.node.membership import Membership
+from meshd.node.view import routing_labels
 
 log = logging.getLogger(__name__)
 
@@ -362,15 +364,17 @@ class Cells:
             addrs.update({r.peer_id: r.addrs for r in s.reps})
         return scored, named, addrs
 
-    def local_best_ms(self, model: str) -> float:
+    def local_best_ms(self, model: str, residency: str | None = None) -> float:
         """The best RTT plus typical wait (``meshd.core.probes.typical_wait_ms``, as summaries
         score a cell) among the members of this node's cell that serve ``model`` whole, itself
-        included, from their adverts; inf when none does."""
+        included, from their adverts; inf when none does. ``residency``: only members whose
+        labels allow it count (``residency_allows``, as the router filters them)."""
         m = self.membership
         best = math.inf
         runner = m.runner
         s = runner.get(model)
-        if s is not None and s.whole:
+        if s is not None and s.whole and (
+                not residency or residency_allows(routing_labels(m.labels), residency)):
             slots = sum(x.max_concurrency for x in runner.models.values()) or 1
             best = probes.typical_wait_ms(runner.queue_depth(), runner.in_flight() + len(m.stages.sessions),
                                           slots, s.prefill_tps or 1000.0, s.decode_tps or 50.0)
@@ -379,6 +383,8 @@ class Cells:
             if m.via.get(a.peer_id) == "probe" or not any(
                     x.name == model and x.layer_start == 0 and x.layer_end == x.num_layers
                     for x in a.models):
+                continue
+            if residency and not residency_allows(routing_labels(a.labels), residency):
                 continue
             if e.rtt_ms is not None:
                 rtt = e.rtt_ms
@@ -401,7 +407,7 @@ class Cells:
                                    {p for p, ch in linked.items() if ch.alive})
         return [(p, addrs.get(p, ())) for p in picks if p != self.peer_id]
 
-    async def reach(self, model: str, *, need: bool) -> None:
+    async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None:
         """Before routing ``model``: probe other cells if a round is due and another cell may beat
         this one (``meshd.core.probes.worth_probing``; in the background, its answers serve the
         following decisions); with ``need`` (no member of our cell serves it)
@@ -414,7 +420,7 @@ class Cells:
         running = self._probing.get(model)
         if running is None and now - self._probed_at.get(model, -math.inf) >= self.g.probe_interval_s:
             if not need and not probes.worth_probing(
-                    self.local_best_ms(model), (sc for sc, _ in self._scored(model)[0])):
+                    self.local_best_ms(model, residency), (sc for sc, _ in self._scored(model)[0])):
                 self._probed_at[model] = now  # decided for this interval (the simulator too)
                 self.stats["probes_skipped"] += 1
                 return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Mapping
 from typing import Protocol
 
 from meshd.core import predict
@@ -56,15 +57,21 @@ def view_of_advert(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,
                         read_signals(a.hardware))
 
 
+def routing_labels(labels: Mapping[str, str]) -> frozenset[str]:
+    """A certificate's labels as routing matches them (``residency_allows``): ``key=value``,
+    the bare region and residency values, and each tag of a comma-separated residency."""
+    return frozenset(f"{k}={v}" for k, v in labels.items()) | frozenset(
+        v for k, v in labels.items() if k in ("region", "residency")
+    ) | frozenset(t for k, v in labels.items() if k == "residency" for t in v.split(","))
+
+
 def _view(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,
           sent_since_advert: int, is_local: bool) -> NodeView:
     return NodeView(
         peer_id=a.peer_id,
         name=a.name,
         region=a.region,
-        labels=frozenset(f"{k}={v}" for k, v in a.labels.items()) | frozenset(
-            v for k, v in a.labels.items() if k in ("region", "residency")
-        ) | frozenset(t for k, v in a.labels.items() if k == "residency" for t in v.split(",")),
+        labels=routing_labels(a.labels),
         serving=tuple(
             Serving(m.name, m.num_layers, m.layer_start, m.layer_end,
                     m.prefill_ms_per_layer_token, m.decode_ms_per_layer, m.kv_bytes_per_token)

@@ -272,7 +272,7 @@ class Engine:
             is_complex, score = self.tiers.draw(spec.complex_share, s.rng)
             if entry >= 0:
                 e = self.world.nodes[entry]
-                snaps = {m: self.views.snapshot(e, t, m) for m in self.tiers.models}
+                snaps = {m: self.views.snapshot(e, t, m, spec.residency) for m in self.tiers.models}
                 model = self.tiers.choose(self.rid, snaps, is_complex, score, prompt, output,
                                           spec.residency, measured) or "auto"
         r = SimRequest(self.rid, t, entry, model, prompt, output, spec.residency, measured)
@@ -290,7 +290,7 @@ class Engine:
     def _decide(self, r: SimRequest, now: float) -> None:
         w = self.world
         e = w.nodes[r.entry]
-        snap = self.views.snapshot(e, now, r.model)
+        snap = self.views.snapshot(e, now, r.model, r.residency)
         exclude = frozenset(w.nodes[j].peer_id for j in r.tried) if r.tried else frozenset()
         req = RouteRequest(
             request_id=str(r.rid), model=r.model, prompt_tokens=r.effective_prompt,

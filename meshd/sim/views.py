@@ -24,6 +24,7 @@ import random
 from typing import Any
 
 from meshd.core import predict, probes
+from meshd.core.routing import residency_allows
 from meshd.core.snapshot import MeshSnapshot, NodeView
 from meshd.core.vivaldi import Coord, estimate_rtt_ms
 from meshd.sim.scenario import Scenario
@@ -240,7 +241,8 @@ class Views:
 
     # -- the snapshot --------------------------------------------------------------------------
 
-    def snapshot(self, e: SimNode, now: float, model: str) -> MeshSnapshot:
+    def snapshot(self, e: SimNode, now: float, model: str,
+                 residency: str | None = None) -> MeshSnapshot:
         world = self.world
         nodes = world.nodes
         views: list[NodeView] = []
@@ -258,8 +260,8 @@ class Views:
         cache = e.view_cache if self.cache_rtt else None
         if cache is None and self.cache_rtt:
             cache = e.view_cache = {}
-        # own-cell members serving the model whole, as seen: (node, queue, in flight, RTT), for
-        # the decision to probe (meshd.core.probes.worth_probing)
+        # own-cell members serving the model whole (and allowed by the request's residency), as
+        # seen: (node, queue, in flight, RTT), for the decision to probe (core.probes.worth_probing)
         local: list[tuple[SimNode, int, int, float]] | None = [] if self.g.probes else None
         for j in world.cells[e.cell]:
             t = nodes[j]
@@ -267,7 +269,8 @@ class Views:
                 continue
             if j == eidx:
                 add(_view(e, len(e.queue), e.running, 0.0, "local", 0.0, 0, True, ecoord))
-                if local is not None and model in e.whole_models:
+                if local is not None and model in e.whole_models and (
+                        not residency or residency_allows(e.labels, residency)):
                     local.append((e, len(e.queue), e.running, 0.0))
                 continue
             if j in dead:
@@ -309,7 +312,8 @@ class Views:
                     rtt, src = c[1], "vivaldi"
                 else:
                     rtt, src = est(ecoord, a[5]), "vivaldi"
-            if local is not None and model in t.whole_models:
+            if local is not None and model in t.whole_models and (
+                    not residency or residency_allows(t.labels, residency)):
                 local.append((t, a[3], a[4], rtt))
             nv = t.nv
             if nv is not None:

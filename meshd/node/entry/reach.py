@@ -18,7 +18,7 @@ from meshd.node.entry.context import EntryContext, EntryHost
 class Reach(Protocol):
     """What the step needs of the cells service (``meshd.node.cells.Cells``)."""
 
-    async def reach(self, model: str, *, need: bool) -> None: ...
+    async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None: ...
 
 
 async def reach(ctx: EntryContext, host: EntryHost) -> None:
@@ -32,4 +32,4 @@ async def reach(ctx: EntryContext, host: EntryHost) -> None:
     served_here = host.runner.get(model) is not None or any(
         m.name == model for e in host.membership.table.live() for m in e.advert.models
     )
-    await cells.reach(model, need=not served_here)
+    await cells.reach(model, need=not served_here, residency=ctx.req.residency)
