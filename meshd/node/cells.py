@@ -32,6 +32,7 @@ import trio
 from meshd.config import Config
 from meshd.core import cells as cellmath
 from meshd.core import probes
+from meshd.core.advert import Advert
 from meshd.core.advert_check import Rejected
 from meshd.core.routing import residency_allows
 from meshd.core.summary import (
@@ -49,7 +50,7 @@ from meshd.errors import PeerGoneError
 from meshd.net.identity import NodeIdentity
 from meshd.node.links import Links
 from meshd.node.membership import Membership
-from meshd.node.view import routing_labels
+from meshd.node.view import peer_rtt, routing_labels
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,20 @@ PULL_S = 3.0  # a node that misses cells asks a linked peer for its summaries at
 PROBE_TIMEOUT_S = 5.0  # the dial and the answer each (links.DIAL_TIMEOUT_S)
 UNKNOWN_RTT_MS = 100.0
 MAX_SYNCED = 256
+
+# Other cells serving a model: (score, cell); the nodes each names; their addresses.
+_Scored = tuple[list[tuple[float, str]], dict[str, list[str]], dict[str, tuple[str, ...]]]
+
+
+def member_wait_ms(a: Advert) -> float:
+    """A member's typical wait from its advert, as cell summaries and the probe gate score it."""
+    return probes.typical_wait_ms(a.queue_depth, a.in_flight, a.max_concurrency,
+                                  a.prefill_tps or 1000.0, a.decode_tps or 50.0)
+
+
+def whole_models(a: Advert) -> list[str]:
+    """The models an advert serves whole (every layer)."""
+    return [x.name for x in a.models if x.layer_start == 0 and x.layer_end == x.num_layers]
 
 
 class SummaryGossip(Protocol):
@@ -188,10 +203,7 @@ class Cells:
         k = self.g.summary_top_k
         rows = []
         for a in adverts:
-            wait = probes.typical_wait_ms(a.queue_depth, a.in_flight, a.max_concurrency,
-                                          a.prefill_tps or 1000.0, a.decode_tps or 50.0)
-            whole = [x.name for x in a.models if x.layer_start == 0 and x.layer_end == x.num_layers]
-            rows.append((wait, a.peer_id, whole))
+            rows.append((member_wait_ms(a), a.peer_id, whole_models(a)))
         top, best_of, _ = probes.summarise_cell(rows, k)
         by_id = {a.peer_id: a for a in adverts}
         models = []
@@ -350,8 +362,7 @@ class Cells:
         return any(s.cell != self.cell and (ms := s.model(model)) is not None and ms.nodes
                    for s in self.table.summaries())
 
-    def _scored(self, model: str) -> tuple[list[tuple[float, str]], dict[str, list[str]],
-                                           dict[str, tuple[str, ...]]]:
+    def _scored(self, model: str) -> _Scored:
         """Other cells serving ``model``: (score, cell) with score = RTT to the cell plus its
         summary's best wait; the nodes each names; their addresses."""
         scored, named, addrs = [], {}, {}
@@ -365,48 +376,38 @@ class Cells:
         return scored, named, addrs
 
     def local_best_ms(self, model: str, residency: str | None = None) -> float:
-        """The best RTT plus typical wait (``meshd.core.probes.typical_wait_ms``, as summaries
-        score a cell) among the members of this node's cell that serve ``model`` whole, itself
-        included, from their adverts; inf when none does. ``residency``: only members whose
+        """The best RTT plus typical wait among the members of this node's cell that serve
+        ``model`` whole, itself included (RTT 0), scored from their adverts as ``build_summary``
+        scores them (``member_wait_ms``), with the RTT the router would use
+        (``meshd.node.view.peer_rtt``); inf when none does. ``residency``: only members whose
         labels allow it count (``residency_allows``, as the router filters them)."""
         m = self.membership
-        best = math.inf
-        runner = m.runner
-        s = runner.get(model)
-        if s is not None and s.whole and (
-                not residency or residency_allows(routing_labels(m.labels), residency)):
-            slots = sum(x.max_concurrency for x in runner.models.values()) or 1
-            best = probes.typical_wait_ms(runner.queue_depth(), runner.in_flight() + len(m.stages.sessions),
-                                          slots, s.prefill_tps or 1000.0, s.decode_tps or 50.0)
+        now = trio.current_time()
+        candidates = [(m.local_advert(), 0.0)]
         for e in m.table.live():
-            a = e.advert
-            if m.via.get(a.peer_id) == "probe" or not any(
-                    x.name == model and x.layer_start == 0 and x.layer_end == x.num_layers
-                    for x in a.models):
+            if m.via.get(e.advert.peer_id) != "probe":
+                candidates.append((e.advert, None))
+        best = math.inf
+        for a, rtt in candidates:
+            if model not in whole_models(a):
                 continue
             if residency and not residency_allows(routing_labels(a.labels), residency):
                 continue
-            if e.rtt_ms is not None:
-                rtt = e.rtt_ms
-            elif a.coord and len(a.coord) == len(m.coord.vec):
-                rtt = estimate_rtt_ms(m.coord, Coord(a.coord, a.coord_height, a.coord_error, a.coord_adjustment))
-            else:
-                rtt = 0.0
-            wait = probes.typical_wait_ms(a.queue_depth, a.in_flight, a.max_concurrency,
-                                          a.prefill_tps or 1000.0, a.decode_tps or 50.0)
-            best = min(best, rtt + wait)
+            if rtt is None:
+                rtt = peer_rtt(m.table.entries[a.peer_id], m.coord, now)[0]
+            best = min(best, rtt + member_wait_ms(a))
         return best
 
-    def pick(self, model: str) -> list[tuple[str, tuple[str, ...]]]:
+    def pick(self, model: str, scored: _Scored | None = None) -> list[tuple[str, tuple[str, ...]]]:
         """The nodes to probe for ``model`` (``meshd.core.probes``: the simulator's picks), with
-        the addresses the summaries give for them."""
-        scored, named, addrs = self._scored(model)
-        ranked = probes.rank_cells(scored, self.g.probes)
+        the addresses the summaries give for them; ``scored``: ``_scored(model)`` if the caller
+        has it already."""
+        scored_cells, named, addrs = scored if scored is not None else self._scored(model)
+        ranked = probes.rank_cells(scored_cells, self.g.probes)
         linked = self.links.channels if self.links is not None else {}
         picks = probes.pick_probes(ranked, named, self.g.probes, self.rng,
                                    {p for p, ch in linked.items() if ch.alive})
         return [(p, addrs.get(p, ())) for p in picks if p != self.peer_id]
-
     async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None:
         """Before routing ``model``: probe other cells if a round is due and another cell may beat
         this one (``meshd.core.probes.worth_probing``; in the background, its answers serve the
@@ -419,12 +420,13 @@ class Cells:
             await self._pull_for(model, now)
         running = self._probing.get(model)
         if running is None and now - self._probed_at.get(model, -math.inf) >= self.g.probe_interval_s:
+            scored = self._scored(model)
             if not need and not probes.worth_probing(
-                    self.local_best_ms(model, residency), (sc for sc, _ in self._scored(model)[0])):
+                    self.local_best_ms(model, residency), (sc for sc, _ in scored[0])):
                 self._probed_at[model] = now  # decided for this interval (the simulator too)
                 self.stats["probes_skipped"] += 1
                 return
-            targets = self.pick(model)
+            targets = self.pick(model, scored)
             if targets:
                 self._probed_at[model] = now
                 running = self._probing[model] = trio.Event()
