@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,10 @@ class PendingLookup:
     def __init__(self) -> None:
         self._done = trio.Event()
         self.value: Any = None
+        # perf_counter times: started here, began in the worker thread, answered there
+        self.created = time.perf_counter()
+        self.began: float | None = None
+        self.answered: float | None = None
 
     def set(self, value: Any) -> None:
         if not self._done.is_set():
@@ -161,13 +166,23 @@ class EdgeCache:
 
     async def _run_pending(self, req: Any, pending: PendingLookup) -> None:
         try:
-            pending.set(await self._semantic(req))
+            pending.set(await self._semantic(req, pending))
         finally:
             pending.set(None)  # no-op once set; a cancelled lookup still wakes its waiter
 
-    async def _semantic(self, req: Any) -> Any:
+    async def _semantic(self, req: Any, pending: PendingLookup | None = None) -> Any:
+        cache = self.cache
+
+        def work() -> Any:
+            if pending is not None:
+                pending.began = time.perf_counter()
+            got = cache.lookup(req)
+            if pending is not None:
+                pending.answered = time.perf_counter()
+            return got
+
         try:
-            got = await trio.to_thread.run_sync(self.cache.lookup, req, limiter=self._limiter)
+            got = await trio.to_thread.run_sync(work, limiter=self._limiter)
         except Exception:
             self.stats["errors"] += 1
             log.exception("semantic cache lookup failed")

@@ -112,7 +112,11 @@ def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any
     # explain shows the hit: the journal of the request has the cache_hit event
     rid = again["request_id"]
     explained = json.loads(meshd("explain", rid, "--json", "--socket", s1).stdout)
-    assert "cache_hit" in json.dumps(explained)
+    hit = next(e["payload"] for e in explained["events"] if e["kind"] == "cache_hit")
+    assert hit["entry"] == again["cache"]["entry"] and hit["similarity"] >= hit["threshold"]
+    # ... and where the lookup's time went: the paraphrase was embedded and searched
+    assert hit["embed_ms"] > 0 and hit["search_ms"] > 0
+    assert all(hit[k] >= 0 for k in ("start_ms", "queued_ms", "handoff_ms"))
 
 
 def test_the_bound_holds_and_entries_survive_a_restart(mesh: dict[str, Any]) -> None:

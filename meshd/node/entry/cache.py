@@ -102,6 +102,7 @@ async def execute_or_cached(ctx: EntryContext, host: EntryHost,
         # This CPU would run the model beside the embedding: measured, overlapping made hits
         # 3-4x slower and misses no faster here (docs/benchmarks.md, the cache's last section).
         got = await lookup.result()
+        ctx.extra["cache_timing"] = _timing(ctx, lookup, got)
         if got is not None:
             ctx.extra["cache"] = (creq, got)
         if got is not None and got.kind == "hit":
@@ -122,6 +123,7 @@ async def execute_or_cached(ctx: EntryContext, host: EntryHost,
         async with trio.open_nursery() as nursery:
             nursery.start_soon(model)
             got = await lookup.result()
+            ctx.extra["cache_timing"] = _timing(ctx, lookup, got)
             if got is not None:
                 ctx.extra["cache"] = (creq, got)
             if got is not None and got.kind == "hit":
@@ -152,6 +154,7 @@ async def cached_instead(ctx: EntryContext, host: EntryHost) -> bool:
         return False
     creq, lookup = pending
     got = await lookup.result()
+    ctx.extra["cache_timing"] = _timing(ctx, lookup, got)
     if got is None or got.kind != "hit":
         return False
     ctx.extra["cache"] = (creq, got)
@@ -190,7 +193,8 @@ async def _serve_hit(ctx: EntryContext, host: EntryHost, got: Any) -> None:
     answer = str(got.answer)
     ttft_ms = (time.perf_counter() - ctx.started) * 1000.0
     ctx.journal("cache_hit", {"similarity": _round(got.similarity), "entry": got.entry_id,
-                              "threshold": _round(got.threshold)})
+                              "threshold": _round(got.threshold),
+                              **ctx.extra.get("cache_timing", {})})
     await ctx.emit("route", {"served_by": host.node_name, "route": [host.node_name], "cached": True})
     ids: list[int] = []
     if host.runner.get(ctx.model) is not None:
@@ -219,6 +223,20 @@ async def remember(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None
         creq, got = ctx.extra["cache"]
         if got.kind in ("miss", "verify"):
             cache.remember(creq, text, got)
+
+
+def _timing(ctx: EntryContext, lookup: Any, got: Any) -> dict[str, Any]:
+    """Where a semantic lookup's time went, in ms: from the request's start to the lookup's
+    start (``start_ms``), waiting for a worker thread (``queued_ms``), the prompt's embedding
+    (``embed_ms``), the search with its checks (``search_ms``) and back to the request
+    (``handoff_ms``)."""
+    now = time.perf_counter()
+    began, answered = lookup.began, lookup.answered
+    if got is None or began is None or answered is None:
+        return {}
+    return {"start_ms": _round((lookup.created - ctx.started) * 1e3),
+            "queued_ms": _round((began - lookup.created) * 1e3), "embed_ms": _round(got.embed_ms),
+            "search_ms": _round(got.search_ms), "handoff_ms": _round((now - answered) * 1e3)}
 
 
 def _bos(host: EntryHost, model: str) -> int | None:
