@@ -192,8 +192,9 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,int8",
                     help="graphs to time, comma separated (default: fp32,int8)")
     ap.add_argument("--spin", default="auto,off",
-                    help="embedder spin modes to time with >1 thread: auto, off or both "
-                         "(default: both; 'off' gets the suffix ' spin=off' when both)")
+                    help="embedder spin modes to time with >1 thread, comma separated: auto, "
+                         "off, or auto,off for both (the default; 'off' then gets the suffix "
+                         "' spin=off')")
     ap.add_argument("--model", type=Path, default=None, metavar="DIR",
                     help="an imported model directory (default: import into a temporary cache)")
     ap.add_argument("--baseline-model", type=Path, default=None, metavar="DIR",
@@ -205,6 +206,8 @@ def main() -> None:
                     help="only print onnxruntime's per-operator profile (32 tokens, each graph "
                          "and thread count)")
     args = ap.parse_args()
+    if not args.spin or not set(args.spin.split(",")) <= {"auto", "off"}:
+        ap.error(f"--spin {args.spin!r}: give auto, off or auto,off")
     if args.profile:
         model_dir = args.model or default_embedding_model()
         text = sentence_of(load_embedder(model_dir, warm=False), 32)
