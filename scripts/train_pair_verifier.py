@@ -338,11 +338,13 @@ def encoder_weights() -> tuple[Any, dict[str, np.ndarray], Any, str]:
     return m.arch, weights, tok, m.identity
 
 
-def choose(cv: dict[str, Any], max_false: float, out: Path | None) -> dict[str, float]:
+def choose(cv: dict[str, Any], max_false: float, out: Path | None,
+           each: tuple[str, ...] = ()) -> dict[str, float]:
     """Sweep (lexical guards in front or not, cosine threshold, min_p) over the out-of-fold
     predictions, with int8 cosines as the daemon sees them; print each split's figures at the
     best setting and return it: the one with the highest mean share of paraphrases served over
-    the held-out splits whose pooled false-hit rate is at most ``max_false``."""
+    the held-out splits whose pooled false-hit rate is at most ``max_false`` (and, for each
+    split named in ``each``, its own false-hit rate too)."""
     from meshd.cache.guards import guard
     from meshd.embed import load_embedder
 
@@ -361,20 +363,24 @@ def choose(cv: dict[str, Any], max_false: float, out: Path | None) -> dict[str, 
         for t in np.round(np.arange(0.50, 0.91, 0.01), 2):
             for mp in np.round(np.arange(0.05, 1.0, 0.05), 2):
                 rec, fal, nf, nn = [], [], 0, 0
-                for s_, p_, y, g in cols.values():
+                worst_each = 0.0
+                for sp, (s_, p_, y, g) in cols.items():
                     served = (s_ >= t) & (p_ >= mp) & (g if guards else True)
                     rec.append(float(served[y].mean()))
                     fal.append(float(served[~y].mean()))
+                    if sp in each:
+                        worst_each = max(worst_each, fal[-1])
                     nf += int(served[~y].sum())
                     nn += int((~y).sum())
                 table.append((float(t), float(mp), float(np.mean(rec)), nf / nn, guards))
-                if nf / nn <= max_false and (best is None or np.mean(rec) > best[2]):
+                if nf / nn <= max_false and worst_each <= max_false and (
+                        best is None or np.mean(rec) > best[2]):
                     best = (float(t), float(mp), float(np.mean(rec)), guards)
     if best is None:
         raise SystemExit(f"no (threshold, min_p) keeps the pooled false-hit rate <= {max_false}")
     t, mp, _, use_guards = best
     report = {"threshold": t, "min_p": mp, "guards": use_guards, "max_false_pooled": max_false,
-              "splits": {}}
+              "max_false_each": sorted(each), "splits": {}}
     for sp, (s_, p_, y, g) in cols.items():
         for name, served in (("pair", (s_ >= t) & (p_ >= mp) & (g if use_guards else True)),
                              ("no_verifier_same_t", (s_ >= t) & g),
@@ -410,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chosen-out", type=Path, default=Path("/tmp/pair-verifier-chosen.json"))
     ap.add_argument("--max-false", type=float, default=0.01,
                     help="--choose: pooled false-hit bound over the held-out splits")
+    ap.add_argument("--max-false-each", default="", metavar="SPLITS",
+                    help="--choose: these splits (comma separated) must each keep their own "
+                         "false-hit rate within --max-false too")
     ap.add_argument("--defaults", type=Path, default=None, metavar="CHOSEN_JSON",
                     help="the (threshold, min_p) --choose wrote, stored beside the weights")
     ap.add_argument("--write-defaults", action="store_true",
@@ -421,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         meta = json.loads(meta_path.read_text())
         chosen = json.loads(args.defaults.read_text())
         meta["default"] = {k: v for k, v in chosen.items()
-                           if k in ("threshold", "min_p", "guards", "max_false_pooled", "splits")}
+                           if k in ("threshold", "min_p", "guards", "max_false_pooled", "max_false_each",
+                                    "splits")}
         meta_path.write_text(json.dumps(meta, indent=1) + "\n")
         print(f"wrote the defaults into {meta_path}")
         return 0
@@ -429,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         folds: dict[str, Any] = {}
         for f in args.choose:
             folds.update(json.loads(f.read_text())["folds"])
-        choose({"folds": folds}, args.max_false, args.chosen_out)
+        choose({"folds": folds}, args.max_false, args.chosen_out,
+               tuple(x for x in args.max_false_each.split(",") if x))
         return 0
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
