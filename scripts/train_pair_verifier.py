@@ -35,6 +35,7 @@ on the same torch build and thread count rewrites the same file.
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import hashlib
 import json
@@ -95,11 +96,60 @@ def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     return len(a & b) / max(1, len(a | b))
 
 
-def training_pairs(rows: list[dict[str, Any]], group_extra: float, seed: int
-                   ) -> list[tuple[str, str, int]]:
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def _span_change(anchor: str, miss: str, most: int = 3) -> tuple[str, str] | None:
+    """``(old, new)`` when ``miss`` is ``anchor`` with one run of at most ``most`` tokens
+    replaced (a changed number, entity or qualifier), as substrings of the two; else None."""
+    ta, tm = list(_TOKEN.finditer(anchor)), list(_TOKEN.finditer(miss))
+    ops = [o for o in difflib.SequenceMatcher(a=[m.group() for m in ta], b=[m.group() for m in tm],
+                                              autojunk=False).get_opcodes() if o[0] != "equal"]
+    if len(ops) != 1 or ops[0][0] != "replace":
+        return None
+    _, i1, i2, j1, j2 = ops[0]
+    if i2 - i1 > most or j2 - j1 > most:
+        return None
+    return anchor[ta[i1].start():ta[i2 - 1].end()], miss[tm[j1].start():tm[j2 - 1].end()]
+
+
+def swap_pairs(rows: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """Paraphrases carried over to a near miss: where a near miss changes one short run of the
+    anchor's tokens and a paraphrase of the anchor contains that run word for word, the
+    paraphrase with the run changed asks what the near miss asks. Pairs it with the anchor
+    (another answer) and with the near miss (the same answer): the verifier sees a change of
+    number or entity inside a reworded prompt, which the hand-written near misses (one edit
+    away from the anchor) do not show it."""
+    paras: dict[str, list[str]] = {}
+    misses: dict[str, list[str]] = {}
+    for r in rows:
+        (paras if r["same"] else misses).setdefault(r["a"], []).append(r["b"])
+    out: dict[tuple[str, str], int] = {}
+    for anchor, ms in sorted(misses.items()):
+        for miss in ms:
+            change = _span_change(anchor, miss)
+            if change is None:
+                continue
+            old, new = change
+            pat = re.compile((r"\b" if old[0].isalnum() else "") + re.escape(old)
+                             + (r"\b" if old[-1].isalnum() else ""))
+            for para in paras.get(anchor, []):
+                if pat.search(para):
+                    moved = pat.sub(lambda _m, new=new: new, para)
+                    out[(anchor, moved)] = 0
+                    out[(miss, moved)] = 1
+    return out
+
+
+def training_pairs(rows: list[dict[str, Any]], group_extra: float, seed: int,
+                   swaps: bool = False) -> list[tuple[str, str, int]]:
     """The labelled pairs, and ``group_extra`` times as many more drawn (seeded) from the
-    other pairs of two prompts of one group, labelled by answer id."""
+    other pairs of two prompts of one group, labelled by answer id; with ``swaps`` the pairs
+    of ``swap_pairs`` too."""
     out = {(r["a"], r["b"]): int(bool(r["same"])) for r in rows}
+    if swaps:
+        for k, y in swap_pairs(rows).items():
+            out.setdefault(k, y)
     extra: dict[tuple[str, str], int] = {}
     groups: dict[tuple[str, str], dict[str, str]] = {}
     for r in rows:
@@ -406,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--group-extra", type=float, default=0.0,
                     help="add this many times the labelled pairs from other pairs of a group")
+    ap.add_argument("--swaps", action="store_true",
+                    help="also train on paraphrases carried over to near misses (swap_pairs)")
     ap.add_argument("--cv", action="store_true", help="leave one development split out in turn")
     ap.add_argument("--cv-splits", default=",".join(DEV_SPLITS))
     ap.add_argument("--cv-out", type=Path, default=Path("/tmp/pair-verifier-cv.json"))
@@ -452,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         for sp in args.cv_splits.split(","):
             train_rows = [r for r in rows if r["split"] != sp]
             test_rows = [r for r in rows if r["split"] == sp]
-            data = encode_both(tok, training_pairs(train_rows, args.group_extra, args.seed))
+            data = encode_both(tok, training_pairs(train_rows, args.group_extra, args.seed, args.swaps))
             if args.limit:
                 data = data[:args.limit]
             print(f"fold {sp}: train {len(data)} sequences, test {len(test_rows)} pairs",
@@ -467,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             args.cv_out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                "folds": folds}))
         return 0
-    data = encode_both(tok, training_pairs(rows, args.group_extra, args.seed))
+    data = encode_both(tok, training_pairs(rows, args.group_extra, args.seed, args.swaps))
     print(f"train {len(data)} sequences", flush=True)
     t0 = time.perf_counter()
     model = train(arch, weights, data, args)
@@ -487,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                       "seconds": round(train_s), "torch": torch.__version__,
                       **{k: v for k, v in vars(args).items()
                          if k in ("layers", "epochs", "batch", "lr", "dropout", "seed",
-                                  "threads", "group_extra")}}}
+                                  "threads", "group_extra", "swaps")}}}
     (args.out / f"{NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {npz} ({npz.stat().st_size / 2**20:.1f} MiB) in {train_s:.0f} s")
     # the run-time graph (meshd.embed.pair_verifier) must give what torch gave
