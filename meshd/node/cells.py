@@ -383,7 +383,7 @@ class Cells:
         labels allow it count (``residency_allows``, as the router filters them)."""
         m = self.membership
         now = trio.current_time()
-        candidates = [(m.local_advert(), 0.0)]
+        candidates: list[tuple[Advert, float | None]] = [(m.local_advert(), 0.0)]
         for e in m.table.live():
             if m.via.get(e.advert.peer_id) != "probe":
                 candidates.append((e.advert, None))
