@@ -100,7 +100,8 @@ class Cells:
         self._gossip: SummaryGossip | None = None
         self._nursery: trio.Nursery | None = None
         self._validated: dict[bytes, CellSummary] = {}
-        self._probed_at: dict[str, float] = {}
+        # when a probe round for (model, residency) last started or was decided against
+        self._probed_at: dict[tuple[str, str], float] = {}
         self._probing: dict[str, trio.Event] = {}
         self._dialled: dict[str, float] = {}
         self._pulled_at = -math.inf
@@ -411,24 +412,27 @@ class Cells:
     async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None:
         """Before routing ``model``: probe other cells if a round is due and another cell may beat
         this one (``meshd.core.probes.worth_probing``; in the background, its answers serve the
-        following decisions); with ``need`` (no member of our cell serves it)
-        wait up to ``probe_wait_s`` for the answers."""
+        following decisions); with ``need`` (no member of our cell that ``residency`` allows
+        serves it) wait up to ``probe_wait_s`` for the answers. One decision per model and
+        residency per ``probe_interval_s``: a round skipped for requests without residency
+        does not hold back one whose residency our cell cannot serve."""
         if not model or not self.g.probes:
             return
         now = trio.current_time()
         if need and not self._named(model):
             await self._pull_for(model, now)
         running = self._probing.get(model)
-        if running is None and now - self._probed_at.get(model, -math.inf) >= self.g.probe_interval_s:
+        key = (model, residency or "")
+        if running is None and now - self._probed_at.get(key, -math.inf) >= self.g.probe_interval_s:
             scored = self._scored(model)
             if not need and not probes.worth_probing(
                     self.local_best_ms(model, residency), (sc for sc, _ in scored[0])):
-                self._probed_at[model] = now  # decided for this interval (the simulator too)
+                self._probed_at[key] = now  # decided for this interval (the simulator too)
                 self.stats["probes_skipped"] += 1
                 return
             targets = self.pick(model, scored)
             if targets:
-                self._probed_at[model] = now
+                self._probed_at[key] = now
                 running = self._probing[model] = trio.Event()
                 self._spawn(self._probe_round, model, targets, running)
         if need and running is not None:

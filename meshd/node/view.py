@@ -38,6 +38,7 @@ class MeshView(Protocol):
     (``meshd.node.membership.Membership``)."""
 
     table: PeerTable
+    labels: dict[str, str]  # this node's certificate labels
 
     def snapshot(self) -> MeshSnapshot: ...
 

@@ -99,3 +99,46 @@ def test_residency_leaves_out_members_it_does_not_allow() -> None:
     assert math.isclose(run(lambda: best("eu")), 5.0 + member_wait_ms(de))
     assert member_wait_ms(de) > member_wait_ms(us)
     assert run(lambda: best("asia")) == math.inf
+
+
+# -- residency: the reach step's "need" and the skip held per (model, residency) -----------
+
+class _Cells:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool, str | None]] = []
+
+    async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None:
+        self.calls.append((model, need, residency))
+
+
+def test_a_cell_whose_members_the_residency_excludes_needs_the_probes() -> None:
+    from meshd.node.entry.reach import reach
+
+    here = advert("self", labels={"region": "us"})
+    mate = advert("mate", labels={"region": "us"})
+    table = PeerTable(here.peer_id, expiry_s=1e9)
+    table.apply(mate, 0.0, WALL)
+    cells = _Cells()
+    host = SimpleNamespace(cells=cells, runner=SimpleNamespace(get=lambda m: object(),
+                                                                 default_model=lambda: "m"),
+                           membership=SimpleNamespace(table=table, labels=here.labels))
+    for residency in (None, "us", "eu"):
+        ctx = SimpleNamespace(model="m", req=SimpleNamespace(model="m", residency=residency))
+        trio.run(reach, ctx, host)
+    # served here and by the cell-mate, but neither may serve a request that must stay in the EU
+    assert cells.calls == [("m", False, None), ("m", False, "us"), ("m", True, "eu")]
+
+
+def test_a_skip_without_residency_does_not_hold_back_a_request_with_one() -> None:
+    local = advert("self", labels={"region": "us"})
+    coord = Coord((0.0, 0.0, 0.0, 0.0), 1.0, 0.2, 0.0)
+
+    async def main() -> dict[str, int]:
+        c = cells_for(local, [], coord, 0.0)
+        await c.reach("m", need=False)  # no other cell to win: skipped for this interval
+        await c.reach("m", need=False)  # ... and held
+        await c.reach("m", need=False, residency="eu")  # decided anew for its own residency
+        return c.stats
+
+    stats = trio.run(main, clock=trio.testing.MockClock())
+    assert stats["probes_skipped"] == 2 and stats["probe_rounds"] == 0

@@ -4,15 +4,19 @@ A node with cells holds full adverts of its own cell only. Before it routes a mo
 nodes of the best-looking other cells for a fresh signed advert (``meshd.node.cells.Cells.reach``:
 at most one round per model per ``probe_interval_s``, in the background); their answers join the
 peer table, so the route step's snapshot holds the cell's members plus the probed nodes, as the
-simulator's does. A request for a model that no member of the cell serves waits for the answers
-(at most ``probe_wait_s``): without them the mesh would not know the model at all.
+simulator's does. A request for a model that no member of the cell serves (none that the request's residency
+allows) waits for the answers (at most ``probe_wait_s``): without them the mesh would not know
+a node that may serve it at all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
+from meshd.core.routing import residency_allows
 from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.node.view import routing_labels
 
 
 class Reach(Protocol):
@@ -29,7 +33,13 @@ async def reach(ctx: EntryContext, host: EntryHost) -> None:
     model = ctx.model or ctx.req.model or host.runner.default_model() or ""
     if not model:
         return
-    served_here = host.runner.get(model) is not None or any(
-        m.name == model for e in host.membership.table.live() for m in e.advert.models
+    residency = ctx.req.residency
+
+    def allowed(labels: Mapping[str, str]) -> bool:
+        return not residency or residency_allows(routing_labels(labels), residency)
+
+    m = host.membership
+    served_here = (host.runner.get(model) is not None and allowed(m.labels)) or any(
+        x.name == model and allowed(e.advert.labels) for e in m.table.live() for x in e.advert.models
     )
-    await cells.reach(model, need=not served_here, residency=ctx.req.residency)
+    await cells.reach(model, need=not served_here, residency=residency)
