@@ -56,6 +56,13 @@ def cache_policy(c: Any, embed_dir: Path) -> tuple[Any, dict[str, Any]]:
     return policy, {}
 
 
+def _close(cache: Any) -> None:
+    try:
+        cache.close()
+    except Exception as e:  # a daemon that stops must not fail on its cache
+        log.warning("semantic cache not closed cleanly error=%r", e)
+
+
 class PendingLookup:
     """A semantic lookup running in the cache service's nursery: ``set`` once, awaited by
     ``result``."""
@@ -98,10 +105,21 @@ class EdgeCache:
         self.stats = {"hits": 0, "misses": 0, "skips": 0, "inserts": 0, "errors": 0}
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+        """The service's nursery (loading, lookups, inserts, flushes) until the daemon stops;
+        then, once they have all ended, the cache is closed: the hits' counters written and
+        each HNSW graph saved beside the file, so that the next start loads the graphs
+        instead of rebuilding them from every row (``SemanticCache.close``)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            cache, self.cache = self.cache, None
+            if cache is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(_close, cache)
 
     def load(self) -> None:
         """Start loading the model and the cache file (once); lookups skip until it is done."""

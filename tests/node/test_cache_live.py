@@ -5,6 +5,7 @@ client is not, `cache: false` stays out, entries survive a restart, and the boun
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,82 @@ def test_the_bound_holds_and_entries_survive_a_restart(mesh: dict[str, Any]) -> 
     warm(s1)
     assert cache_stats(s1)["entries"] >= 1
     assert ask(s1, "What colour is the sky?", client="carol")["cached"]
+
+
+def _stamps(db_path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """(each partition's rows as ``count:max(id):sum(id)``, the stamps of the saved graphs)."""
+    import sqlite3
+
+    con = sqlite3.connect(db_path)
+    try:
+        rows = {r[0]: f"{r[1]}:{r[2]}:{r[3]}" for r in con.execute(
+            "SELECT partition, count(*), max(id), sum(id) FROM entries GROUP BY partition")}
+        saved = {k.removeprefix("index:"): v for k, v in con.execute(
+            "SELECT key, value FROM meta WHERE key LIKE 'index:%'")}
+    finally:
+        con.close()
+    return rows, saved
+
+
+def test_a_stopped_daemon_saves_its_index_for_the_next_start(tmp_path: Path,
+                                                             shipped_model: None) -> None:
+    """A cache big enough for an HNSW graph (over 4,096 entries in a partition) gets its graph
+    saved when the daemon stops, stamped with the rows it holds then: the next start loads it
+    instead of rebuilding it from every row."""
+    import numpy as np
+
+    from meshd.cache import CacheLimits, FixedThreshold, SemanticCache
+    from meshd.cache.eviction import entry_bytes
+    from meshd.cache.index import EXACT_MAX
+    from meshd.cache.keys import prompt_key
+    from meshd.embed import load_embedder
+
+    spec = [NodeSpec(name="g1", extra={"cache": {"enabled": True}})]
+    d = tmp_path / "net"
+    db = d / "g1" / "state" / "semantic-cache.db"
+    index = up(d, spec, advert_interval_s=1.0)
+    try:
+        s = index["nodes"][0]["socket"]
+        warm(s)
+        ask(s, "How tall is the Eiffel Tower?", client="dave")
+        wait_for(lambda: cache_stats(s)["inserts"] >= 1, 60, "the answer to be stored")
+    finally:
+        down(d)
+    # fill the partition past the exact-search bound, as the daemon's own format, and let an
+    # in-process open build and save the graph
+    emb = load_embedder(precision="int8")
+    limits = CacheLimits(max_entries=EXACT_MAX * 2, max_bytes=2**36)
+    cache = SemanticCache(db, emb, policy=FixedThreshold(), limits=limits)
+    part = cache.db.execute("SELECT partition FROM entries LIMIT 1").fetchone()[0]
+    rng = np.random.default_rng(0)
+    now = time.time()
+    batch = []
+    for i in range(EXACT_MAX + 100):
+        v = rng.standard_normal(emb.dim).astype(np.float32)
+        v /= np.linalg.norm(v)
+        p, a = f"filler {i}", f"answer {i}"
+        batch.append((part, prompt_key(p), p, a, v.tobytes(), now, now - 60, now + 86400, 0,
+                      entry_bytes(p, a, emb.dim), "[]"))
+    with cache.db.conn:
+        cache.db.conn.executemany(
+            "INSERT INTO entries (partition, prompt_key, prompt, answer, vector, created_at, "
+            "last_used, expires_at, hits, nbytes, observations) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            batch)
+    cache.close()
+    cache = SemanticCache(db, emb, policy=FixedThreshold(), limits=limits)
+    cache.close()
+    rows, saved = _stamps(db)
+    assert saved[part] == rows[part]  # the graph of the filled partition, saved
+    # the daemon again: one more answer stored, then stopped
+    index = up(d, spec, advert_interval_s=1.0)
+    try:
+        s = index["nodes"][0]["socket"]
+        warm(s)
+        assert cache_stats(s)["entries"] == EXACT_MAX + 101
+        ask(s, "Who painted the Mona Lisa?", client="dave")
+        wait_for(lambda: cache_stats(s)["inserts"] >= 1, 60, "the answer to be stored")
+    finally:
+        down(d)
+    rows2, saved2 = _stamps(db)
+    assert rows2[part] != rows[part]  # the new answer went into the filled partition
+    assert saved2[part] == rows2[part]  # ... and the graph saved at the stop holds it
