@@ -188,15 +188,13 @@ class EdgeCache:
         finally:
             pending.set(None)  # no-op once set; a cancelled lookup still wakes its waiter
 
-    async def _semantic(self, req: Any, pending: PendingLookup | None = None) -> Any:
+    async def _semantic(self, req: Any, pending: PendingLookup) -> Any:
         cache = self.cache
 
         def work() -> Any:
-            if pending is not None:
-                pending.began = time.perf_counter()
+            pending.began = time.perf_counter()
             got = cache.lookup(req)
-            if pending is not None:
-                pending.answered = time.perf_counter()
+            pending.answered = time.perf_counter()
             return got
 
         try:

@@ -101,8 +101,7 @@ async def execute_or_cached(ctx: EntryContext, host: EntryHost,
     if not _served_elsewhere(ctx, host):
         # This CPU would run the model beside the embedding: measured, overlapping made hits
         # 3-4x slower and misses no faster here (docs/benchmarks.md, the cache's last section).
-        got = await lookup.result()
-        ctx.extra["cache_timing"] = _timing(ctx, lookup, got)
+        got = await _result(ctx, lookup)
         if got is not None:
             ctx.extra["cache"] = (creq, got)
         if got is not None and got.kind == "hit":
@@ -122,8 +121,7 @@ async def execute_or_cached(ctx: EntryContext, host: EntryHost,
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(model)
-            got = await lookup.result()
-            ctx.extra["cache_timing"] = _timing(ctx, lookup, got)
+            got = await _result(ctx, lookup)
             if got is not None:
                 ctx.extra["cache"] = (creq, got)
             if got is not None and got.kind == "hit":
@@ -153,8 +151,7 @@ async def cached_instead(ctx: EntryContext, host: EntryHost) -> bool:
     if pending is None:
         return False
     creq, lookup = pending
-    got = await lookup.result()
-    ctx.extra["cache_timing"] = _timing(ctx, lookup, got)
+    got = await _result(ctx, lookup)
     if got is None or got.kind != "hit":
         return False
     ctx.extra["cache"] = (creq, got)
@@ -223,6 +220,13 @@ async def remember(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None
         creq, got = ctx.extra["cache"]
         if got.kind in ("miss", "verify"):
             cache.remember(creq, text, got)
+
+
+async def _result(ctx: EntryContext, lookup: Any) -> Any:
+    """The pending semantic lookup's answer, its timings kept for the journal (``_timing``)."""
+    got = await lookup.result()
+    ctx.extra["cache_timing"] = _timing(ctx, lookup, got)
+    return got
 
 
 def _timing(ctx: EntryContext, lookup: Any, got: Any) -> dict[str, Any]:
