@@ -34,7 +34,6 @@ from meshd.core import cells as cellmath
 from meshd.core import probes
 from meshd.core.advert import Advert
 from meshd.core.advert_check import Rejected
-from meshd.core.routing import residency_allows
 from meshd.core.summary import (
     CellSummary,
     ModelSummary,
@@ -50,7 +49,7 @@ from meshd.errors import PeerGoneError
 from meshd.net.identity import NodeIdentity
 from meshd.node.links import Links
 from meshd.node.membership import Membership
-from meshd.node.view import peer_rtt, routing_labels
+from meshd.node.view import labels_allow, peer_rtt
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +380,7 @@ class Cells:
         ``model`` whole, itself included (RTT 0), scored from their adverts as ``build_summary``
         scores them (``member_wait_ms``), with the RTT the router would use
         (``meshd.node.view.peer_rtt``); inf when none does. ``residency``: only members whose
-        labels allow it count (``residency_allows``, as the router filters them)."""
+        labels allow it count (``labels_allow``, as the router filters them)."""
         m = self.membership
         now = trio.current_time()
         candidates: list[tuple[Advert, float | None]] = [(m.local_advert(), 0.0)]
@@ -392,7 +391,7 @@ class Cells:
         for a, rtt in candidates:
             if model not in whole_models(a):
                 continue
-            if residency and not residency_allows(routing_labels(a.labels), residency):
+            if not labels_allow(a.labels, residency):
                 continue
             if rtt is None:
                 rtt = peer_rtt(m.table.entries[a.peer_id], m.coord, now)[0]
@@ -409,6 +408,7 @@ class Cells:
         picks = probes.pick_probes(ranked, named, self.g.probes, self.rng,
                                    {p for p, ch in linked.items() if ch.alive})
         return [(p, addrs.get(p, ())) for p in picks if p != self.peer_id]
+
     async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None:
         """Before routing ``model``: probe other cells if a round is due and another cell may beat
         this one (``meshd.core.probes.worth_probing``; in the background, its answers serve the

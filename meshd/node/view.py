@@ -19,6 +19,7 @@ from meshd.core import predict
 from meshd.core.advert import Advert
 from meshd.core.hwsignals import read_signals, with_signals
 from meshd.core.peertable import PeerEntry, PeerTable
+from meshd.core.routing import residency_allows
 from meshd.core.snapshot import MeshSnapshot, NodeView, Serving
 from meshd.core.vivaldi import (
     SOURCE_MEASURED,
@@ -64,6 +65,12 @@ def routing_labels(labels: Mapping[str, str]) -> frozenset[str]:
     return frozenset(f"{k}={v}" for k, v in labels.items()) | frozenset(
         v for k, v in labels.items() if k in ("region", "residency")
     ) | frozenset(t for k, v in labels.items() if k == "residency" for t in v.split(","))
+
+
+def labels_allow(labels: Mapping[str, str], residency: str | None) -> bool:
+    """Whether a node with these certificate labels may serve a request with ``residency``
+    (None or empty: any node), as the router decides (``residency_allows``)."""
+    return not residency or residency_allows(routing_labels(labels), residency)
 
 
 def _view(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,

@@ -11,12 +11,10 @@ a node that may serve it at all.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Protocol
 
-from meshd.core.routing import residency_allows
 from meshd.node.entry.context import EntryContext, EntryHost
-from meshd.node.view import routing_labels
+from meshd.node.view import labels_allow
 
 
 class Reach(Protocol):
@@ -34,12 +32,9 @@ async def reach(ctx: EntryContext, host: EntryHost) -> None:
     if not model:
         return
     residency = ctx.req.residency
-
-    def allowed(labels: Mapping[str, str]) -> bool:
-        return not residency or residency_allows(routing_labels(labels), residency)
-
     m = host.membership
-    served_here = (host.runner.get(model) is not None and allowed(m.labels)) or any(
-        x.name == model and allowed(e.advert.labels) for e in m.table.live() for x in e.advert.models
+    served_here = (host.runner.get(model) is not None and labels_allow(m.labels, residency)) or any(
+        x.name == model and labels_allow(e.advert.labels, residency)
+        for e in m.table.live() for x in e.advert.models
     )
     await cells.reach(model, need=not served_here, residency=residency)
