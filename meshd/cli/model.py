@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
     imp.add_argument("--stages", type=int, default=1, metavar="N",
                      help="prebuild N stage graphs of near-equal layer counts (default 1); any "
                      "other range is still built on demand at load time")
-    imp.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32",
+    imp.add_argument("--dtype", choices=("fp32", "fp16", "int4", "int8"), default="fp32",
                      help="storage dtype of the weights (default fp32)")
     imp.add_argument("--name", help="model name (default: the output directory's name)")
     imp.add_argument("--no-int8", dest="int8", action="store_false",

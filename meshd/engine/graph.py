@@ -55,7 +55,13 @@ HIDDEN_OUT, LOGITS = "hidden_out", "logits"
 # A fused graph's second group (one prompt chunk): its inputs and outputs are these names, and
 # the chunk's cache inputs/outputs are the per-layer names with this prefix.
 CHUNK, CHUNK_IDS, CHUNK_POSITIONS = "chunk.", "chunk_ids", "chunk_positions"
-_ONNX_DTYPE = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
+_ONNX_DTYPE = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "q4": TensorProto.UINT8,
+               "q8": TensorProto.UINT8, "u8": TensorProto.UINT8}
+# onnxruntime's contrib operators (MatMulNBits): the domain a quantized model's graph imports
+MS_DOMAIN = "com.microsoft"
+# MatMulNBits' accuracy_level: 4 quantizes the activations to int8 per block and runs integer
+# dot products, the fastest CPU path (measured on a SmolLM2 decode step: docs/engine.md)
+ACCURACY_LEVEL = 4
 
 
 def past_key(i: int) -> str:
@@ -84,7 +90,9 @@ class GraphBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, TensorProto] = {}
         self.fp32: dict[str, str] = {}
+        self.block_sums: dict[tuple[str, int], str] = {}
         self.count = 0
+        self.uses_contrib = False
 
     def ops(self, op_type: str, inputs: list[str], n_out: int, **attrs: Any) -> list[str]:
         """Add a node; return its ``n_out`` output names."""
@@ -132,6 +140,93 @@ class GraphBuilder:
                 "Cast", [raw], to=TensorProto.FLOAT)
         return self.fp32[name]
 
+    def quantized(self, name: str) -> bool:
+        """Whether ``name`` is stored as 4- or 8-bit blocks (meshd.engine.quant.Blockwise):
+        ``name`` the packed codes, ``name.scales``, ``name.zero_points``, maybe ``name.mins``."""
+        return self.tensors[name].dtype in ("q4", "q8")
+
+    def matmul(self, x: str, name: str, bias: str | None = None, out: str | None = None) -> str:
+        """``x @ W.T (+ bias)`` for a weight ``W`` [N, K] stored as ``name``, in whatever form
+        it is stored: a Gemm over float weights, or MatMulNBits over 4/8-bit blocks, plus the
+        blocks' minimums as a second, 32x smaller product of x's block sums."""
+        if not self.quantized(name):
+            ins = [x, self.weight(name)] + ([bias] if bias else [])
+            return self.op("Gemm", ins, out=out, transB=1)
+        self.uses_contrib = True
+        entry = self.tensors[name]
+        n, kb, blob = entry.shape
+        bits = 4 if entry.dtype == "q4" else 8
+        block = blob * 8 // bits
+        q, _ = self.raw(name)
+        scales, _ = self.raw(name + ".scales")
+        zp, _ = self.raw(name + ".zero_points")
+        mins = name + ".mins"
+        has_mins = mins in self.tensors
+        self.count += 1
+        y = out if out is not None and not has_mins else f"matmulnbits_{self.count}_0"
+        ins = [x, q, scales, zp] + (["", bias] if bias else [])
+        self.nodes.append(helper.make_node(
+            "MatMulNBits", ins, [y], name=f"MatMulNBits_{self.count}", domain=MS_DOMAIN,
+            K=kb * block, N=n, bits=bits, block_size=block, accuracy_level=ACCURACY_LEVEL))
+        if not has_mins:
+            return y
+        return self.op("Add", [y, self.op("Gemm", [self._block_sums(x, kb, block),
+                                                   self.weight(mins)], transB=1)], out=out)
+
+    def _block_sums(self, x: str, kb: int, block: int) -> str:
+        """[N, K] -> [N, K / block]: the sum of each block of x's values (shared by every
+        weight with minimums that reads x)."""
+        key = (x, block)
+        if key not in self.block_sums:
+            shape = self.const(f"blocks_{kb}_{block}", np.array([-1, kb, block], np.int64))
+            self.block_sums[key] = self.op("ReduceSum", [self.op("Reshape", [x, shape]),
+                                                         self.const("axes_m1", np.array([-1], np.int64))],
+                                           keepdims=0)
+        return self.block_sums[key]
+
+    def gather_rows(self, name: str, ids: str) -> str:
+        """Rows ``ids`` of the matrix stored as ``name``, as float32 [len(ids), K]: a Gather
+        (and a Cast) for float storage; for 4/8-bit blocks the gathered rows alone are
+        dequantized, so a tied embedding and LM head share one quantized copy."""
+        raw, dtype = self.raw(name)
+        if not self.quantized(name):
+            x = self.op("Gather", [raw, ids])
+            return x if dtype == "fp32" else self.op("Cast", [x], to=TensorProto.FLOAT)
+        entry = self.tensors[name]
+        _, kb, blob = entry.shape
+        c, f32 = self.const, TensorProto.FLOAT
+        codes = self.op("Cast", [self.op("Gather", [raw, ids])], to=f32)  # [M, kb, blob]
+        zp = self.op("Cast", [self.op("Gather", [self.raw(name + ".zero_points")[0], ids])],
+                     to=f32)
+        if dtype == "q4":
+            codes = self._nibbles(codes, [-1, kb, blob * 2])
+            zp = self.op("Slice", [self._nibbles(zp, [-1, 2 * ((kb + 1) // 2)]),
+                                   c("zero", np.array([0], np.int64)),
+                                   c(f"len_{kb}", np.array([kb], np.int64)),
+                                   c("axes_1", np.array([1], np.int64))])
+        last = c("axes_m1", np.array([-1], np.int64))
+        scales = self.op("Gather", [self.raw(name + ".scales")[0], ids])  # [M, kb]
+        x = self.op("Mul", [self.op("Sub", [codes, self.op("Unsqueeze", [zp, last])]),
+                            self.op("Unsqueeze", [scales, last])])
+        if name + ".mins" in self.tensors:
+            mins = self.op("Gather", [self.raw(name + ".mins")[0], ids])
+            x = self.op("Add", [x, self.op("Unsqueeze", [mins, last])])
+        return self.op("Reshape", [x, c(f"rows_{kb}_{blob}_{dtype}",
+                                        np.array([-1, kb * blob * (2 if dtype == "q4" else 1)],
+                                                 np.int64))])
+
+    def _nibbles(self, packed: str, shape: list[int]) -> str:
+        """float codes of packed bytes -> the two 4-bit codes of each byte, low one first,
+        reshaped to ``shape``."""
+        c = self.const
+        hi = self.op("Floor", [self.op("Div", [packed, c("sixteen", np.array(16.0, np.float32))])])
+        lo = self.op("Sub", [packed, self.op("Mul", [hi, c("sixteen", np.array(16.0, np.float32))])])
+        last = c("axes_m1", np.array([-1], np.int64))
+        pair = self.op("Concat", [self.op("Unsqueeze", [lo, last]),
+                                  self.op("Unsqueeze", [hi, last])], axis=-1)
+        return self.op("Reshape", [pair, c("shape_" + "_".join(map(str, shape)).replace("-", "m"),
+                                           np.array(shape, np.int64))])
+
 
 def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int, end: int,
                       weights_file: str = "weights.bin", *, fused: bool = False
@@ -157,7 +252,6 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     inputs = [helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["B", "T"])]
     if first:
         inputs.insert(0, helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["B", "T"]))
-        raw, dtype = b.raw(EMBED)
         ids = b.op("Reshape", [INPUT_IDS, c("flat", np.array([-1], i64))])
         if fused:
             inputs += [helper.make_tensor_value_info(CHUNK_IDS, TensorProto.INT64, [1, "T2"]),
@@ -165,9 +259,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
                                                      [1, "T2"])]
             ids = b.op("Concat", [ids, b.op("Reshape", [CHUNK_IDS, c("flat", np.array([-1], i64))])],
                        axis=0)
-        x = b.op("Gather", [raw, ids])
-        if dtype != "fp32":
-            x = b.op("Cast", [x], to=TensorProto.FLOAT)
+        x = b.gather_rows(EMBED, ids)
     else:
         inputs.insert(0, helper.make_tensor_value_info(HIDDEN_IN, TensorProto.FLOAT,
                                                        ["B", "T", h_dim]))
@@ -199,7 +291,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
         x = b.op("Gather", [x, LOGIT_ROWS], axis=0)
         x = _rms_norm(b, x, b.weight(FINAL_NORM), arch.rms_norm_eps)
         head = EMBED if arch.tie_word_embeddings else LM_HEAD
-        b.op("Gemm", [x, b.weight(head)], out=LOGITS, transB=1)
+        b.matmul(x, head, out=LOGITS)
         outputs.insert(0, helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT,
                                                         ["K", arch.vocab_size]))
     else:
@@ -210,8 +302,10 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
 
     graph = helper.make_graph(b.nodes, f"layers_{start}_{end}", inputs, outputs,
                               initializer=list(b.inits.values()))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="meshd")
+    opsets = [helper.make_opsetid("", OPSET)]
+    if b.uses_contrib:
+        opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="meshd")
     model.ir_version = IR_VERSION
     helper.set_model_props(model, {KV_LAYOUT_KEY: KV_LAYOUT})
     return model
@@ -298,10 +392,7 @@ def _rms_norm(b: GraphBuilder, x: str, w: str, eps: float) -> str:
 
 
 def _linear(b: GraphBuilder, x: str, prefix: str, bias: bool) -> str:
-    ins = [x, b.weight(prefix + ".weight")]
-    if bias:
-        ins.append(b.weight(prefix + ".bias"))
-    return b.op("Gemm", ins, transB=1)
+    return b.matmul(x, prefix + ".weight", b.weight(prefix + ".bias") if bias else None)
 
 
 def _rope(b: GraphBuilder, x: str, cos: str, sin: str, half: str) -> str:

@@ -22,8 +22,9 @@ import numpy as np
 from meshd import __version__
 from meshd.engine.arch import Arch, parse_hf_config
 from meshd.engine.graph import build_stage_graph
-from meshd.engine.manifest import MANIFEST, Manifest, StageEntry, TokenizerInfo
-from meshd.engine.planning import LM_HEAD, model_tensors, plan_stages, stage_memory
+from meshd.engine.manifest import DTYPES, MANIFEST, Manifest, StageEntry, TokenizerInfo
+from meshd.engine.planning import EMBED, LM_HEAD, model_tensors, plan_stages, stage_memory
+from meshd.engine.quant import BLOCK, quantize
 from meshd.engine.safetensors_io import Checkpoint
 from meshd.engine.weights import WeightsWriter
 from meshd.errors import LocalError, ModelError
@@ -41,8 +42,8 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
               name: str | None = None, version: str = "1", force: bool = False) -> Manifest:
     """Import the checkpoint in ``hf_dir`` into a new model directory ``out``."""
     hf_dir, out = Path(hf_dir), Path(out)
-    if dtype not in ("fp32", "fp16"):
-        raise LocalError(f"dtype={dtype!r} is not supported (fp32, fp16)")
+    if dtype not in DTYPES:
+        raise LocalError(f"dtype={dtype!r} is not supported ({', '.join(DTYPES)})")
     if not hf_dir.is_dir():
         raise ModelError(f"{hf_dir}: no such directory")
     check_output_dir(out, force)
@@ -63,6 +64,10 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
             for tname, shape in model_tensors(arch):
                 array = _read_tensor(ckpt, tname, shape)
                 source_dtypes.add(ckpt.info(tname).dtype)
+                bits = quant_bits(tname, shape, dtype)
+                if bits:
+                    writer.add_blockwise(tname, quantize(array, bits))
+                    continue
                 if dtype == "fp16" and array.dtype != np.float16:
                     with np.errstate(over="ignore"):
                         array = array.astype(np.float16)
@@ -71,7 +76,7 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
                             f"{ckpt.source_of(tname)}: tensor {tname!r} overflows float16; "
                             "import with --dtype fp32"
                         )
-                writer.add(tname, array, dtype)
+                writer.add(tname, array, "fp16" if dtype == "fp16" else "fp32")
         shutil.copyfile(hf_dir / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
         tok_info = replace(tok_info, sha256=_sha256(tmp / TOKENIZER_FILE))
         entries = {e.name: e for e in writer.entries}
@@ -80,8 +85,10 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
             data = build_stage_graph(arch, entries, start, end, WEIGHTS_FILE).SerializeToString()
             fname = stage_file_name(start, end)
             (tmp / fname).write_bytes(data)
+            memory = stage_memory(arch, start, end, dtype,
+                                  {e.name: (e.dtype, e.nbytes) for e in writer.entries})
             stage_entries.append(StageEntry(start, end, fname, hashlib.sha256(data).hexdigest(),
-                                            stage_memory(arch, start, end, dtype).to_json()))
+                                            memory.to_json()))
         manifest = Manifest(
             name=name or out.name,
             version=version,
@@ -107,6 +114,18 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
     log.info("model imported name=%s layers=%d dtype=%s out=%s", manifest.name,
              arch.num_layers, dtype, out)
     return manifest
+
+
+def quant_bits(name: str, shape: tuple[int, ...], dtype: str) -> int:
+    """Bits per value a float tensor is quantized to at import with ``--dtype`` (0: kept as
+    floats). Only weight matrices whose rows split into whole blocks are quantized; norms and
+    biases stay float32. At int4 the embedding (and the LM head) take 8 bits, as llama.cpp's
+    4-bit files keep them at Q8_0 or Q6_K: they are a large share of a small model's error."""
+    if dtype not in ("int4", "int8") or len(shape) != 2 or shape[1] % BLOCK:
+        return 0
+    if dtype == "int8" or name in (EMBED, LM_HEAD):
+        return 8
+    return 4
 
 
 def check_output_dir(out: Path, force: bool) -> None:

@@ -7,17 +7,26 @@ older reader would misread.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from meshd.engine.arch import Arch
+from meshd.engine.planning import QUANT_PARTS
 from meshd.errors import ModelError
 
 FORMAT = "meshd-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: 4/8-bit block-quantized tensors; version 1 manifests still read
+READS_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
-DTYPES = {"fp32": 4, "fp16": 2}
+# A model's dtype: how its weight matrices are stored (docs/model-format.md). int4 and int8
+# models keep norms in float32 and may hold some matrices at 8 bits (an int4 GGUF's embedding).
+DTYPES = ("fp32", "fp16", "int4", "int8")
+# A tensor's dtype: floats, 4/8-bit block codes (meshd.engine.quant), or plain bytes (the
+# codes' zero points)
+TENSOR_DTYPES = ("fp32", "fp16", "q4", "q8", "u8")
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +34,7 @@ class TensorEntry:
     """One tensor in the weights file: stored in Hugging Face layout and naming."""
 
     name: str
-    dtype: str  # "fp32" or "fp16"
+    dtype: str  # one of TENSOR_DTYPES
     shape: tuple[int, ...]
     offset: int
     nbytes: int
@@ -90,6 +99,20 @@ class Manifest:
     def content_hash(self) -> str:
         """The identity of the weights: the sha256 of the weights file."""
         return self.weights_sha256
+
+    def stored_bytes(self) -> dict[str, tuple[str, int]]:
+        """Every stored tensor's (dtype, bytes), for ``planning.stage_memory``."""
+        return {t.name: (t.dtype, t.nbytes) for t in self.tensors}
+
+    def stored_names(self, names: Iterable[str]) -> list[str]:
+        """``names`` with the companions of each 4/8-bit tensor (its scales, zero points and
+        minimums), as stored."""
+        listed = {t.name for t in self.tensors}
+        out = []
+        for name in names:
+            out.append(name)
+            out += [name + part for part in QUANT_PARTS if name + part in listed]
+        return out
 
     def tensor(self, name: str) -> TensorEntry:
         for t in self.tensors:
@@ -159,16 +182,16 @@ def read_manifest(directory: Path) -> Manifest:
 def parse_manifest(data: Any, source: str = MANIFEST) -> Manifest:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ModelError(f"{source}: not a meshd model manifest (field 'format')")
-    if data.get("format_version") != FORMAT_VERSION:
+    if data.get("format_version") not in READS_VERSIONS:
         raise ModelError(
             f"{source}: format_version={data.get('format_version')!r} is not supported "
-            f"(this meshd reads {FORMAT_VERSION})"
+            f"(this meshd reads {', '.join(map(str, READS_VERSIONS))})"
         )
     try:
         w, tok = data["weights"], data["tokenizer"]
         dtype = data["dtype"]
         if dtype not in DTYPES:
-            raise ModelError(f"{source}: dtype={dtype!r} is not supported (fp32, fp16)")
+            raise ModelError(f"{source}: dtype={dtype!r} is not supported ({', '.join(DTYPES)})")
         tensors = tuple(
             TensorEntry(t["name"], t["dtype"], tuple(int(s) for s in t["shape"]),
                         int(t["offset"]), int(t["nbytes"]), str(t["sha256"]))
@@ -203,7 +226,7 @@ def parse_manifest(data: Any, source: str = MANIFEST) -> Manifest:
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise ModelError(f"{source}: malformed manifest ({type(err).__name__}: {err})") from None
     for t in manifest.tensors:
-        if t.dtype not in DTYPES:
+        if t.dtype not in TENSOR_DTYPES:
             raise ModelError(f"{source}: tensor {t.name!r} has unsupported dtype {t.dtype!r}")
         if t.offset < 0 or t.offset + t.nbytes > manifest.weights_bytes:
             raise ModelError(f"{source}: tensor {t.name!r} lies outside {manifest.weights_file}")

@@ -5,6 +5,7 @@ stages, and how much memory a stage needs. No I/O; the importer, the runtime, ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from meshd.engine.arch import Arch
@@ -14,6 +15,11 @@ EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head.weight"
 FP32_BYTES = 4
+# Typical stored bytes per weight of a quantized model: codes, a float32 scale, a zero point and
+# (for llama.cpp's Q4_1/Q4_K) a float32 minimum per block of 32
+QUANT_BYTES_PER_VALUE = {"int4": 0.5 + 9 / 32, "int8": 1 + 5 / 32}
+# The companions stored beside a 4/8-bit tensor NAME, as NAME + suffix (``.mins`` optional)
+QUANT_PARTS = (".scales", ".zero_points", ".mins")
 
 
 def layer_tensors(arch: Arch, i: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -127,14 +133,28 @@ class StageMemory:
                 "work_bytes": self.work_bytes, "overhead_bytes": self.overhead_bytes}
 
 
-def stage_memory(arch: Arch, start: int, end: int, dtype: str = "fp32") -> StageMemory:
-    """The estimate for layers ``[start, end)`` whose weights are stored as ``dtype``."""
+def stage_memory(arch: Arch, start: int, end: int, dtype: str = "fp32",
+                 stored: Mapping[str, tuple[str, int]] | None = None) -> StageMemory:
+    """The estimate for layers ``[start, end)`` whose weights are stored as ``dtype``.
+
+    ``stored`` (name -> (tensor dtype, bytes), every tensor of the weights file) makes it
+    exact for 4/8-bit models, whose matrices stay at their stored width in memory; without it
+    a quantized model is estimated from typical bytes per value."""
     shapes = dict(model_tensors(arch))
-    numel = sum(_numel(shapes[n]) for n in stage_tensor_names(arch, start, end))
-    weights = numel * FP32_BYTES
-    # float16 weights are read as they are stored, then widened: the stored copy stays counted
-    # (the allocator rarely hands it back to the system).
-    load = 0 if dtype == "fp32" else numel * 2
+    names = stage_tensor_names(arch, start, end)
+    numel = sum(_numel(shapes[n]) for n in names)
+    if stored is not None:
+        parts = [stored[n + part] for n in names for part in ("", *QUANT_PARTS)
+                 if n + part in stored]
+        # float16 weights are read as they are stored, then widened: the stored copy stays
+        # counted (the allocator rarely hands it back to the system).
+        load = sum(nbytes for kind, nbytes in parts if kind == "fp16")
+        weights = sum(nbytes * (2 if kind == "fp16" else 1) for kind, nbytes in parts)
+    elif dtype in QUANT_BYTES_PER_VALUE:
+        load, weights = 0, int(numel * QUANT_BYTES_PER_VALUE[dtype])
+    else:
+        weights = numel * FP32_BYTES
+        load = 0 if dtype == "fp32" else numel * 2
     kv = 2 * (end - start) * arch.num_kv_heads * arch.head_dim * FP32_BYTES
     chunk = PREFILL_CHUNK_TOKENS
     scores = _SCORE_BUFFERS * arch.num_heads * chunk * FP32_BYTES

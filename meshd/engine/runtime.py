@@ -77,7 +77,8 @@ class Stage:
         self.is_first = start == 0
         self.is_last = end == model.num_layers
         self.memory: StageMemory = stage_memory(model.manifest.arch, start, end,
-                                                 model.manifest.dtype)
+                                                 model.manifest.dtype,
+                                                 model.manifest.stored_bytes())
         self._session = session
         self.provider: str = session.get_providers()[0]
         self._device = "cuda" if self.provider in ("CUDAExecutionProvider",
@@ -373,7 +374,8 @@ class Model:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
-        weights = stage_memory(self.manifest.arch, start, end).weights_bytes
+        weights = stage_memory(self.manifest.arch, start, end, self.manifest.dtype,
+                               self.manifest.stored_bytes()).weights_bytes
         so.intra_op_num_threads = self.threads or planning.default_threads(weights)
         return so
 

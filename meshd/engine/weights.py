@@ -10,15 +10,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from meshd.engine.manifest import Manifest, TensorEntry
+from meshd.engine.quant import Blockwise
 from meshd.errors import ModelError
 
 ALIGN = 64
-_NP: dict[str, np.dtype[np.floating]] = {"fp32": np.dtype("<f4"), "fp16": np.dtype("<f2")}
+_NP: dict[str, np.dtype[Any]] = {"fp32": np.dtype("<f4"), "fp16": np.dtype("<f2"),
+                                 "q4": np.dtype("u1"), "q8": np.dtype("u1"), "u8": np.dtype("u1")}
 
 
 class WeightsWriter:
@@ -40,6 +42,15 @@ class WeightsWriter:
         self._write(data)
         self.entries.append(entry)
         return entry
+
+    def add_blockwise(self, name: str, b: Blockwise) -> None:
+        """A 4/8-bit matrix: its codes as ``name``, then its scales, zero points and minimums
+        (meshd.engine.manifest.QUANT_PARTS)."""
+        self.add(name, b.q, "q4" if b.bits == 4 else "q8")
+        self.add(name + ".scales", b.scales, "fp32")
+        self.add(name + ".zero_points", b.zero_points, "u8")
+        if b.mins is not None:
+            self.add(name + ".mins", b.mins, "fp32")
 
     def _write(self, data: bytes) -> None:
         self._f.write(data)
@@ -68,7 +79,7 @@ def verify_weights(directory: Path, manifest: Manifest, names: Iterable[str]) ->
             f"{path}: size {size} bytes, manifest says "
             f"{manifest.weights_bytes} (truncated or replaced?)"
         )
-    wanted = set(names)
+    wanted = set(manifest.stored_names(names))
     with path.open("rb") as f:
         for t in manifest.tensors:
             if t.name not in wanted:

@@ -110,7 +110,7 @@ def test_output_directory_rules(hf: Path, tmp_path: Path) -> None:
     import_hf(hf, model, force=True, name="again")
     assert json.loads((model / "manifest.json").read_text())["name"] == "again"
     with pytest.raises(LocalError, match="dtype"):
-        import_hf(hf, tmp_path / "x", dtype="int8")
+        import_hf(hf, tmp_path / "x", dtype="int3")
     with pytest.raises(LocalError, match="cannot cut 1 layers into 2 stages"):
         import_hf(hf, tmp_path / "x", stages=2)
 

@@ -100,3 +100,61 @@ def test_bf16_checkpoint_reads_like_its_fp32_twin(tmp_path: Path) -> None:
     b = import_hf(bf, tmp_path / "b")
     assert a.weights_sha256 == b.weights_sha256
     assert b.source["dtypes"] == ["BF16"]
+
+
+def dequantized_weights(directory: Path) -> dict[str, np.ndarray]:
+    """Every weight of a meshd model directory as float64, 4/8-bit blocks dequantized by
+    meshd.engine.quant (the reference then runs on exactly the values the model holds)."""
+    from meshd.engine.manifest import read_manifest
+    from meshd.engine.quant import Blockwise
+
+    manifest = read_manifest(directory)
+    raw = (directory / manifest.weights_file).read_bytes()
+    np_types = {"fp32": "<f4", "fp16": "<f2", "q4": "u1", "q8": "u1", "u8": "u1"}
+
+    def array(name: str) -> np.ndarray:
+        t = manifest.tensor(name)
+        return np.frombuffer(raw, np_types[t.dtype], t.nbytes // np.dtype(np_types[t.dtype]).itemsize,
+                             t.offset).reshape(t.shape)
+
+    out = {}
+    for t in manifest.tensors:
+        if t.dtype in ("q4", "q8"):
+            bits = 4 if t.dtype == "q4" else 8
+            mins = t.name + ".mins"
+            b = Blockwise(bits, t.shape[2] * 8 // bits, array(t.name), array(t.name + ".scales"),
+                          array(t.name + ".zero_points"),
+                          array(mins) if any(x.name == mins for x in manifest.tensors) else None)
+            out[t.name] = b.dequantize().astype(np.float64)
+        elif t.dtype in ("fp32", "fp16") and not t.name.endswith((".scales", ".mins")):
+            out[t.name] = array(t.name).astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["int4", "int8"])
+@pytest.mark.parametrize("tie", [False, True])
+def test_quantized_import_matches_reference_on_its_blocks(dtype: str, tie: bool, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The blocks are read exactly: with MatMulNBits computing in float (accuracy_level 0) the
+    model equals the reference on its own dequantized weights to float32 rounding (ATOL). The
+    default level 4 also rounds the activations to int8 per block, as llama.cpp's quantized dot
+    products do; its effect is measured as perplexity (docs/benchmarks.md)."""
+    from meshd.engine import graph
+
+    monkeypatch.setattr(graph, "ACCURACY_LEVEL", 0)
+    hf = make_checkpoint(tmp_path / "hf", seed=7, layers=2, hidden=64, intermediate=128,
+                         heads=4, kv_heads=2, tie=tie)
+    manifest = import_hf(hf, tmp_path / "out", dtype=dtype)
+    assert manifest.dtype == dtype
+    kinds = {t.dtype for t in manifest.tensors}
+    assert {"q8", "u8", "fp32"} <= kinds and (("q4" in kinds) == (dtype == "int4"))
+    model = load_model(tmp_path / "out")
+    ids = model.tokenizer.encode(PROMPT)
+    ref = Reference(hf)
+    float_logits = ref.logits(ids)
+    ref.w = dequantized_weights(tmp_path / "out")
+    expected = ref.logits(ids)
+    got = full_logits(model, ids)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=ATOL)
+    # the quantization is real: the float model's logits are far from these
+    assert np.abs(float_logits - expected).max() > 0.1
