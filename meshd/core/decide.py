@@ -1,11 +1,11 @@
 """The entry node's whole route decision, in one pure call.
 
-``decide(req, snap, policy, rng, rr_index, pipeline_mode)`` answers, from a snapshot of what
-this node has heard: run the request on one node (``Decision.route``: the chosen peer and its
-fallback order, with the wait bound each early attempt carries and the hedge deadline), or as a
-pipeline of stage nodes (``Decision.plan``). The daemon's entry chain (``meshd.node.steps.route``)
-and the simulator (``meshd.sim.loop``) call this very function, so what the simulator measures
-is what the daemon does.
+``decide(req, snap, policy, rng, rr_index, *, pipeline_mode, hedge)`` answers, from a snapshot
+of what this node has heard: run the request on one node (``Decision.route``: the chosen peer
+and its fallback order, with the wait bound each early attempt carries and the hedge deadline),
+or as a pipeline of stage nodes (``Decision.plan``). The daemon's entry chain
+(``meshd.node.entry.route``) and the simulator (``meshd.sim.loop``) call this very function, so
+what the simulator measures is what the daemon does.
 
 Order of the checks, each with the reason it adds to ``Decision.reasons``:
 

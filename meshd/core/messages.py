@@ -1,7 +1,8 @@
 """The message registry: every message meshd sends, by type id. ONLY APPEND.
 
-Type ids and field names are the wire contract written down in ``proto/messages.md`` and
-``proto/registry.toml`` (a test checks that the three agree). A new field is added as optional
+Type ids and field names are the wire contract written down in ``proto/registry.toml``
+(generated from this module by ``scripts/gen_proto.py``; ``tests/core/test_proto_registry.py``
+checks that the two agree) and summarised in ``proto/README.md``. A new field is added as optional
 with a ``since`` version; an id is never reused and a field never changes its type. Unknown
 fields are ignored by decoders (so a newer peer can add optional fields); missing required
 fields and wrong types are a ``ProtocolError``.

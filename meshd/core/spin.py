@@ -5,7 +5,7 @@ one ``run`` (each parallel operator starts at once) or puts them to sleep (each 
 operator first wakes a thread: tens of microseconds on a virtual machine, a few hundred times
 per sentence embedding). Spinning only pays while the threads have cores to themselves: on a
 2-core box it cut a 32-token int8 embedding's p50 by 13-19% with one other process about, and
-doubled it with three (docs/benchmarks.md, "Spinning only on a free core"). So the embedder
+doubled it with three (docs/embeddings.md, "Speed"). So the embedder
 keeps two sessions of one graph and, per call, asks ``spin_pays`` with the number of tasks the
 kernel counts as runnable at that moment (the caller's own thread included).
 """

@@ -18,7 +18,7 @@ keys masked) and ``MatMul`` plus ``BiasGelu`` (exact erf GELU). The residual Lay
 plain ``Add`` (bias), ``Add`` (residual) and ``LayerNormalization``: onnxruntime 1.32's CPU
 ``SkipLayerNormalization`` kernel took about twice as long as the three (7-10% of the int8
 graph's CPU for 32 tokens; for the float graph -9% in one run, nothing in another;
-docs/benchmarks.md), so sessions are built with its fusion turned off (``UNFUSED_OPTIMIZERS``). The same layer in standard operators
+docs/embeddings.md), so sessions are built with its fusion turned off (``UNFUSED_OPTIMIZERS``). The same layer in standard operators
 throughout measured the same as the fused form on one thread and has 2.5x the operators.
 Padded tokens never change a real token's output: their keys are masked, and pooling weighs
 rows by the mask.

@@ -1,6 +1,6 @@
 """Retrieval at the edge as a daemon service: this node's collections, and the mesh's.
 
-``RagService`` opens the node's store (``meshd.rag.RagStore`` at ``[rag] path``, default
+``RagService`` opens the node's store (``meshd.rag.store.RagStore`` at ``[rag] path``, default
 ``data_dir/rag.db``, written by ``meshd rag add``) and keeps:
 
 - the names of the collections held here, read again every ``REFRESH_S``; the advert carries
@@ -65,7 +65,7 @@ class RagService:
         self.config = host.config
         self.path = host.config.rag_path()
         self.edge_cache = edge_cache
-        self.store: Any = None  # meshd.rag.RagStore once opened
+        self.store: Any = None  # meshd.rag.store.RagStore once opened
         self.names: tuple[str, ...] = ()  # collections held here, as advertised
         self.state = "idle"
         self.reason = ""

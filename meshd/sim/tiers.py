@@ -113,7 +113,7 @@ def compare(sc: Scenario, seed: int | None = None, strategy: str = "meshd") -> d
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    """The side-by-side table of docs/tiers.md and docs/benchmarks.md."""
+    """The side-by-side table of docs/tiers.md."""
     base = results.get("all_large")
     lines = ["| mode | completed | p50 TTFT ms | p95 TTFT ms | p99 TTFT ms | cost / 1K tokens | "
              "p95 vs all-to-large | cost vs all-to-large | complex sent down |",

@@ -4,7 +4,7 @@
 fallbacks, best first, and the score each strategy ranked by (None for the round-robins and
 random). meshd's own choice (``_choose_meshd``) compares a few candidates drawn by capacity and
 a Boltzmann factor over the predicted TTFT (``_weights``, ``known_temperature_ms``, ``_pick``;
-docs/routing.md, "Choosing"); the baselines rank by queue, RTT, both (lwsq) or the predicted
+docs/routing.md, "meshd's default"); the baselines rank by queue, RTT, both (lwsq) or the predicted
 TTFT (least_ttft); the round-robin variants are in ``roundrobin.py``.
 
 A new strategy: its name in ``STRATEGIES`` and one branch in ``rank``.
@@ -172,7 +172,7 @@ def known_temperature_ms(policy: Policy, occupancy: float) -> float:
 
 
 def _weights(pr: _Predictions, known: Vec, policy: Policy, tk: float | None = None) -> Vec:
-    """Sampling weights: capacity times a Boltzmann factor (docs/routing.md, "Choosing").
+    """Sampling weights: capacity times a Boltzmann factor (docs/routing.md, "meshd's default").
 
     ``rate * exp(-(known - min known) / Tk - (wait - min wait) / (T + k * sigma))`` with
     ``T = sample_temperature_ms``, ``Tk = tk`` (``known_temperature_ms``; T when not given),

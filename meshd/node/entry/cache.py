@@ -100,7 +100,7 @@ async def execute_or_cached(ctx: EntryContext, host: EntryHost,
     creq, lookup = pending
     if not _served_elsewhere(ctx, host):
         # This CPU would run the model beside the embedding: measured, overlapping made hits
-        # 3-4x slower and misses no faster here (docs/benchmarks.md, the cache's last section).
+        # 3-4x slower and misses no faster here (docs/cache.md, "Threads").
         got = await _result(ctx, lookup)
         if got is not None:
             ctx.extra["cache"] = (creq, got)
