@@ -11,16 +11,8 @@ a node that may serve it at all.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from meshd.node.entry.context import EntryContext, EntryHost
 from meshd.node.view import labels_allow
-
-
-class Reach(Protocol):
-    """What the step needs of the cells service (``meshd.node.cells.Cells``)."""
-
-    async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None: ...
 
 
 async def reach(ctx: EntryContext, host: EntryHost) -> None:
