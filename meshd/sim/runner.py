@@ -1,7 +1,8 @@
-"""Run one scenario under several strategies and collect the figures.
+"""Run one scenario under several strategies, or tier modes, and collect the figures.
 
 Each strategy is one ``Engine`` run on the same mesh, workload and failures (same seed). Runs
-may go to worker processes (``jobs > 1``); the results do not depend on it.
+may go to worker processes (``jobs > 1``); the results do not depend on it. ``compare_tiers``
+runs one strategy once per tier mode (``meshd.sim.tiers``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from meshd.core.routing import BASELINE_STRATEGIES, STRATEGIES
 from meshd.errors import ConfigError
 from meshd.sim.loop import Engine
 from meshd.sim.scenario import Scenario
+from meshd.sim.tiers import TIER_MODES
 
 DEFAULT_STRATEGIES = BASELINE_STRATEGIES  # round_robin_lockstep only when asked for
 
@@ -83,3 +85,12 @@ def run_all(
             if progress:
                 progress(name, 1.0)
     return {s: results[s] for s in strategies}
+
+
+def compare_tiers(sc: Scenario, seed: int | None = None, strategy: str = "meshd") -> dict[str, dict[str, Any]]:
+    """One run per tier mode; figures keyed by mode."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode in TIER_MODES:
+        eng = Engine(sc, strategy, seed=seed, tier_mode=mode)
+        out[mode] = eng.run()
+    return out

@@ -10,7 +10,7 @@ import pytest
 from meshd.core import routing
 from meshd.sim.loop import Engine
 from meshd.sim.runner import run_one
-from meshd.sim.scenario import load_scenario
+from meshd.sim.scenario_parse import load_scenario
 
 from .helpers import SCENARIOS, scenario
 
