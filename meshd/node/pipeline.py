@@ -39,6 +39,7 @@ from meshd.node.forward import Outcome
 from meshd.node.gen_config import gen_fields
 from meshd.node.stagelinks import StageLinks
 from meshd.node.view import MeshView
+from meshd.store.protocol import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,11 @@ class PipelineHost(Protocol):
     """What the pipeline driver needs of the entry node (``meshd.node.entry.context.EntryHost``)."""
 
     config: Config
-    store: Any  # meshd.store.AsyncStore or None
     node_name: str
     peer_id: str
+
+    @property
+    def store(self) -> Recorder | None: ...  # None: nothing recorded
 
     @property
     def membership(self) -> MeshView: ...

@@ -28,6 +28,7 @@ from meshd.node.runner import Runner
 from meshd.node.stagelinks import StageLinks
 from meshd.node.tokenizers import TokenizerService
 from meshd.node.view import MeshView
+from meshd.store.protocol import Recorder
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 """``await emit(kind, payload)``: "route" ({"served_by", "route"}) and "tokens" ({"ids", "text"})."""
@@ -49,11 +50,13 @@ class EntryHost(Protocol):
     runner: Runner
     policy: Policy
     rng: random.Random
-    store: Any  # meshd.store.AsyncStore or None
     tokenizers: TokenizerService  # edge tokenization: tokenizers of models served elsewhere
     node_name: str
     peer_id: str
     stats: dict[str, int]  # the entry path's counters
+
+    @property
+    def store(self) -> Recorder | None: ...  # None: nothing recorded
 
     @property
     def membership(self) -> MeshView: ...

@@ -14,6 +14,7 @@ from typing import Any
 
 from meshd.errors import ErrorCode
 from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.store.protocol import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def record(ctx: EntryContext, host: EntryHost, observers: list[Observer], cancel
         ctx.outcome.stats() if ctx.outcome is not None else {})
     if host.store is not None:
         try:
-            _store(host, ctx, code, stats)
+            _store(host.store, host.node_name, ctx, code, stats)
         except Exception:  # the journal must never cost the client its request
             host.stats["journal_errors"] = host.stats.get("journal_errors", 0) + 1
             log.exception("outcome write failed rid=%s", rid)
@@ -46,16 +47,16 @@ def record(ctx: EntryContext, host: EntryHost, observers: list[Observer], cancel
             log.exception("request observer failed rid=%s", rid)
 
 
-def _store(host: EntryHost, ctx: EntryContext, code: str, stats: dict[str, Any]) -> None:
+def _store(store: Recorder, node_name: str, ctx: EntryContext, code: str,
+           stats: dict[str, Any]) -> None:
     rid = ctx.req.request_id
     error = None if code == "ok" else (str(ctx.error) if ctx.error is not None else code)
     o = ctx.outcome
     payload: dict[str, Any] = {"error": error, "tokens": stats.get("tokens", 0)}
     if o is not None:
         payload.update(retries=o.retries, hedges=o.hedges)
-    host.store.record_event(rid, "done" if code == "ok" else "failed", node=host.node_name,
-                            payload=payload)
-    host.store.record_outcome(
+    store.record_event(rid, "done" if code == "ok" else "failed", node=node_name, payload=payload)
+    store.record_outcome(
         rid, ttft_ms=stats.get("ttft_ms"), tokens=stats.get("tokens", 0),
         tokens_per_s=stats.get("tokens_per_s"), served_by=stats.get("served_by") or None,
         route=stats.get("route") or [], error=error, retries=stats.get("retries", 0),

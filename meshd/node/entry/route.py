@@ -16,6 +16,7 @@ from meshd.core.routing import RouteDecision
 from meshd.core.snapshot import MeshSnapshot, Policy, RouteRequest
 from meshd.errors import RemoteError, RoutingError
 from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.store.protocol import Recorder
 
 
 def policy_for(host: EntryHost, req: EntryRequest) -> Policy:
@@ -51,7 +52,7 @@ def _with_clients(snap: MeshSnapshot, in_flight: dict[str, int]) -> MeshSnapshot
     return out
 
 
-def record_decision(store: Any, decision: RouteDecision, req: RouteRequest, *,
+def record_decision(store: Recorder, decision: RouteDecision, req: RouteRequest, *,
                     energy_weight: float = 0.0) -> None:
     rec = decision_record(decision, req)
     names = {c["peer_id"]: c["name"] for c in rec["candidates"]}
