@@ -2,7 +2,7 @@
 
 ``EntryContext`` is the request on its way through the chain: each step reads what earlier
 steps left in it and adds its own part (the model and token ids, the decision, the outcome, the
-answer). ``EntryHost`` is the narrow view of the node the steps use; ``meshd.node.node.Node``
+answer). ``EntryNode`` is the narrow view of the node the steps use; ``meshd.node.node.Node``
 conforms, and a test may pass anything else that does. ``Reach`` is what the reach step needs of
 the cells service.
 """
@@ -43,7 +43,7 @@ class Reach(Protocol):
     async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None: ...
 
 
-class EntryHost(Protocol):
+class EntryNode(Protocol):
     """What the entry chain needs of the node."""
 
     config: Config
