@@ -4,7 +4,7 @@ Events are plain tuples ``(time, seq, kind, a, b)`` on one ``heapq``; ``seq`` br
 insertion order, so a run is a pure function of the scenario, the strategy and the seed.
 Every routing decision is ``meshd.core.decide.decide``, the daemon's own (one node with its
 fallbacks, or a pipeline plan), called on the ``MeshSnapshot`` the entry node would have built
-(``meshd.sim.views``); the engine only carries the result out.
+(``meshd.sim.views``); the simulation only carries the result out.
 
 Serving model: a node has ``concurrency`` slots, each running one request at the node's
 per-stream prefill and decode speeds (continuous batching at a fixed per-stream speed), and a
@@ -58,7 +58,7 @@ from meshd.sim.world import VIVALDI, SimNode, World, note_dead
 Progress = Callable[[float], None]
 
 
-class Engine:
+class Simulation:
     """One run of one strategy over one scenario."""
 
     def __init__(self, scenario: Scenario, strategy: str, *, seed: int | None = None,

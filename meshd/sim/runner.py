@@ -1,8 +1,8 @@
 """Run one scenario under several strategies, or tier modes, and collect the figures.
 
-Each strategy is one ``Engine`` run on the same mesh, workload and failures (same seed). Runs
-may go to worker processes (``jobs > 1``); the results do not depend on it. ``compare_tiers``
-runs one strategy once per tier mode (``meshd.sim.tiers``).
+Each strategy is one ``Simulation`` run on the same mesh, workload and failures (same seed).
+Runs may go to worker processes (``jobs > 1``); the results do not depend on it.
+``compare_tiers`` runs one strategy once per tier mode (``meshd.sim.tiers``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from meshd.core.routing import BASELINE_STRATEGIES, STRATEGIES
 from meshd.errors import ConfigError
-from meshd.sim.loop import Engine
+from meshd.sim.loop import Simulation
 from meshd.sim.scenario import Scenario
 from meshd.sim.tiers import TIER_MODES
 
@@ -50,8 +50,8 @@ def run_one(scenario: Scenario, strategy: str, seed: int | None = None,
     """One strategy; adds wall/CPU seconds and peak memory to the figures."""
     t0 = time.perf_counter()
     c0 = time.process_time()
-    eng = Engine(scenario, strategy, seed=seed)
-    result = eng.run(progress)
+    sim = Simulation(scenario, strategy, seed=seed)
+    result = sim.run(progress)
     result["wall_s"] = time.perf_counter() - t0
     result["cpu_s"] = time.process_time() - c0
     result["max_rss_mib"] = _max_rss_mib()
@@ -91,6 +91,6 @@ def compare_tiers(sc: Scenario, seed: int | None = None, strategy: str = "meshd"
     """One run per tier mode; figures keyed by mode."""
     out: dict[str, dict[str, Any]] = {}
     for mode in TIER_MODES:
-        eng = Engine(sc, strategy, seed=seed, tier_mode=mode)
-        out[mode] = eng.run()
+        sim = Simulation(sc, strategy, seed=seed, tier_mode=mode)
+        out[mode] = sim.run()
     return out
