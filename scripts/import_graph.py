@@ -63,6 +63,18 @@ def cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     return sorted(found, key=lambda c: (-len(c), c))
 
 
+def closing_imports(graph: grimp.ImportGraph, component: list[str]) -> list[str]:
+    """The imports between the modules of one cycle, as "importer -> imported (line N)"."""
+    members = set(component)
+    out = []
+    for importer in component:
+        for imported in sorted(graph.find_modules_directly_imported_by(importer) & members):
+            details = graph.get_import_details(importer=importer, imported=imported)
+            where = ", ".join(str(d["line_number"]) for d in details)
+            out.append(f"{importer} -> {imported} (line {where})")
+    return out
+
+
 def _module_lines() -> dict[str, int]:
     lines = {}
     for path in sorted((ROOT / "meshd").rglob("*.py")):
@@ -82,13 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     found = cycles(graph)
     print(f"import cycles (strongly connected components of > 1 module): {len(found)}")
     for component in found:
-        members = set(component)
         print(f"  {len(component)} modules: {', '.join(component)}")
-        for importer in component:
-            for imported in sorted(graph.find_modules_directly_imported_by(importer) & members):
-                details = graph.get_import_details(importer=importer, imported=imported)
-                where = ", ".join(str(d["line_number"]) for d in details)
-                print(f"    {importer} -> {imported} (line {where})")
+        for line in closing_imports(graph, component):
+            print(f"    {line}")
 
     lines = _module_lines()
     print("\nlargest modules (lines):")
