@@ -44,7 +44,8 @@ from loadgen import (
     request_fields,
 )
 
-from meshd.testnet.launcher import _alive, _reap, down, start_process, up
+from meshd.testnet.children import alive, reap
+from meshd.testnet.launcher import down, start_process, up
 
 # the daemons this benchmark starts answer from a model, never from the semantic cache
 os.environ.setdefault("MESHD_TESTNET_CACHE", "0")
@@ -59,9 +60,9 @@ async def churn(index: dict[str, Any], victims: list[str], span_s: float, rng: r
         n = nodes[name]
         os.kill(n["pid"], signal.SIGKILL)
         events.append({"t_s": round(trio.current_time() - t0, 2), "node": name, "event": "killed"})
-        while _alive(n["pid"]):
+        while alive(n["pid"]):
             await trio.sleep(0.05)
-        _reap(n["pid"])
+        reap(n["pid"])
         await trio.sleep(down_s)
         n["pid"] = start_process(Path(n["dir"]))
         events.append({"t_s": round(trio.current_time() - t0, 2), "node": name, "event": "restarted"})

@@ -49,7 +49,7 @@ from meshd.config import GossipConfig  # noqa: E402
 from meshd.control.client import call  # noqa: E402
 from meshd.core.messages import MessageType  # noqa: E402
 from meshd.errors import MeshdError  # noqa: E402
-from meshd.testnet import launcher  # noqa: E402
+from meshd.testnet import children, launcher  # noqa: E402
 
 CLK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -206,7 +206,7 @@ def join(base: Path, n: int, joins: int, interval: float) -> dict[str, Any]:
             print(f"  socket {r['socket_s']:.2f} s  sees all {n - 1} {r['sees_all_s']:.2f} s  "
                   f"seen by all {r['seen_by_all_s']:.2f} s", flush=True)
             os.kill(pid, signal.SIGTERM)
-            launcher._reap(pid)
+            children.reap(pid)
             trio.run(_wait_gone, others, joiner.name)
     finally:
         launcher.down(d)
@@ -244,7 +244,7 @@ async def _watch_join(sock: str, others: list[str], expect: int, t0: float, pid:
     while sees_all_s is None or seen_by_all_s is None:
         if trio.current_time() > deadline:
             raise SystemExit("joiner did not converge within 60 s")
-        if not launcher._alive(pid):
+        if not children.alive(pid):
             raise SystemExit("the joining daemon exited")
         mine = await peers_of(sock)
         now = time.perf_counter() - t0

@@ -52,7 +52,8 @@ from meshd.control.client import call, connect, raise_if_error
 from meshd.core.messages import MessageType
 from meshd.engine import GenerationConfig, default_model_path, load_model
 from meshd.errors import RemoteError
-from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, start_process, up
+from meshd.testnet.children import alive, reap
+from meshd.testnet.launcher import NodeSpec, down, start_process, up
 
 # the daemons this benchmark starts answer from a model, never from the semantic cache
 os.environ.setdefault("MESHD_TESTNET_CACHE", "0")
@@ -252,9 +253,9 @@ def recovery(index: dict[str, Any], socks: dict[str, str], trials: int) -> dict[
                     "reopen_ms": reopened["payload"]["open_ms"] if reopened else None,
                     "largest_gap_ms": round(max((b - a) * 1000 for a, b in zip(t, t[1:], strict=False)), 1),
                     "replans": out.get("replans"), "tokens": len(out["token_ids"])})
-        while _alive(pids[victim]):
+        while alive(pids[victim]):
             time.sleep(0.02)
-        _reap(pids[victim])
+        reap(pids[victim])
         pids[victim] = nodes[victim]["pid"] = start_process(dirs[victim])  # down() stops it
     ms = [r["kill_to_next_token_ms"] for r in rec]
     return {"trials": rec, "median_kill_to_next_token_ms": round(statistics.median(ms), 1)}

@@ -65,7 +65,8 @@ from meshd.control.client import call, connect, raise_if_error  # noqa: E402
 from meshd.core.messages import MessageType  # noqa: E402
 from meshd.core.routing import BASELINE_STRATEGIES, STRATEGIES  # noqa: E402
 from meshd.errors import MeshdError  # noqa: E402
-from meshd.testnet.launcher import _alive, down  # noqa: E402
+from meshd.testnet.children import alive  # noqa: E402
+from meshd.testnet.launcher import down  # noqa: E402
 from meshd.testnet.netem import percentile  # noqa: E402
 from meshd.testnet.scenario import Scenario, load_scenario  # noqa: E402
 from meshd.testnet.scenario_up import up_scenario  # noqa: E402
@@ -549,7 +550,7 @@ async def bench(args: argparse.Namespace, scenario: Scenario, index: dict[str, A
                 runs.append(s)
                 if not await drain(socks):
                     log(f"  warning: the mesh did not drain within {DRAIN_TIMEOUT_S:.0f} s")
-                dead = [n["name"] for n in index["nodes"] if not _alive(n["pid"])]
+                dead = [n["name"] for n in index["nodes"] if not alive(n["pid"])]
                 if dead:
                     s["nodes_down_after"] = dead
                     log(f"  warning: daemons no longer running: {', '.join(dead)}")

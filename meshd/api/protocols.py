@@ -1,5 +1,8 @@
 """What the HTTP API needs from a node: its entry chain, readiness and status.
 
+``ApiNode`` is what the app's handlers read, ``TelemetrySource`` what ``/metrics`` reads, and
+``ServedNode`` both: the node that ``serve_api`` serves.
+
 ``meshd.node`` provides them on the daemon; ``meshd.testing.fake_entry`` is the fake beside them
 for the API's unit tests.
 """
@@ -62,3 +65,7 @@ class TelemetrySource(Protocol):
     def status(self) -> dict[str, Any]: ...
 
     def peers_listing(self) -> list[dict[str, Any]]: ...
+
+
+class ServedNode(ApiNode, TelemetrySource, Protocol):
+    """The node that ``meshd.api.server.serve_api`` serves: its handlers' view and its metrics'."""

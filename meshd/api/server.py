@@ -18,6 +18,7 @@ from meshd.api.app import ApiApp
 from meshd.api.auth import KeyFile
 from meshd.api.h11server import H11Server
 from meshd.api.metrics import Metrics
+from meshd.api.protocols import ServedNode
 from meshd.config import Config, parse_listen
 from meshd.errors import LocalError
 
@@ -46,7 +47,7 @@ def base_url(sock: socket.socket) -> str:
     return f"http://{shown}:{port}/v1"
 
 
-def build_app(node: Any, cfg: Config) -> ApiApp:
+def build_app(node: ServedNode, cfg: Config) -> ApiApp:
     keys = KeyFile(cfg.path(cfg.api.keys_file), open_access=cfg.api.auth == "none",
                    check_interval_s=KEYS_CHECK_INTERVAL_S)
     metrics = Metrics(node)
@@ -54,17 +55,16 @@ def build_app(node: Any, cfg: Config) -> ApiApp:
     return ApiApp(node, keys, metrics, max_body_bytes=cfg.api.max_body_bytes)
 
 
-async def serve_api(node: Any, cfg: Config, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_api(node: ServedNode, cfg: Config, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Serve the API of ``node`` until cancelled; ``started`` with the base URL
-    (``http://HOST:PORT/v1``), which is also ``node.api_url``. With ``[api] listen = ""`` the API
-    is off: started with None at once."""
+    (``http://HOST:PORT/v1``). With ``[api] listen = ""`` the API is off: started with None at
+    once."""
     if not cfg.api.listen:
         task_status.started(None)
         return
     app = build_app(node, cfg)
     sock = bind_socket(cfg.api.listen)
     url = base_url(sock)
-    node.api_url = url
     if cfg.api.auth == "none":
         log.warning("api listening without keys (auth = none) url=%s", url)
     log.info("api listening url=%s auth=%s", url, cfg.api.auth)

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from meshd.sim.capacity import capacity
     from meshd.sim.progress import ProgressBar
     from meshd.sim.runner import check_strategies, run_all
-    from meshd.sim.scenario import load_scenario
+    from meshd.sim.scenario_parse import load_scenario
 
     sc = load_scenario(args.scenario)
     if args.duration is not None and args.duration <= 0:
@@ -166,7 +166,8 @@ def _sweep(args: argparse.Namespace, sc: Any, strategies: tuple[str, ...]) -> in
 def _tiers(args: argparse.Namespace, sc: Any) -> int:
     import json
 
-    from meshd.sim.tiers import compare, table
+    from meshd.sim.runner import compare_tiers
+    from meshd.sim.tiers import table
 
     if not any(a.model == "auto" for a in sc.arrivals):
         from meshd.errors import ConfigError
@@ -175,7 +176,7 @@ def _tiers(args: argparse.Namespace, sc: Any) -> int:
     if not args.no_progress:
         print(f"scenario {sc.name}: {sc.node_count} nodes, {sc.run.duration_s:g} s, seed "
               f"{sc.run.seed}; three runs (all_large, all_micro, tiered)", file=sys.stderr)
-    results = compare(sc, seed=args.seed)
+    results = compare_tiers(sc, seed=args.seed)
     if args.json:
         print(json.dumps(results, indent=1, default=str))
     else:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from meshd.core.messages import MessageType
 from meshd.core.wire import Message
 from meshd.net.framed import FramedStream
+from meshd.store.protocol import Reader
 
 DEFAULT_EVENTS = 50
 MAX_EVENTS = 1000  # one OK frame stays well under the control socket's 1 MiB cap
@@ -15,7 +15,7 @@ MAX_EVENTS = 1000  # one OK frame stays well under the control socket's 1 MiB ca
 Answer = Callable[[Message, FramedStream], Awaitable[None]]
 
 
-def audit_requests(store: Any) -> dict[int, Answer]:
+def audit_requests(store: Reader | None) -> dict[int, Answer]:
     """The control requests this module answers, for ``ControlServer(extra=...)``."""
 
     async def answer(msg: Message, out: FramedStream) -> None:

@@ -17,16 +17,12 @@ time (the batch scheduler's worker thread, or a stage server's).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import onnxruntime as ort
 
 from meshd.engine import graph as g
+from meshd.engine.loaded import CompiledStage
 from meshd.errors import LocalError
-
-if TYPE_CHECKING:
-    from meshd.engine.runtime import Stage
 
 CACHE_CHUNK_TOKENS = 64
 PREPARE_MIN_BYTES = 4 << 20  # zeroed ahead of a join at least this much a step
@@ -44,7 +40,7 @@ class Slot:
 
 
 class BatchStage:
-    def __init__(self, stage: Stage) -> None:
+    def __init__(self, stage: CompiledStage) -> None:
         arch = stage.model.manifest.arch
         self.stage = stage
         self._shape = (arch.num_kv_heads, arch.head_dim)

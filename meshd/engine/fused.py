@@ -14,23 +14,19 @@ depend on what ran beside it (up to float32 rounding of the products, as in any 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import onnxruntime as ort
 
 from meshd.engine import graph as g
 from meshd.engine.batch import BatchStage, Slot
+from meshd.engine.loaded import CompiledStage
 from meshd.errors import LocalError
-
-if TYPE_CHECKING:
-    from meshd.engine.runtime import Stage
 
 
 class FusedStep:
     """Runs (decoding rows of ``main``) + (one chunk of a prompt in ``pre``) in one call."""
 
-    def __init__(self, stage: Stage) -> None:
+    def __init__(self, stage: CompiledStage) -> None:
         if not (stage.fused and stage.is_first and stage.is_last):
             raise LocalError("a fused step needs the whole model's fused stage")
         self.stage = stage

@@ -16,21 +16,20 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from meshd.engine.generation import Generation, TokenEvent
+from meshd.engine.loaded import LoadedModel
+from meshd.engine.protocols import StageSessionLike
 from meshd.engine.sampling import GenerationConfig
 from meshd.errors import LocalError
-
-if TYPE_CHECKING:
-    from meshd.engine.runtime import Model, StageSession
 
 BURST_S = 0.004  # decode work per worker-thread call (the first token always comes alone)
 
 
-def check_prompt(model: Model, prompt: str | list[int], cfg: GenerationConfig,
+def check_prompt(model: LoadedModel, prompt: str | list[int], cfg: GenerationConfig,
                  chat: bool) -> tuple[list[int], int]:
     """The prompt's token ids and how many tokens may follow them (errors for a partial
     model, an empty prompt or one that fills the context)."""
@@ -46,8 +45,8 @@ def check_prompt(model: Model, prompt: str | list[int], cfg: GenerationConfig,
     return ids, min(cfg.max_tokens, ctx - len(ids))
 
 
-def _prepare(model: Model, prompt: str | list[int], cfg: GenerationConfig | None,
-             chat: bool) -> tuple[list[int], Generation, StageSession]:
+def _prepare(model: LoadedModel, prompt: str | list[int], cfg: GenerationConfig | None,
+             chat: bool) -> tuple[list[int], Generation, StageSessionLike]:
     cfg = cfg or GenerationConfig()
     ids, max_new = check_prompt(model, prompt, cfg, chat)
     session = model.stage(0, model.num_layers).open_session(max_tokens=len(ids) + max_new)
@@ -62,7 +61,7 @@ def _decode_args(token: int, position: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array([token], dtype=np.int64), np.array([position], dtype=np.int64)
 
 
-def generate_sync(model: Model, prompt: str | list[int], cfg: GenerationConfig | None = None,
+def generate_sync(model: LoadedModel, prompt: str | list[int], cfg: GenerationConfig | None = None,
                   *, chat: bool = False) -> Iterator[TokenEvent]:
     ids, gen, session = _prepare(model, prompt, cfg, chat)
     try:
@@ -77,7 +76,7 @@ def generate_sync(model: Model, prompt: str | list[int], cfg: GenerationConfig |
         session.free()
 
 
-async def generate_async(model: Model, prompt: str | list[int],
+async def generate_async(model: LoadedModel, prompt: str | list[int],
                          cfg: GenerationConfig | None = None, *, chat: bool = False,
                          limiter: Any = None) -> AsyncIterator[TokenEvent]:
     import trio

@@ -25,18 +25,17 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from meshd.engine.batch import BatchStage, Slot
 from meshd.engine.fused import FusedStep
 from meshd.engine.generation import Generation, TokenEvent
+from meshd.engine.loaded import LoadedModel
+from meshd.engine.run import check_prompt
 from meshd.engine.sampling import GenerationConfig
 from meshd.errors import LocalError, ModelError
-
-if TYPE_CHECKING:
-    from meshd.engine.runtime import Model
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ class BatchSequence:
 
 
 class BatchScheduler:
-    def __init__(self, model: Model, *, chunk_budget_ms: float = CHUNK_BUDGET_MS,
+    def __init__(self, model: LoadedModel, *, chunk_budget_ms: float = CHUNK_BUDGET_MS,
                  max_batch: int = 64, fused: bool = True) -> None:
         self.model = model
         whole = model.stage(0, model.num_layers)
@@ -294,12 +293,10 @@ class BatchScheduler:
                                        for b, ms in sorted(self.decode_ms.items())}}
 
 
-def prepare(model: Model, prompt: str | list[int], cfg: GenerationConfig | None,
+def prepare(model: LoadedModel, prompt: str | list[int], cfg: GenerationConfig | None,
             chat: bool) -> BatchSequence:
     """Check and encode a prompt into a sequence for the batch (the same rules as
     ``run.generate_sync``)."""
-    from meshd.engine.run import check_prompt
-
     cfg = cfg or GenerationConfig()
     ids, max_new = check_prompt(model, prompt, cfg, chat)
     gen = Generation(ids, cfg, model.tokenizer, max_new_tokens=max_new)
@@ -309,7 +306,7 @@ def prepare(model: Model, prompt: str | list[int], cfg: GenerationConfig | None,
 class Batcher:
     """The model's batch scheduler task and the streams it serves."""
 
-    def __init__(self, model: Model, *, limiter: Any = None,
+    def __init__(self, model: LoadedModel, *, limiter: Any = None,
                  chunk_budget_ms: float = CHUNK_BUDGET_MS, max_batch: int = 64,
                  calibrate_batch: int = 8) -> None:
         import trio

@@ -15,9 +15,10 @@ from typing import Any
 
 from meshd.core import audit as kinds
 from meshd.core.audit import AuditSink
+from meshd.store.protocol import Recorder
 
 
-def store_sink(store: Any) -> AuditSink:
+def store_sink(store: Recorder) -> AuditSink:
     """An ``AuditSink`` that records into ``store`` (``record_audit`` never awaits)."""
 
     def sink(kind: str, peer_id: str, reason: str, detail: Mapping[str, Any]) -> None:

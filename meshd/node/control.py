@@ -18,6 +18,7 @@ from meshd.net.framed import FramedStream
 from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry import EntryChain
 from meshd.node.revocations import Revocations
+from meshd.store.protocol import Reader
 
 
 class ControlService:
@@ -28,7 +29,7 @@ class ControlService:
 
     def __init__(self, entry: EntryChain, revocations: Revocations, edge_cache: EdgeCache, *,
                  node_name: str, peer_id: str, status: Callable[[], dict[str, Any]],
-                 peers: Callable[[], list[dict[str, Any]]], store: Any = None) -> None:
+                 peers: Callable[[], list[dict[str, Any]]], store: Reader | None = None) -> None:
         self.entry = entry
         self.revocations = revocations
         self.edge_cache = edge_cache
@@ -36,7 +37,7 @@ class ControlService:
         self.peer_id = peer_id
         self.status = status
         self.peers = peers
-        self.store = store  # meshd.store.AsyncStore or None
+        self.store = store
 
     async def handle_control(self, msg: Message, out: FramedStream) -> None:
         t = msg["t"]

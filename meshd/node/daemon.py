@@ -11,6 +11,7 @@ from typing import Any
 
 import trio
 
+from meshd.api.server import serve_api
 from meshd.config import Config
 from meshd.control.server import prepare_socket_path
 from meshd.errors import ConfigError, KeyFileError, ModelError
@@ -32,6 +33,8 @@ from meshd.node.node import Node
 from meshd.node.runner import Runner, Served
 from meshd.node.sdnotify import notify
 from meshd.paths import control_socket_path
+from meshd.store import AsyncStore, Store
+from meshd.store.retention import Retention, run_pruner
 from meshd.telemetry.report import FailureReport
 
 log = logging.getLogger(__name__)
@@ -145,38 +148,35 @@ def hardware_monitor(cfg: Config, runner: Runner) -> HardwareMonitor:
     return monitor
 
 
-def open_store(path: Path) -> Any:
-    from meshd.store import AsyncStore, Store
-
+def open_store(path: Path) -> AsyncStore:
     return AsyncStore(Store(path))
 
 
-async def run_daemon(node: Any) -> None:
-    from meshd.api.server import serve_api
-
+async def run_daemon(node: Node) -> None:
+    store = node.store
     async with trio.open_nursery() as nursery:
-        if getattr(node.store, "run", None) is not None:
-            await nursery.start(node.store.run)
-        if getattr(node.store, "prune_to", None) is not None:
-            from meshd.store.retention import Retention, run_pruner
-
-            await nursery.start(run_pruner, node.store, Retention.from_config(node.config.store))
+        if store is not None:
+            await nursery.start(store.run)
+            await nursery.start(run_pruner, store, Retention.from_config(node.config.store))
         await nursery.start(node.run)
         ensure_listening(node.host, parse_listen(node.config.node.listen))
-        await nursery.start(serve_api, node, node.config)  # the HTTP API and /metrics (meshd/api)
+        # the HTTP API and /metrics (meshd/api); None when [api] listen = ""
+        node.api_url = await nursery.start(serve_api, node, node.config)
         notify("READY=1")
         print(f"meshd: node {node.node_name} ready, peer id {node.peer_id}", flush=True)
         print(f"meshd: listening on {', '.join(node.addrs)}", flush=True)
         print(f"meshd: control socket {node.socket_path()}", flush=True)
-        if getattr(node, "api_url", None):
+        if node.api_url:
             print(f"meshd: HTTP API {node.api_url}", flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for sig in signals:
                 log.warning("shutting down signal=%s", signal.Signals(sig).name)
                 notify("STOPPING=1")
                 break
-        with trio.move_on_after(5) as scope:
-            scope.shield = True
-            await node.store.flush()
+        if store is not None:
+            with trio.move_on_after(5) as scope:
+                scope.shield = True
+                await store.flush()
         nursery.cancel_scope.cancel()
-    node.store.close()
+    if store is not None:
+        store.close()

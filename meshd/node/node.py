@@ -54,6 +54,7 @@ from meshd.node.stages import StageServer
 from meshd.node.status import node_status, peers_listing
 from meshd.node.tokenizers import TokenizerService
 from meshd.paths import control_socket_path
+from meshd.store.async_store import AsyncStore
 from meshd.telemetry import Hardware
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class Node:
         identity: NodeIdentity,
         runner: Runner,
         *,
-        store: Any = None,
+        store: AsyncStore | None = None,
         hardware: Hardware | None = None,
         revocation: bytes | None = None,
         monitor: HardwareMonitor | None = None,
@@ -128,6 +129,7 @@ class Node:
             "handler_errors": 0,
         }
         self.addrs: list[str] = []
+        self.api_url: str | None = None  # the HTTP API's base URL once it listens (run_daemon)
 
     @property
     def hardware(self) -> Hardware | None:

@@ -39,6 +39,7 @@ from meshd.node.forward import Outcome
 from meshd.node.gen_config import gen_fields
 from meshd.node.stagelinks import StageLinks
 from meshd.node.view import MeshView
+from meshd.store.protocol import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +65,15 @@ def plan_record(p: Plan) -> dict[str, Any]:
     }
 
 
-class PipelineHost(Protocol):
-    """What the pipeline driver needs of the entry node (``meshd.node.entry.context.EntryHost``)."""
+class PipelineNode(Protocol):
+    """What the pipeline driver needs of the entry node (``meshd.node.entry.context.EntryNode``)."""
 
     config: Config
-    store: Any  # meshd.store.AsyncStore or None
     node_name: str
     peer_id: str
+
+    @property
+    def store(self) -> Recorder | None: ...  # None: nothing recorded
 
     @property
     def membership(self) -> MeshView: ...
@@ -90,7 +93,7 @@ class StageFailure(RemoteError):
 
 @dataclass
 class _Run:
-    node: PipelineHost
+    node: PipelineNode
     rid: str
     model: str
     msg: dict[str, Any]
@@ -108,7 +111,7 @@ class _Run:
 
 
 async def run_pipeline(
-    node: PipelineHost, first: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
+    node: PipelineNode, first: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
     sink: Any, journal: Any, policy: Policy, *, vocab_size: int = 0,
 ) -> tuple[Outcome, Plan]:
     """Serve one request along ``first``, replanning around failed stages; never raises for a
@@ -168,7 +171,7 @@ def excluded_peers(failed_at: dict[str, float], heard_at: dict[str, float]) -> f
     return frozenset(p for p, t in failed_at.items() if heard_at.get(p, -1.0) <= t)
 
 
-async def _replan(node: PipelineHost, req: RouteRequest, policy: Policy, failed_at: dict[str, float], *,
+async def _replan(node: PipelineNode, req: RouteRequest, policy: Policy, failed_at: dict[str, float], *,
                   prompt_tokens: int, max_tokens: int) -> tuple[Plan, RouteRequest]:
     """Plan the rest of the request without the failed peers. When nothing covers the model
     right now (a healthy stage's connection dropped with the failed one), wait up to two advert
@@ -187,7 +190,7 @@ async def _replan(node: PipelineHost, req: RouteRequest, policy: Policy, failed_
         await trio.sleep(REPLAN_POLL_S)
 
 
-def record_plan(node: PipelineHost, rid: str, p: Plan, req: RouteRequest, policy: Policy) -> None:
+def record_plan(node: PipelineNode, rid: str, p: Plan, req: RouteRequest, policy: Policy) -> None:
     if node.store is None:
         return
     node.store.record_decision(
@@ -337,7 +340,7 @@ def _raise_if_failed(kind: str, m: dict[str, Any], peer_of: dict[str, str]) -> N
 
 
 async def _next(watch: Any, timeout: float, peer_of: dict[str, str], hops: Any,
-                node: PipelineHost) -> dict[str, Any]:
+                node: PipelineNode) -> dict[str, Any]:
     with trio.move_on_after(timeout):
         kind, m = await watch.recv.receive()
         _raise_if_failed(kind, m, peer_of)

@@ -47,7 +47,7 @@ class Adverts(Protocol):
     table: PeerTable
 
 
-class RagHost(Protocol):
+class RagNode(Protocol):
     """What the service needs of the node (``meshd.node.node.Node`` conforms)."""
 
     config: Config
@@ -60,10 +60,10 @@ class RagHost(Protocol):
 
 
 class RagService:
-    def __init__(self, host: RagHost, edge_cache: EdgeCache | None = None) -> None:
-        self.host = host
-        self.config = host.config
-        self.path = host.config.rag_path()
+    def __init__(self, node: RagNode, edge_cache: EdgeCache | None = None) -> None:
+        self.node = node
+        self.config = node.config
+        self.path = node.config.rag_path()
         self.edge_cache = edge_cache
         self.store: Any = None  # meshd.rag.store.RagStore once opened
         self.names: tuple[str, ...] = ()  # collections held here, as advertised
@@ -172,7 +172,7 @@ class RagService:
     def holders(self, collection: str) -> list[tuple[str, str]]:
         """``(peer id, name)`` of live peers advertising ``collection``, nearest first."""
         rows = []
-        for e in self.host.membership.table.live():
+        for e in self.node.membership.table.live():
             if collection in e.advert.collections:
                 rtt = e.rtt_ms if e.rtt_ms is not None else math.inf
                 rows.append((rtt, e.advert.name, e.advert.peer_id))
@@ -196,7 +196,7 @@ class RagService:
     async def _remote(self, collection: str, question: str, k: int) -> dict[str, Any]:
         holders = self.holders(collection)
         if not holders:
-            known = sorted({c for e in self.host.membership.table.live() for c in e.advert.collections}
+            known = sorted({c for e in self.node.membership.table.live() for c in e.advert.collections}
                            | set(self.names))
             raise RemoteError(f"no node of the mesh holds collection {collection!r} (held: "
                               f"{', '.join(known) or 'none'}); add it with `meshd rag add`",
@@ -220,7 +220,7 @@ class RagService:
 
     async def _ask(self, peer_id: str, collection: str, question: str, k: int,
                    timeout_s: float) -> dict[str, Any]:
-        links = self.host.links
+        links = self.node.links
         if links is None:
             raise PeerGoneError("the node's links are not up yet")
         ch = await links.channel(peer_id)

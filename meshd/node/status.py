@@ -32,6 +32,7 @@ class StatusSource(Protocol):
     node_name: str
     peer_id: str
     addrs: list[str]
+    api_url: str | None  # None: the HTTP API is off (or not listening yet)
     started_at: float
     policy: Policy
     stats: dict[str, int]  # the entry path's counters
@@ -98,7 +99,7 @@ def node_status(node: StatusSource) -> dict[str, Any]:
         "models": [s.statistics() for s in node.runner.models.values()],
         "hardware": node.hardware.to_dict() if node.hardware is not None else {},
         "strategy": node.policy.strategy,
-        "api_url": getattr(node, "api_url", None),  # set by meshd.api.server when it listens
+        "api_url": node.api_url,
         "coord": {"vec": list(m.coord.vec), "height": m.coord.height, "error": m.coord.error},
         "services": {
             "node": {**ms, **node.stats},

@@ -63,7 +63,7 @@ class Adverts(Protocol):
     table: PeerTable
 
 
-class TokenizerHost(Protocol):
+class TokenizerNode(Protocol):
     """What the service needs of the node (``meshd.node.node.Node`` conforms)."""
 
     config: Config
@@ -109,9 +109,9 @@ def _last_part(msg: Message) -> bool:
 
 
 class TokenizerService:
-    def __init__(self, host: TokenizerHost) -> None:
-        self.host = host
-        self.cache_dir: Path = host.config.path(host.config.node.data_dir) / CACHE_DIR
+    def __init__(self, node: TokenizerNode) -> None:
+        self.node = node
+        self.cache_dir: Path = node.config.path(node.config.node.data_dir) / CACHE_DIR
         self.loaded: dict[str, Any] = {}  # identity -> engine Tokenizer (fetched or on disk)
         self._fetches: dict[str, _Fetch] = {}
         self._failed: dict[str, tuple[float, str]] = {}  # identity -> (when, why)
@@ -125,7 +125,7 @@ class TokenizerService:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            if not self.host.config.routing.edge_tokenize:
+            if not self.node.config.routing.edge_tokenize:
                 await trio.sleep_forever()
             while True:
                 self.prefetch()
@@ -136,7 +136,7 @@ class TokenizerService:
     def advertised(self, model: str) -> str:
         """The tokenizer identity the mesh advertises for ``model`` ("" if none): the one most
         of its live servers name (ties: the smallest, so every entry node picks the same)."""
-        counts = Counter(m.tokenizer for e in self.host.membership.table.live() for m in e.advert.models
+        counts = Counter(m.tokenizer for e in self.node.membership.table.live() for m in e.advert.models
                          if m.name == model and is_identity(m.tokenizer))
         if not counts:
             return ""
@@ -166,7 +166,7 @@ class TokenizerService:
 
     def prefetch(self) -> None:
         """Start fetching every tokenizer the adverts name that this node lacks."""
-        wanted = sorted({m.tokenizer for e in self.host.membership.table.live() for m in e.advert.models
+        wanted = sorted({m.tokenizer for e in self.node.membership.table.live() for m in e.advert.models
                          if is_identity(m.tokenizer)})
         now = trio.current_time()
         for identity in wanted:
@@ -188,7 +188,7 @@ class TokenizerService:
 
     def _local(self, identity: str) -> Any | None:
         """The tokenizer of a model served here, if one has this identity."""
-        runner = self.host.runner
+        runner = self.node.runner
         for name, s in list(runner.models.items()):
             if runner.tokenizer_identity(name) == identity:
                 return getattr(getattr(s.model, "model", None), "tokenizer", None)
@@ -245,7 +245,7 @@ class TokenizerService:
     def _holders(self, identity: str) -> list[tuple[str, str]]:
         """``(peer id, name)`` of the live peers advertising ``identity``, nearest first."""
         rows = []
-        for e in self.host.membership.table.live():
+        for e in self.node.membership.table.live():
             if any(m.tokenizer == identity for m in e.advert.models):
                 rtt = e.rtt_ms if e.rtt_ms is not None else math.inf
                 rows.append((rtt, e.advert.name, e.advert.peer_id))
@@ -277,7 +277,7 @@ class TokenizerService:
         raise FetchFailed("; ".join(errors))
 
     async def _download(self, peer_id: str, identity: str) -> bytes:
-        links = self.host.links
+        links = self.node.links
         if links is None:
             raise PeerGoneError("the node's links are not up yet")
         ch = await links.channel(peer_id)

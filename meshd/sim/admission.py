@@ -17,25 +17,22 @@ difference is a hedge that would have been refused queueing instead).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from meshd.core import predict
 from meshd.core.admission import after_refusals, slot_wait_ms
-
-if TYPE_CHECKING:
-    from meshd.core.routing import RouteDecision
-    from meshd.sim.loop import Engine
-    from meshd.sim.request import SimRequest
-    from meshd.sim.world import SimNode
+from meshd.core.routing import RouteDecision
+from meshd.sim.events import Sim
+from meshd.sim.request import SimRequest
+from meshd.sim.world import SimNode
 
 
-def arm(eng: Engine, r: SimRequest, dec: RouteDecision, bounds: Mapping[str, float]) -> None:
+def arm(sim: Sim, r: SimRequest, dec: RouteDecision, bounds: Mapping[str, float]) -> None:
     """After a decision: the bounds of its first peers (``Decision.wait_bounds``), and what the
     router predicted."""
     if not bounds:
         r.bounds = None
         return
-    by_peer = eng.world.by_peer
+    by_peer = sim.world.by_peer
     r.bounds = {by_peer[p]: ms for p, ms in bounds.items()}
     r.pred = {
         by_peer[c.peer_id]: (c.predicted_ttft_ms, c.predicted_ttft_ms - c.queue_wait_ms)
@@ -57,15 +54,15 @@ def refused_wait_ms(t: SimNode, r: SimRequest, now: float) -> float | None:
     return wait if wait > bound else None
 
 
-def next_target(eng: Engine, r: SimRequest, wait_ms: float, now: float) -> None:
+def next_target(sim: Sim, r: SimRequest, wait_ms: float, now: float) -> None:
     """The refusal reached the entry node: note it and send the request on."""
     bounds, refused = r.bounds, r.refused
     assert bounds is not None and refused is not None
     known = r.pred.get(r.server, (0.0, 0.0))[1] if r.pred else 0.0
     refused.append((wait_ms + known, r.server))
     if r.measured:
-        eng.m.wait_refusals += 1
-    dead = eng.world.nodes[r.entry].known_dead
+        sim.m.wait_refusals += 1
+    dead = sim.world.nodes[r.entry].known_dead
     r.pos += 1
     while r.pos < len(r.order) and (r.order[r.pos] in dead or r.order[r.pos] in r.tried):
         r.pos += 1
@@ -74,7 +71,7 @@ def next_target(eng: Engine, r: SimRequest, wait_ms: float, now: float) -> None:
         # The planned bounds are spent: the next peer, checked against the best refuser's wait,
         # or back to the refuser predicted sooner, unbounded.
         nxt_ms, nxt_known = r.pred.get(nxt, (None, 0.0)) if nxt >= 0 and r.pred else (None, 0.0)
-        k, bound = after_refusals(nxt_ms, nxt_known, [ms for ms, _ in refused], eng.policy)
+        k, bound = after_refusals(nxt_ms, nxt_known, [ms for ms, _ in refused], sim.policy)
         if k is not None:
             best = refused[k][1]
             del refused[k]
@@ -83,4 +80,4 @@ def next_target(eng: Engine, r: SimRequest, wait_ms: float, now: float) -> None:
             r.order.insert(r.pos, best)
         elif bound is not None:
             bounds[nxt] = bound
-    eng._send(r, now)
+    sim.send(r, now)

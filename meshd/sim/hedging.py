@@ -10,12 +10,8 @@ counted once, with the winner's timings.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from meshd.sim.events import FIRST, HEDGE, Sim
 from meshd.sim.request import SimRequest
-
-if TYPE_CHECKING:
-    from meshd.sim.loop import Engine
 
 
 class Family:
@@ -31,28 +27,26 @@ class Family:
         self.done = False
 
 
-def arm(eng: Engine, r: SimRequest, hedge_ms: float, now: float) -> None:
+def arm(sim: Sim, r: SimRequest, hedge_ms: float, now: float) -> None:
     """After the first decision: schedule the hedge check ``hedge_ms`` (``Decision.hedge_ms``)
     after sending."""
     if r.stages is not None or r.attempts or r.family is not None:
         return
-    from meshd.sim.loop import HEDGE
-
-    eng.push(now + hedge_ms / 1000.0, HEDGE, r, r.gen)
+    sim.push(now + hedge_ms / 1000.0, HEDGE, r, r.gen)
 
 
-def _has_first_token(eng: Engine, r: SimRequest, now: float) -> bool:
+def _has_first_token(sim: Sim, r: SimRequest, now: float) -> bool:
     if r.server < 0:
         return False
-    t = eng.world.nodes[r.server]
+    t = sim.world.nodes[r.server]
     return r in t.active and r.first_s + r.rtt_s / 2.0 <= now
 
 
-def fire(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
+def fire(sim: Sim, r: SimRequest, gen: int, now: float) -> None:
     """The hedge deadline passed: send a copy to the next untried peer, if the token is late."""
-    if gen != r.gen or r.family is not None or _has_first_token(eng, r, now):
+    if gen != r.gen or r.family is not None or _has_first_token(sim, r, now):
         return
-    dead = eng.world.nodes[r.entry].known_dead
+    dead = sim.world.nodes[r.entry].known_dead
     nxt = next(
         (i for i in range(r.pos + 1, len(r.order))
          if r.order[i] not in r.tried and r.order[i] not in dead),
@@ -71,33 +65,31 @@ def fire(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
     fam.copies.append(h)
     fam.live = 2
     if r.measured:
-        eng.m.hedges += 1
-    t = eng.world.nodes[r.server] if r.server >= 0 else None
+        sim.m.hedges += 1
+    t = sim.world.nodes[r.server] if r.server >= 0 else None
     if t is not None and r in t.active:
-        watch(eng, r)
-    eng._send(h, now)
+        watch(sim, r)
+    sim.send(h, now)
 
 
-def watch(eng: Engine, r: SimRequest) -> None:
+def watch(sim: Sim, r: SimRequest) -> None:
     """``r`` started serving while a sibling lives: its first token decides the race."""
-    from meshd.sim.loop import FIRST
-
-    eng.push(r.first_s + r.rtt_s / 2.0, FIRST, r, r.gen)
+    sim.push(r.first_s + r.rtt_s / 2.0, FIRST, r, r.gen)
 
 
-def first_token(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
+def first_token(sim: Sim, r: SimRequest, gen: int, now: float) -> None:
     fam = r.family
     if gen != r.gen or fam is None or fam.winner is not None:
         return
     fam.winner = r
     if r is not fam.parent and r.measured:
-        eng.m.hedge_wins += 1
+        sim.m.hedge_wins += 1
     for c in fam.copies:
         if c is not r and c.gen >= 0:
-            cancel(eng, c, now)
+            cancel(sim, c, now)
 
 
-def cancel(eng: Engine, c: SimRequest, now: float) -> None:
+def cancel(sim: Sim, c: SimRequest, now: float) -> None:
     """Drop copy ``c`` wherever it is (in transit, queued or serving)."""
     fam = c.family
     c.gen += 1
@@ -106,16 +98,16 @@ def cancel(eng: Engine, c: SimRequest, now: float) -> None:
     c.gen = -abs(c.gen) - 1  # negative: this copy is gone
     if c.server < 0:
         return
-    t = eng.world.nodes[c.server]
+    t = sim.world.nodes[c.server]
     if c in t.active:
         t.active.discard(c)
         t.running -= 1
         t.busy_s += now - c.start_s
-        eng._next(t, now)
-        eng.load_changed(t, now)
+        sim.serve_queued(t, now)
+        sim.load_changed(t, now)
     elif c in t.queue:
         t.queue.remove(c)
-        eng.load_changed(t, now)
+        sim.load_changed(t, now)
 
 
 def drop_if_sibling_lives(c: SimRequest) -> bool:

@@ -4,7 +4,7 @@ Events are plain tuples ``(time, seq, kind, a, b)`` on one ``heapq``; ``seq`` br
 insertion order, so a run is a pure function of the scenario, the strategy and the seed.
 Every routing decision is ``meshd.core.decide.decide``, the daemon's own (one node with its
 fallbacks, or a pipeline plan), called on the ``MeshSnapshot`` the entry node would have built
-(``meshd.sim.views``); the engine only carries the result out.
+(``meshd.sim.views``); the simulation only carries the result out.
 
 Serving model: a node has ``concurrency`` slots, each running one request at the node's
 per-stream prefill and decode speeds (continuous batching at a fixed per-stream speed), and a
@@ -31,6 +31,22 @@ from meshd.core.snapshot import RouteRequest
 from meshd.core.vivaldi import update
 from meshd.errors import RoutingError
 from meshd.sim import admission, hedging, pipeline
+from meshd.sim.events import (
+    ADVERT,
+    ARRIVAL,
+    AT_SERVER,
+    BUSY,
+    DEAD,
+    DONE,
+    EARLY,
+    FIRST,
+    HEDGE,
+    PURGE,
+    REFUSED,
+    SCENARIO_EVENT,
+    STAGE,
+    SUMMARY,
+)
 from meshd.sim.metrics import Metrics, summarise
 from meshd.sim.request import SimRequest
 from meshd.sim.scenario import Scenario
@@ -39,27 +55,10 @@ from meshd.sim.views import Views, stats
 from meshd.sim.workload import ArrivalStream, mean_length
 from meshd.sim.world import VIVALDI, SimNode, World, note_dead
 
-(
-    ARRIVAL,
-    AT_SERVER,
-    DONE,
-    BUSY,
-    DEAD,
-    ADVERT,
-    SUMMARY,
-    SCENARIO_EVENT,
-    PURGE,
-    STAGE,
-    EARLY,
-    HEDGE,
-    FIRST,
-    REFUSED,
-) = range(14)
-
 Progress = Callable[[float], None]
 
 
-class Engine:
+class Simulation:
     """One run of one strategy over one scenario."""
 
     def __init__(self, scenario: Scenario, strategy: str, *, seed: int | None = None,
@@ -311,11 +310,11 @@ class Engine:
         r.order = [by_peer[p] for p in dec.order]
         r.pos = 0
         admission.arm(self, r, dec, d.wait_bounds)
-        self._send(r, now)
+        self.send(r, now)
         if d.hedge_ms is not None:
             hedging.arm(self, r, d.hedge_ms, now)
 
-    def _send(self, r: SimRequest, now: float) -> None:
+    def send(self, r: SimRequest, now: float) -> None:
         j = r.order[r.pos]
         r.tried.add(j)
         r.server = j
@@ -361,7 +360,7 @@ class Engine:
         if fam is not None and fam.winner is None and fam.live > 1:
             hedging.watch(self, r)
 
-    def _next(self, t: SimNode, now: float) -> None:
+    def serve_queued(self, t: SimNode, now: float) -> None:
         if not t.alive:
             return
         q = t.queue
@@ -402,11 +401,11 @@ class Engine:
             self.m.local += 1
         if r.measured:
             self.m.served_by_hardware[t.hw.name] += 1
-        self._complete(r, now + half)
-        self._next(t, now)
+        self.complete(r, now + half)
+        self.serve_queued(t, now)
         self.load_changed(t, now)
 
-    def _complete(self, r: SimRequest, at: float) -> None:
+    def complete(self, r: SimRequest, at: float) -> None:
         r.gen += 1  # a pending hedge check of this request is void now
         p = hedging.settle(r) if r.family is not None else r
         if p is None:
@@ -444,7 +443,7 @@ class Engine:
         ):
             r.pos += 1
         if r.stages is None and r.pos < len(r.order):
-            self._send(r, now)
+            self.send(r, now)
         else:
             self._decide(r, now)
 

@@ -14,26 +14,22 @@ again without that peer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from meshd.core import predict
-
-if TYPE_CHECKING:
-    from meshd.core.planner import Plan
-    from meshd.sim.loop import Engine
-    from meshd.sim.request import SimRequest
-    from meshd.sim.world import SimNode
+from meshd.core.planner import Plan
+from meshd.sim.events import BUSY, DEAD, DONE, STAGE, Sim
+from meshd.sim.request import SimRequest
+from meshd.sim.world import SimNode
 
 
-def send_plan(eng: Engine, r: SimRequest, plan: Plan, now: float) -> None:
+def send_plan(sim: Sim, r: SimRequest, plan: Plan, now: float) -> None:
     """Send ``r`` along ``plan`` (from ``meshd.core.decide.decide``, as the daemon does)."""
-    w = eng.world
+    w = sim.world
     n_layers = w.models[r.model]
     if len(plan.hops) == 1:  # a node serving the whole model won: an ordinary request
         r.stages = None
         r.order = [w.by_peer[plan.hops[0].peer_id]]
         r.pos = 0
-        eng._send(r, now)
+        sim.send(r, now)
         return
     r.stages = [(w.by_peer[h.peer_id], (h.layer_end - h.layer_start) / n_layers) for h in plan.hops]
     r.stage_i = 0
@@ -41,83 +37,73 @@ def send_plan(eng: Engine, r: SimRequest, plan: Plan, now: float) -> None:
     e = w.nodes[r.entry]
     for j, _ in r.stages:
         if j != r.entry:
-            eng.views.note_sent(e, j, now)
+            sim.views.note_sent(e, j, now)
     first = r.stages[0][0]
     r.server = first
-    delay = w.latency.sample_ms(r.entry, first, eng.net_rng) / 2000.0 if first != r.entry else 0.0
-    eng.push(now + delay, _stage_kind(), r, r.gen)
+    delay = w.latency.sample_ms(r.entry, first, sim.net_rng) / 2000.0 if first != r.entry else 0.0
+    sim.push(now + delay, STAGE, r, r.gen)
 
 
-def _stage_kind() -> int:
-    from meshd.sim.loop import STAGE
-
-    return STAGE
-
-
-def _oneway_s(eng: Engine, a: int, b: int) -> float:
+def _oneway_s(sim: Sim, a: int, b: int) -> float:
     if a == b:
         return 0.0
-    return eng.world.latency.sample_ms(a, b, eng.net_rng) / 2000.0
+    return sim.world.latency.sample_ms(a, b, sim.net_rng) / 2000.0
 
 
-def at_stage(eng: Engine, r: SimRequest, gen: int, now: float) -> None:
+def at_stage(sim: Sim, r: SimRequest, gen: int, now: float) -> None:
     """The request (its activations) reached stage ``r.stage_i``."""
     if gen != r.gen or r.stages is None:
         return
-    from meshd.sim.loop import BUSY, DEAD
-
     j = r.stages[r.stage_i][0]
-    t = eng.world.nodes[j]
+    t = sim.world.nodes[j]
     r.server = j
     if not t.alive:
         r.tried.add(j)
-        release(eng, r, now)
-        eng.push(now + eng.sc.run.failure_detect_s, DEAD, r, r.gen)
+        release(sim, r, now)
+        sim.push(now + sim.sc.run.failure_detect_s, DEAD, r, r.gen)
     elif t.running < t.slots:
-        slot_granted(eng, t, r, now)
+        slot_granted(sim, t, r, now)
     elif len(t.queue) < t.max_queue:
         t.queue.append(r)
-        eng.load_changed(t, now)
+        sim.load_changed(t, now)
     else:
         r.tried.add(j)
-        release(eng, r, now)
-        eng.push(now + _oneway_s(eng, j, r.entry), BUSY, r, r.gen)
+        release(sim, r, now)
+        sim.push(now + _oneway_s(sim, j, r.entry), BUSY, r, r.gen)
 
 
-def slot_granted(eng: Engine, t: SimNode, r: SimRequest, now: float) -> None:
+def slot_granted(sim: Sim, t: SimNode, r: SimRequest, now: float) -> None:
     """Stage ``r.stage_i`` took the request: prefill its layers, pass on (or emit a token)."""
     assert r.stages is not None
-    from meshd.sim.loop import DONE, STAGE
-
     t.running += 1
     t.active.add(r)
     r.held.append((t.idx, now))
-    eng.load_changed(t, now)
+    sim.load_changed(t, now)
     frac = r.stages[r.stage_i][1]
     prefill = predict.prefill_s(r.effective_prompt * frac, t.prefill_tps)
     r.stage_i += 1
     if r.stage_i < len(r.stages):
         nxt = r.stages[r.stage_i][0]
-        eng.push(now + prefill + _oneway_s(eng, t.idx, nxt), STAGE, r, r.gen)
+        sim.push(now + prefill + _oneway_s(sim, t.idx, nxt), STAGE, r, r.gen)
         return
-    nodes = eng.world.nodes
+    nodes = sim.world.nodes
     per_token = 0.0
     prev = r.entry
     for j, f in r.stages:
-        per_token += f / nodes[j].decode_tps + _oneway_s(eng, prev, j)
+        per_token += f / nodes[j].decode_tps + _oneway_s(sim, prev, j)
         prev = j
-    per_token += _oneway_s(eng, prev, r.entry)
+    per_token += _oneway_s(sim, prev, r.entry)
     r.first_s = now + prefill
     r.end_s = r.first_s + (r.remaining_output - 1) * per_token
-    r.rtt_s = 2.0 * _oneway_s(eng, t.idx, r.entry)
+    r.rtt_s = 2.0 * _oneway_s(sim, t.idx, r.entry)
     r.start_s = now
-    eng.push(r.end_s, DONE, r, r.gen)
+    sim.push(r.end_s, DONE, r, r.gen)
 
 
-def release(eng: Engine, r: SimRequest, now: float, skip: int = -1) -> None:
+def release(sim: Sim, r: SimRequest, now: float, skip: int = -1) -> None:
     """Free every slot the request holds (except on ``skip``, a node that just died)."""
     held, r.held = r.held, []
-    nodes = eng.world.nodes
+    nodes = sim.world.nodes
     for j, since in held:
         t = nodes[j]
         if j == skip:
@@ -127,22 +113,22 @@ def release(eng: Engine, r: SimRequest, now: float, skip: int = -1) -> None:
             t.active.discard(r)
             t.running -= 1
             t.busy_s += now - since
-            eng._next(t, now)
-            eng.load_changed(t, now)
+            sim.serve_queued(t, now)
+            sim.load_changed(t, now)
 
 
-def finish(eng: Engine, r: SimRequest, now: float) -> None:
+def finish(sim: Sim, r: SimRequest, now: float) -> None:
     half = r.rtt_s / 2.0
     if r.ttft_s < 0.0:
         r.ttft_s = r.first_s + half - r.arrival
     if r.measured:
-        eng.m.pipelined += 1
-        eng.m.pipeline_ttft_ms.append(r.ttft_s * 1000.0)
-    release(eng, r, now)
-    eng._complete(r, now + half)
+        sim.m.pipelined += 1
+        sim.m.pipeline_ttft_ms.append(r.ttft_s * 1000.0)
+    release(sim, r, now)
+    sim.complete(r, now + half)
 
 
-def abort(eng: Engine, r: SimRequest, now: float, dead: int) -> None:
+def abort(sim: Sim, r: SimRequest, now: float, dead: int) -> None:
     """Stage ``dead`` died while the request held a slot there."""
     assert r.stages is not None
     if r.stage_i >= len(r.stages) and now >= r.first_s:
@@ -153,4 +139,4 @@ def abort(eng: Engine, r: SimRequest, now: float, dead: int) -> None:
         r.done_tokens = min(r.done_tokens + streamed, r.output - 1)
     r.server = dead
     r.tried.add(dead)
-    release(eng, r, now, skip=dead)
+    release(sim, r, now, skip=dead)

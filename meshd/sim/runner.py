@@ -1,7 +1,8 @@
-"""Run one scenario under several strategies and collect the figures.
+"""Run one scenario under several strategies, or tier modes, and collect the figures.
 
-Each strategy is one ``Engine`` run on the same mesh, workload and failures (same seed). Runs
-may go to worker processes (``jobs > 1``); the results do not depend on it.
+Each strategy is one ``Simulation`` run on the same mesh, workload and failures (same seed).
+Runs may go to worker processes (``jobs > 1``); the results do not depend on it.
+``compare_tiers`` runs one strategy once per tier mode (``meshd.sim.tiers``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any
 
 from meshd.core.routing import BASELINE_STRATEGIES, STRATEGIES
 from meshd.errors import ConfigError
-from meshd.sim.loop import Engine
+from meshd.sim.loop import Simulation
 from meshd.sim.scenario import Scenario
+from meshd.sim.tiers import TIER_MODES
 
 DEFAULT_STRATEGIES = BASELINE_STRATEGIES  # round_robin_lockstep only when asked for
 
@@ -48,8 +50,8 @@ def run_one(scenario: Scenario, strategy: str, seed: int | None = None,
     """One strategy; adds wall/CPU seconds and peak memory to the figures."""
     t0 = time.perf_counter()
     c0 = time.process_time()
-    eng = Engine(scenario, strategy, seed=seed)
-    result = eng.run(progress)
+    sim = Simulation(scenario, strategy, seed=seed)
+    result = sim.run(progress)
     result["wall_s"] = time.perf_counter() - t0
     result["cpu_s"] = time.process_time() - c0
     result["max_rss_mib"] = _max_rss_mib()
@@ -83,3 +85,12 @@ def run_all(
             if progress:
                 progress(name, 1.0)
     return {s: results[s] for s in strategies}
+
+
+def compare_tiers(sc: Scenario, seed: int | None = None, strategy: str = "meshd") -> dict[str, dict[str, Any]]:
+    """One run per tier mode; figures keyed by mode."""
+    out: dict[str, dict[str, Any]] = {}
+    for mode in TIER_MODES:
+        sim = Simulation(sc, strategy, seed=seed, tier_mode=mode)
+        out[mode] = sim.run()
+    return out

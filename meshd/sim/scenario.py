@@ -1,26 +1,18 @@
-"""Simulation scenarios: what ``testnet/scenarios/*.toml`` may say, read strictly.
+"""Simulation scenarios: what ``testnet/scenarios/*.toml`` may say, as frozen dataclasses.
 
 A scenario names hardware classes, models, regions with groups of nodes, a latency model,
-arrival streams, failures and joins, and the gossip and routing settings. ``load_scenario``
-returns a frozen ``Scenario``; unknown keys and wrong types raise ``ConfigError`` naming the key
-and the file. ``docs/sim.md`` documents every key; the defaults below are the documented ones.
-
-A file may start with ``base = "other.toml"``: it is read first and this file's tables are laid
-over it key by key (arrays of tables are replaced whole), which is how sensitivity variants stay
-a few lines long.
+arrival streams, failures and joins, and the gossip and routing settings. ``docs/sim.md``
+documents every key; the defaults below are the documented ones. Files are read strictly by
+``meshd.sim.scenario_parse`` (``load_scenario``, ``scenario_from_dict``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from meshd.core.snapshot import Policy
-from meshd.errors import ConfigError
-from meshd.sim.toml_table import Table, deep_merge
 
 
 @dataclass(frozen=True)
@@ -213,39 +205,6 @@ class Scenario:
             ev = EventSpec(at_s=s.run.duration_s / 2, action="fail", fraction=fail_fraction)
             s = dataclasses.replace(s, events=(*s.events, ev))
         return s
-
-
-def _read(path: Path, depth: int = 0) -> dict[str, Any]:
-    if depth > 4:
-        raise ConfigError(f"{path}: 'base' chain is too deep")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such scenario file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    base = data.pop("base", None)
-    if base is None:
-        return data
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: 'base' must be a file name")
-    return deep_merge(_read(path.parent / base, depth + 1), data)
-
-
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and check one scenario file (following its ``base`` chain)."""
-    from meshd.sim.scenario_parse import parse_scenario
-
-    p = Path(path)
-    root = Table(_read(p), "", p)
-    return parse_scenario(root, p)
-
-
-def scenario_from_dict(data: dict[str, Any], file: str = "<dict>") -> Scenario:
-    """Build a scenario from an already-parsed TOML document (tests use this)."""
-    from meshd.sim.scenario_parse import parse_scenario
-
-    return parse_scenario(Table(dict(data), "", Path(file)), Path(file))
 
 
 _STRATEGY_FIELDS = frozenset({"strategy"})

@@ -101,17 +101,6 @@ def merged(snaps: dict[str, MeshSnapshot]) -> MeshSnapshot:
     return replace(first, nodes=tuple(nodes[k] for k in sorted(nodes)))
 
 
-def compare(sc: Scenario, seed: int | None = None, strategy: str = "meshd") -> dict[str, dict[str, Any]]:
-    """One run per mode; figures keyed by mode."""
-    from meshd.sim.loop import Engine
-
-    out: dict[str, dict[str, Any]] = {}
-    for mode in TIER_MODES:
-        eng = Engine(sc, strategy, seed=seed, tier_mode=mode)
-        out[mode] = eng.run()
-    return out
-
-
 def table(results: dict[str, dict[str, Any]]) -> str:
     """The side-by-side table of docs/tiers.md."""
     base = results.get("all_large")

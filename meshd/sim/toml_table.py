@@ -2,7 +2,7 @@
 
 A ``Table`` wraps one TOML table and remembers which keys were read; ``done()`` raises
 ``ConfigError`` naming the first key nobody asked for, and the file. Type errors name the key
-too. Nothing here knows what a scenario is; ``meshd.sim.scenario`` says which keys exist.
+too. Nothing here knows what a scenario is; ``meshd.sim.scenario_parse`` says which keys exist.
 """
 
 from __future__ import annotations

@@ -2,12 +2,13 @@
 
 ``Store`` is the synchronous store (one connection, thread-safe); ``AsyncStore`` wraps it for
 trio with a single writer task that loses no write to cancellation; ``Recorder`` is the narrow
-write side both inherit; ``explain_text`` turns ``explain()`` records into words.
+write side both inherit, ``Reader`` the reads the control socket needs; ``explain_text`` turns
+``explain()`` records into words.
 """
 
 from meshd.store.async_store import AsyncStore, StoreStatistics
 from meshd.store.explain import explain_text
-from meshd.store.protocol import Recorder
+from meshd.store.protocol import Reader, Recorder
 from meshd.store.rows import (
     AUDIT_ADVERT_REJECTED,
     AUDIT_ATTESTATION_FAILED,
@@ -27,6 +28,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AsyncStore",
     "Migration",
+    "Reader",
     "Recorder",
     "Store",
     "StoreError",

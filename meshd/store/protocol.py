@@ -1,15 +1,18 @@
-"""``Recorder``: what the node needs from the store on its request path.
+"""What the node needs from the store: ``Recorder`` on its request path, ``Reader`` on the
+control socket.
 
-Writes only, and none of them awaits: ``AsyncStore`` queues them for its writer task,
-``Store`` writes them at once (use it directly only outside trio, or in tests). Each
-``record_*`` takes exactly the arguments of the row builder of the same name in
+``Recorder`` writes only, and none of its writes awaits: ``AsyncStore`` queues them for its
+writer task, ``Store`` writes them at once (use it directly only outside trio, or in tests).
+Each ``record_*`` takes exactly the arguments of the row builder of the same name in
 ``meshd.store.rows`` (which checks them and documents them) and hands the row to ``_put``.
+``Reader`` is the two reads that ``meshd explain`` and ``meshd audit`` ask the daemon for;
+``AsyncStore`` provides them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Concatenate, ParamSpec
+from typing import Any, Concatenate, ParamSpec, Protocol
 
 from meshd.store import rows
 from meshd.store.rows import Row
@@ -35,3 +38,15 @@ class Recorder:
     record_decision = _recording(rows.decision_row)
     record_outcome = _recording(rows.outcome_row)
     record_audit = _recording(rows.audit_row)
+
+
+class Reader(Protocol):
+    """The store's reads that the control socket answers with."""
+
+    async def explain(self, request_id: str) -> dict[str, Any] | None:
+        """Everything recorded about one request (``meshd explain``), or None."""
+        ...
+
+    async def recent_audit(self, n: int = 20, kind: str | None = None) -> list[dict[str, Any]]:
+        """The newest ``n`` audit events, of ``kind`` if given (``meshd audit``)."""
+        ...

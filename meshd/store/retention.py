@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -89,7 +89,13 @@ def prune(store: Store, retention: Retention, now: float) -> PruneResult:
     return PruneResult(old, for_size, used_bytes(store))
 
 
-async def run_pruner(store: Any, retention: Retention, *,
+class Prunable(Protocol):
+    """What ``run_pruner`` needs of the store (``AsyncStore``)."""
+
+    async def prune_to(self, retention: Retention, now: float) -> PruneResult: ...
+
+
+async def run_pruner(store: Prunable, retention: Retention, *,
                      wall_clock: Callable[[], float] = time.time,
                      task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Prune ``store`` (an ``AsyncStore``) at start and then every ``retention.interval_s``."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from meshd.api.protocols import Emit, Observer
+from meshd.api.protocols import Emit, Observer, ServedNode
 from meshd.core.request import EntryRequest
 from meshd.errors import (
     BusyError,
@@ -175,3 +175,7 @@ class FakeNode:
     def peers_listing(self) -> list[dict[str, Any]]:
         return [{"name": "fake2", "advert_age_s": 0.5, "stalled": False},
                 {"name": "fake3", "advert_age_s": 1.5, "stalled": True}]
+
+
+def _conforms(node: FakeNode) -> ServedNode:
+    return node  # mypy checks that the fake satisfies the Protocol serve_api takes

@@ -26,12 +26,12 @@ from meshd.control.client import call
 from meshd.core.messages import MessageType
 from meshd.errors import LocalError, MeshdError
 from meshd.paths import remember_testnet
+from meshd.testnet.children import alive, log_tail, reap, track
 
 READY_TIMEOUT_S = 90.0
 API_KEY_FILE = "api-key"  # the testnet's HTTP API key, in plain text (mode 0600)
 API_KEYS_FILE = "api-keys"  # its hash, the key file every node of the testnet reads
 API_CLIENT = "testnet"  # the client name of that key
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 @dataclass
@@ -158,7 +158,7 @@ def start_process(node_dir: Path, *, netns: str | None = None, env: dict[str, st
     with open(node_dir / "meshd.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=e)
-    _CHILDREN[proc.pid] = proc  # reaped by down(); keeps Popen from warning while it runs
+    track(proc)  # reaped by down()
     (node_dir / "meshd.pid").write_text(str(proc.pid))
     return proc.pid
 
@@ -171,10 +171,10 @@ async def wait_mesh(sockets: dict[str, Path], pids: dict[str, int], expect: int,
     while True:
         pending = []
         for name, sock in sockets.items():
-            if not _alive(pids[name]):
+            if not alive(pids[name]):
                 tail = ""
                 if node_dirs:
-                    tail = _tail(node_dirs[name] / "meshd.log")
+                    tail = log_tail(node_dirs[name] / "meshd.log")
                 raise LocalError(f"node {name} exited during start-up:\n{tail}")
             try:
                 with trio.fail_after(2):
@@ -190,28 +190,6 @@ async def wait_mesh(sockets: dict[str, Path], pids: dict[str, int], expect: int,
             detail = ", ".join(f"{n} sees {max(seen[n], 0)}" for n in pending)
             raise LocalError(f"mesh did not form within {timeout_s:.0f} s ({detail} of {expect} peers)")
         await trio.sleep(0.2)
-
-
-def _tail(path: Path, n: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child counts as dead
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return True
 
 
 def api_url(host: str, port: int) -> str:
@@ -244,7 +222,7 @@ def running_daemons(directory: Path) -> set[int]:
         nodes = json.loads((directory / "testnet.json").read_text()).get("nodes", [])
     except (OSError, ValueError):
         nodes = []
-    listed = {n["pid"] for n in nodes if _alive(n["pid"]) and is_meshd_daemon(n["pid"])}
+    listed = {n["pid"] for n in nodes if alive(n["pid"]) and is_meshd_daemon(n["pid"])}
     return listed | testnet_daemons(directory, [Path(n["socket"]) for n in nodes if "socket" in n])
 
 
@@ -262,7 +240,7 @@ def _wait_listening(sock: Path, pid: int, timeout_s: float) -> None:
     """Until the daemon's control socket exists (it binds its libp2p port before), it exits, or
     ``timeout_s`` passes; never raises: ``wait_mesh`` reports a node that did not come up."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not sock.exists() and _alive(pid):
+    while time.monotonic() < deadline and not sock.exists() and alive(pid):
         time.sleep(0.05)
 
 
@@ -353,7 +331,7 @@ def _stop_daemons(nodes: list[dict[str, Any]], extra: set[int], timeout_s: float
 
     targets: dict[int, str] = {}
     for n in nodes:
-        if _alive(n["pid"]) and (n["pid"] in extra or is_meshd_daemon(n["pid"])):
+        if alive(n["pid"]) and (n["pid"] in extra or is_meshd_daemon(n["pid"])):
             targets[n["pid"]] = n["name"]
     for pid in sorted(extra - set(targets)):
         targets[pid] = f"pid {pid}"
@@ -367,14 +345,14 @@ def _stop_daemons(nodes: list[dict[str, Any]], extra: set[int], timeout_s: float
         stopped.append(name)
     deadline = time.monotonic() + timeout_s
     for pid in targets:
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _alive(pid):
+        if alive(pid):
             _kill(pid)
     for n in nodes:
-        _reap(n["pid"])
+        reap(n["pid"])
     for pid in targets:
-        _reap(pid)
+        reap(pid)
     return stopped
 
 
@@ -387,19 +365,4 @@ def _kill(pid: int) -> None:
         else:
             os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
-
-
-def _reap(pid: int) -> None:
-    proc = _CHILDREN.pop(pid, None)
-    if proc is not None:
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
         pass

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from meshd.errors import LocalError
+from meshd.testnet.children import log_tail, reap, track
 
 SUBNET = "10.77"
 TUN = "mdtun"
@@ -228,13 +229,11 @@ def start_forwarder(plan: NetPlan, cfg: dict[str, Any], directory: Path, timeout
     with open(directory / "forwarder.log", "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    from meshd.testnet.launcher import _CHILDREN, _tail
-
-    _CHILDREN[proc.pid] = proc
+    track(proc)
     deadline = time.monotonic() + timeout_s
     while not ready.exists():
         if proc.poll() is not None:
-            raise LocalError("the link emulator exited at start:\n" + _tail(directory / "forwarder.log"))
+            raise LocalError("the link emulator exited at start:\n" + log_tail(directory / "forwarder.log"))
         if time.monotonic() > deadline:
             raise LocalError(f"the link emulator did not start within {timeout_s:.0f} s")
         time.sleep(0.05)
@@ -259,8 +258,6 @@ def teardown(directory: Path) -> list[str]:
     prefix = state["prefix"] if state else prefix_for(directory)
     if state and state.get("forwarder_pid"):
         pid = int(state["forwarder_pid"])
-        from meshd.testnet.launcher import _reap
-
         if _exists(pid):
             _signal(pid, signal.SIGTERM)
             deadline = time.monotonic() + 5
@@ -268,7 +265,7 @@ def teardown(directory: Path) -> list[str]:
                 time.sleep(0.05)
             if _exists(pid):
                 _signal(pid, signal.SIGKILL)
-        _reap(pid)
+        reap(pid)
     if unavailable_reason() is not None and state is None:
         return []
     gone = destroy(prefix)

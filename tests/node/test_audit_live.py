@@ -18,11 +18,10 @@ from typing import Any
 import pytest
 
 from meshd.core.cert import decode_certificate
+from meshd.testnet.children import alive, reap
 from meshd.testnet.drive import cli, wait_for
 from meshd.testnet.launcher import (
     NodeSpec,
-    _alive,
-    _reap,
     down,
     free_port,
     issue_keys,
@@ -75,8 +74,8 @@ def test_outsider_refusals_are_audited(mesh: dict[str, Any], tmp_path: Path) -> 
                          "n1 to audit the outsider's refused handshake", poll_s=0.5)
     finally:
         os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: not _alive(pid), 15, "the outsider to stop")
-        _reap(pid)
+        wait_for(lambda: not alive(pid), 15, "the outsider to stop")
+        reap(pid)
     e = found[0]
     assert e["peer_id"] == ids["outsider"] and e["reason"] == "wrong_ca"
     assert e["detail"]["direction"] == "inbound" and e["detail"]["address"].startswith("127.0.0.1:")

@@ -119,12 +119,12 @@ def test_a_cell_whose_members_the_residency_excludes_needs_the_probes() -> None:
     table = PeerTable(here.peer_id, expiry_s=1e9)
     table.apply(mate, 0.0, WALL)
     cells = _Cells()
-    host = SimpleNamespace(cells=cells, runner=SimpleNamespace(get=lambda m: object(),
+    node = SimpleNamespace(cells=cells, runner=SimpleNamespace(get=lambda m: object(),
                                                                  default_model=lambda: "m"),
                            membership=SimpleNamespace(table=table, labels=here.labels))
     for residency in (None, "us", "eu"):
         ctx = SimpleNamespace(model="m", req=SimpleNamespace(model="m", residency=residency))
-        trio.run(reach, ctx, host)
+        trio.run(reach, ctx, node)
     # served here and by the cell-mate, but neither may serve a request that must stay in the EU
     assert cells.calls == [("m", False, None), ("m", False, "us"), ("m", True, "eu")]
 

@@ -25,9 +25,10 @@ import trio
 
 from meshd.core.cert import decode_certificate
 from meshd.core.messages import MessageType
+from meshd.testnet.children import alive, reap
 from meshd.testnet.drive import ask, stream, wait_for
 from meshd.testnet.drive import cli as meshd
-from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, up
+from meshd.testnet.launcher import NodeSpec, down, up
 
 pytestmark = pytest.mark.slow
 
@@ -173,8 +174,8 @@ def test_a_cell_that_loses_all_its_nodes_leaves_the_summaries(mesh: dict[str, An
     for n in dead:
         os.kill(n["pid"], signal.SIGKILL)
     for n in dead:
-        wait_for(lambda n=n: not _alive(n["pid"]), 10, f"{n['name']} to die")
-        _reap(n["pid"])
+        wait_for(lambda n=n: not alive(n["pid"]), 10, f"{n['name']} to die")
+        reap(n["pid"])
     gone_at: dict[str, float] = {}
 
     def gone() -> bool:

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from meshd.testnet.children import alive, reap
 from meshd.testnet.drive import cli as meshd
 from meshd.testnet.drive import peers_of, wait_for
-from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, start_process, up
+from meshd.testnet.launcher import NodeSpec, down, start_process, up
 
 pytestmark = pytest.mark.slow
 
@@ -85,8 +86,8 @@ def test_killed_daemon_leaves_every_table_and_comes_back(mesh: dict[str, Any]) -
     victim = next(n for n in mesh["nodes"] if n["name"] == "n3")
     others = {k: v for k, v in sockets(mesh).items() if k != "n3"}
     os.kill(victim["pid"], signal.SIGKILL)
-    wait_for(lambda: not _alive(victim["pid"]), 10, "n3 to die")
-    _reap(victim["pid"])
+    wait_for(lambda: not alive(victim["pid"]), 10, "n3 to die")
+    reap(victim["pid"])
     wait_for(lambda: all("n3" not in {p["name"] for p in peers_of(s)} for s in others.values()),
              3 * ADVERT_INTERVAL_S, "n3 to leave every peer table within 3 advert intervals")
     _restart(mesh, "n3")
@@ -143,5 +144,5 @@ def test_unattested_daemon_cannot_join_or_be_served(mesh: dict[str, Any], tmp_pa
         assert proc.returncode != 0 and "Traceback" not in proc.stderr
     finally:
         os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: not _alive(pid), 15, "the intruder to stop")
-        _reap(pid)
+        wait_for(lambda: not alive(pid), 15, "the intruder to stop")
+        reap(pid)

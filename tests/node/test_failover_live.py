@@ -26,8 +26,9 @@ from meshd.control.client import call
 from meshd.core.messages import MessageType
 from meshd.errors import RemoteError
 from meshd.testing.wait import wait_for
+from meshd.testnet.children import alive, reap
 from meshd.testnet.drive import stream
-from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, up
+from meshd.testnet.launcher import NodeSpec, down, up
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +77,7 @@ def test_serving_daemon_killed_mid_stream_gives_identical_output(mesh: dict[str,
         killed.append(served_by)
 
     result = trio.run(stream, entry, greedy(residency="eu"), kill)
-    _reap(mesh[killed[0]]["pid"])
+    reap(mesh[killed[0]]["pid"])
     assert killed and killed[0] in ("eu1", "eu2")
     assert result["ids"] == reference["ids"]
     assert result["stats"]["retries"] >= 1
@@ -91,9 +92,9 @@ def test_serving_daemon_killed_mid_stream_gives_identical_output(mesh: dict[str,
 def test_residency_request_fails_clearly_when_no_allowed_node_is_left(mesh: dict[str, Any]) -> None:
     entry = mesh["entry"]["socket"]
     for name in ("eu1", "eu2"):
-        if _alive(mesh[name]["pid"]):
+        if alive(mesh[name]["pid"]):
             os.kill(mesh[name]["pid"], signal.SIGKILL)
-            _reap(mesh[name]["pid"])
+            reap(mesh[name]["pid"])
 
     def eu_gone() -> bool:
         reply = trio.run(call, entry, MessageType.PEERS_REQ, {})

@@ -72,7 +72,8 @@ from meshd.errors import MeshdError, ProtocolError
 from meshd.net.attest import Attestor, disconnect_all, make_host
 from meshd.net.identity import NodeIdentity, load_identity
 from meshd.testing.wait import wait_for
-from meshd.testnet.launcher import NodeSpec, _alive, down, up
+from meshd.testnet.children import alive
+from meshd.testnet.launcher import NodeSpec, down, up
 
 pytestmark = pytest.mark.slow
 
@@ -189,7 +190,7 @@ class Attacker:
         try:
             return self.call(fn, *args)
         except Exception as e:
-            if not _alive(t.pid):
+            if not alive(t.pid):
                 raise AssertionError(f"the daemon died; its log ends:\n{_tail(t.log)}") from None
             raise AssertionError(f"cannot reach the daemon ({type(e).__name__}: {e}); "
                                  f"its log ends:\n{_tail(t.log)}") from None
@@ -350,7 +351,7 @@ def _tail(path: Path, n: int = 40) -> str:
 
 
 def assert_healthy(t: Target) -> None:
-    assert _alive(t.pid), f"the daemon died; its log ends:\n{_tail(t.log)}"
+    assert alive(t.pid), f"the daemon died; its log ends:\n{_tail(t.log)}"
     try:
         out = _submit(t.sock, "Once upon a time")
     except (MeshdError, trio.TooSlowError) as e:
@@ -367,7 +368,7 @@ def assert_healthy(t: Target) -> None:
 
     wait_for(intact, HEALTH_DEADLINE_S, lambda: f"intact peer tables: {t.name} sees "
              f"{seen.get('names')}, {t.witness_name} sees {seen.get('back')}")
-    assert _alive(t.pid), f"the daemon died; its log ends:\n{_tail(t.log)}"
+    assert alive(t.pid), f"the daemon died; its log ends:\n{_tail(t.log)}"
 
 
 def _status(sock: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import trio
 from meshd.cli.main import main
 from meshd.control.client import call
 from meshd.core.messages import MessageType
-from meshd.testnet import launcher
+from meshd.testnet import children, launcher
 
 ADVERT_INTERVAL_S = 120.0
 JOINS_WITHIN_S = 30.0  # far below one advert interval
@@ -75,4 +75,4 @@ def test_a_late_joiner_sees_and_is_seen_by_all_well_before_one_advert_period(mes
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        launcher._reap(pid)
+        children.reap(pid)

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from meshd.testnet.children import alive, reap
 from meshd.testnet.drive import cli, wait_for
 from meshd.testnet.launcher import (
     NodeSpec,
-    _alive,
-    _reap,
     free_port,
     issue_keys,
     node_config,
@@ -40,10 +39,10 @@ def _daemon(d: Path, bootstrap: list[str]) -> tuple[int, dict[str, str]]:
 
 
 def _stop(pid: int) -> None:
-    if _alive(pid):
+    if alive(pid):
         os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: not _alive(pid), 15, "a daemon to stop")
-    _reap(pid)
+    wait_for(lambda: not alive(pid), 15, "a daemon to stop")
+    reap(pid)
 
 
 def test_outsider_redials_leave_few_timestamped_lines(tmp_path: Path) -> None:

@@ -470,7 +470,7 @@ def test_eight_concurrent_requests_complete_and_stages_return_to_baseline(
 def test_killed_middle_stage_fails_over_with_identical_output(mesh: dict[str, Any],
                                                                reference: Any) -> None:
     """Runs last: it leaves one middle stage dead."""
-    from meshd.testnet.launcher import _alive, _reap
+    from meshd.testnet.children import alive, reap
 
     seed = int(os.environ.get("MESHD_TEST_SEED", str(int(time.time()) % 10_000)))
     kill_at = random.Random(seed).randint(2, 20)
@@ -487,8 +487,8 @@ def test_killed_middle_stage_fails_over_with_identical_output(mesh: dict[str, An
     out = trio.run(_stream, sock(mesh, "entry"), _fields(prompt, n), on_token)
     assert killed, f"never reached token {kill_at} (seed {seed})"
     victim = killed[0][0]
-    wait_for(lambda: not _alive(pids[victim]), 10, f"{victim} to die of SIGKILL", poll_s=0.05)
-    _reap(pids[victim])
+    wait_for(lambda: not alive(pids[victim]), 10, f"{victim} to die of SIGKILL", poll_s=0.05)
+    reap(pids[victim])
     assert out["token_ids"] == reference(prompt, n), f"seed {seed}, killed {victim} at {kill_at}"
     assert out["replans"] >= 1, out
     spare = "s2b" if victim == "s2" else "s2"

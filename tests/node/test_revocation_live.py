@@ -23,9 +23,10 @@ import pytest
 
 from meshd.core.cert import decode_certificate
 from meshd.core.messages import MessageType
+from meshd.testnet.children import alive, reap
 from meshd.testnet.drive import ask, wait_for
 from meshd.testnet.drive import cli as meshd
-from meshd.testnet.launcher import NodeSpec, _alive, _reap, down, start_process, up
+from meshd.testnet.launcher import NodeSpec, down, start_process, up
 
 pytestmark = pytest.mark.slow
 
@@ -74,8 +75,8 @@ def submit_solo(mesh: dict[str, Any], name: str) -> subprocess.CompletedProcess[
 def restart(mesh: dict[str, Any], name: str) -> None:
     n = node(mesh, name)
     os.kill(n["pid"], signal.SIGTERM)
-    wait_for(lambda: not _alive(n["pid"]), 20, f"{name} to stop")
-    _reap(n["pid"])
+    wait_for(lambda: not alive(n["pid"]), 20, f"{name} to stop")
+    reap(n["pid"])
     n["pid"] = start_process(Path(n["dir"]))
     (Path(mesh["dir"]) / "testnet.json").write_text(json.dumps(mesh, indent=2))
     wait_for(lambda: ask(sock(mesh, name), MessageType.STATUS_REQ) is not None, 60,

@@ -20,11 +20,10 @@ import pytest
 
 from meshd.engine import default_model_path
 from meshd.exitcodes import Exit
+from meshd.testnet.children import alive, reap
 from meshd.testnet.drive import cli, wait_for
 from meshd.testnet.launcher import (
     NodeSpec,
-    _alive,
-    _reap,
     free_port,
     issue_keys,
     node_config,
@@ -46,13 +45,13 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     pid = start_process(d / "a")
     sock = d / "a" / "meshd.sock"
     try:
-        wait_for(lambda: sock.exists() or not _alive(pid), 60, "the daemon's control socket")
-        assert _alive(pid), (d / "a" / "meshd.log").read_text()
+        wait_for(lambda: sock.exists() or not alive(pid), 60, "the daemon's control socket")
+        assert alive(pid), (d / "a" / "meshd.log").read_text()
         yield {"dir": d / "a", "cfg": cfg, "port": spec.port, "pid": pid}
     finally:
         os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: not _alive(pid), 15, "the daemon to stop")
-        _reap(pid)
+        wait_for(lambda: not alive(pid), 15, "the daemon to stop")
+        reap(pid)
 
 
 def _variant(running: dict[str, Any], name: str, **node: Any) -> Path:
@@ -86,13 +85,13 @@ def test_second_daemon_on_a_running_nodes_port_refuses_to_start(running: dict[st
              "[node] listen[0]", f"port {port} is already in use")
     _refused(_variant(running, "same-port-any", listen=[f"/ip4/0.0.0.0/tcp/{port}"]),
              f"port {port} is already in use")
-    assert _alive(running["pid"])
+    assert alive(running["pid"])
 
 
 def test_control_socket_served_by_another_daemon(running: dict[str, Any]) -> None:
     _refused(_variant(running, "same-sock", socket=str(running["dir"] / "meshd.sock")),
              "already served by another running daemon")
-    assert (running["dir"] / "meshd.sock").exists() and _alive(running["pid"])
+    assert (running["dir"] / "meshd.sock").exists() and alive(running["pid"])
 
 
 def test_invalid_listen_multiaddr(running: dict[str, Any]) -> None:

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from meshd.testnet.children import alive
 from meshd.testnet.drive import cli, peers_of, wait_for
-from meshd.testnet.launcher import _alive, write_toml
+from meshd.testnet.launcher import write_toml
 from meshd.testnet.procs import config_arg, socket_owner
 
 pytestmark = pytest.mark.slow
@@ -42,7 +43,7 @@ def _ids(index: dict[str, Any]) -> dict[str, str]:
 
 def _down(d: Path, env: dict[str, str], index: dict[str, Any]) -> None:
     cli("testnet", "down", "--dir", str(d), env=env, timeout=60)
-    assert not any(_alive(n["pid"]) for n in index["nodes"])
+    assert not any(alive(n["pid"]) for n in index["nodes"])
 
 
 def test_up_again_in_the_same_folder(tmp_path: Path, env: dict[str, str]) -> None:
@@ -50,7 +51,7 @@ def test_up_again_in_the_same_folder(tmp_path: Path, env: dict[str, str]) -> Non
     first = _up(d, env)
     again = _up(d, env)  # README command 1 run twice: the running mesh is replaced
     assert _ids(again) == _ids(first)  # the folder's CA and keys are kept
-    assert not any(_alive(n["pid"]) for n in first["nodes"])
+    assert not any(alive(n["pid"]) for n in first["nodes"])
     _down(d, env, again)
     after_down = _up(d, env)
     assert _ids(after_down) == _ids(first)
@@ -69,7 +70,7 @@ def test_down_stops_daemons_restarted_by_hand(tmp_path: Path, env: dict[str, str
     try:
         for n in index["nodes"]:
             os.kill(n["pid"], 15)
-            wait_for(lambda n=n: not _alive(n["pid"]), 20, f"{n['name']} to stop")
+            wait_for(lambda n=n: not alive(n["pid"]), 20, f"{n['name']} to stop")
         # n2 again from its own folder, with a relative config path (found by its config)
         hand.append(subprocess.Popen([sys.executable, "-m", "meshd", "run", "--config", "meshd.toml"],
                                      cwd=n2["dir"], env=env, stdout=subprocess.DEVNULL,

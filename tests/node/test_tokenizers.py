@@ -64,7 +64,7 @@ class _Links:
         return self.chans[peer_id]
 
 
-class _Host:
+class _Node:
     def __init__(self, data_dir: Path, chans: dict[str, _Chan]) -> None:
         self.config = Config(node=NodeConfig(data_dir=str(data_dir)), routing=RoutingConfig())
         self.runner = Runner()
@@ -77,8 +77,8 @@ class _Host:
             self.table.apply(adv, 0.0, time.time())
 
 
-def _with_service(host: _Host, body: Callable[[TokenizerService], Any]) -> TokenizerService:
-    svc = TokenizerService(host)
+def _with_service(node: _Node, body: Callable[[TokenizerService], Any]) -> TokenizerService:
+    svc = TokenizerService(node)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -96,14 +96,14 @@ def _reference() -> Tokenizer:
 
 
 def test_a_fetched_tokenizer_is_checked_cached_and_tokenizes_as_the_model_does(tmp_path: Path) -> None:
-    host = _Host(tmp_path, {"peer-a": _Chan(GOOD)})
+    node = _Node(tmp_path, {"peer-a": _Chan(GOOD)})
     got: dict[str, Any] = {}
 
     async def body(svc: TokenizerService) -> None:
         assert svc.advertised("tiny-en") == IDENT and svc.advertised("other") == ""
         got["tok"], got["why"] = await svc.get(IDENT, 20)
 
-    svc = _with_service(host, body)
+    svc = _with_service(node, body)
     tok, ref = got["tok"], _reference()
     assert tok is not None and got["why"] == ""
     for text in ("In the beginning God created the heaven and the earth.", "def f(x): return x",
@@ -122,7 +122,7 @@ def test_a_fetched_tokenizer_is_checked_cached_and_tokenizes_as_the_model_does(t
     async def body2(svc: TokenizerService) -> None:
         again["tok"], _ = await svc.get(IDENT, 20)
 
-    svc2 = _with_service(_Host(tmp_path, {"peer-a": chan}), body2)
+    svc2 = _with_service(_Node(tmp_path, {"peer-a": chan}), body2)
     assert again["tok"] is not None and chan.asked == 0
     assert svc2.stats["cache_loads"] == 1 and svc2.stats["fetched"] == 0
 
@@ -130,14 +130,14 @@ def test_a_fetched_tokenizer_is_checked_cached_and_tokenizes_as_the_model_does(t
 def test_a_tampered_tokenizer_from_a_peer_is_refused_and_never_cached(tmp_path: Path) -> None:
     assert TAMPERED != GOOD
     evil = _Chan(TAMPERED)
-    host = _Host(tmp_path, {"peer-evil": evil})
+    node = _Node(tmp_path, {"peer-evil": evil})
     got: dict[str, Any] = {}
 
     async def body(svc: TokenizerService) -> None:
         got["first"] = await svc.get(IDENT, 20)
         got["again"] = await svc.get(IDENT, 20)  # within RETRY_AFTER_S: not asked again
 
-    svc = _with_service(host, body)
+    svc = _with_service(node, body)
     tok, why = got["first"]
     assert tok is None and "hash mismatch" in why and "peer-evil" in why
     assert got["again"][0] is None and "failed" in got["again"][1]
@@ -147,13 +147,13 @@ def test_a_tampered_tokenizer_from_a_peer_is_refused_and_never_cached(tmp_path: 
 
 def test_a_tampered_peer_is_skipped_for_an_honest_one(tmp_path: Path) -> None:
     evil, good = _Chan(TAMPERED), _Chan(GOOD)
-    host = _Host(tmp_path, {"a-evil": evil, "b-good": good})  # the evil one is asked first
+    node = _Node(tmp_path, {"a-evil": evil, "b-good": good})  # the evil one is asked first
     got: dict[str, Any] = {}
 
     async def body(svc: TokenizerService) -> None:
         got["tok"], got["why"] = await svc.get(IDENT, 20)
 
-    svc = _with_service(host, body)
+    svc = _with_service(node, body)
     assert got["tok"] is not None and evil.asked == 1 and good.asked == 1
     assert svc.stats["hash_rejected"] == 1 and svc.stats["fetched"] == 1
 
@@ -168,7 +168,7 @@ def test_a_tampered_cache_file_is_refused_and_fetched_again(tmp_path: Path) -> N
     async def body(svc: TokenizerService) -> None:
         got["tok"], _ = await svc.get(IDENT, 20)
 
-    svc = _with_service(_Host(tmp_path, {"peer-a": chan}), body)
+    svc = _with_service(_Node(tmp_path, {"peer-a": chan}), body)
     assert got["tok"] is not None and chan.asked == 1
     assert svc.stats["cache_rejected"] == 1 and svc.stats["cache_loads"] == 0
     assert cached.read_bytes() == GOOD
@@ -183,7 +183,7 @@ def test_a_silent_peer_costs_a_request_at_most_its_wait(tmp_path: Path) -> None:
         got["took"] = trio.current_time() - t0
         got["fetching"] = svc.statistics()["fetching"]
 
-    _with_service(_Host(tmp_path, {"peer-a": _Chan(None)}), body)
+    _with_service(_Node(tmp_path, {"peer-a": _Chan(None)}), body)
     assert got["tok"] is None and "tokenizer_wait_s = 0.3 s" in got["why"]
     assert got["took"] < 1.5 and got["fetching"] == [IDENT[:12]]  # it goes on in the background
 

@@ -6,7 +6,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from meshd.sim.scenario import Scenario, scenario_from_dict
+from meshd.sim.scenario import Scenario
+from meshd.sim.scenario_parse import scenario_from_dict
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "testnet" / "scenarios"
 

@@ -14,7 +14,7 @@ import pytest
 from meshd.cli.main import main
 from meshd.sim import sweep
 from meshd.sim.capacity import capacity
-from meshd.sim.loop import Engine
+from meshd.sim.loop import Simulation
 from meshd.sim.world import World
 
 from .helpers import LENGTHS, SCENARIOS, scenario
@@ -45,13 +45,13 @@ def test_each_node_starts_its_round_robin_at_its_own_seeded_offset() -> None:
     assert [n.rr for n in World(sc, 4).nodes] != first
     # The mesh itself does not depend on the offsets (the same one as before they existed).
     assert [n.coord for n in World(sc, 3).nodes] == [n.coord for n in World(sc, 3).nodes]
-    assert all(n.rr == 0 for n in Engine(sc, "round_robin_lockstep", seed=3).world.nodes)
-    assert [n.rr for n in Engine(sc, "round_robin", seed=3).world.nodes] == first
+    assert all(n.rr == 0 for n in Simulation(sc, "round_robin_lockstep", seed=3).world.nodes)
+    assert [n.rr for n in Simulation(sc, "round_robin", seed=3).world.nodes] == first
 
 
 def test_lockstep_round_robin_herds_and_the_fair_one_does_not() -> None:
     sc = sweep.at_load(homogeneous(), 0.5)
-    res = {s: Engine(sc, s).run() for s in ("round_robin_lockstep", "round_robin", "random")}
+    res = {s: Simulation(sc, s).run() for s in ("round_robin_lockstep", "round_robin", "random")}
     p95 = {s: r["ttft_p95_ms"] for s, r in res.items()}
     assert all(r["failed"] == 0 for r in res.values())
     # In step, every entry node sends to the same server: queues where there need be none.
@@ -138,5 +138,5 @@ def test_the_floor_is_prefill_on_the_fastest_hardware_and_nobody_beats_it() -> N
     assert 38.0 < floor["ttft_p50_ms"] < 46.0
     assert floor["ttft_p50_ms"] < floor["ttft_p95_ms"] < floor["ttft_p99_ms"]
     for s in ("meshd", "latency_only"):
-        r = Engine(sc, s).run()
+        r = Simulation(sc, s).run()
         assert r["ttft_p95_ms"] >= 0.9 * floor["ttft_p95_ms"], (s, r["ttft_p95_ms"], floor)

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from meshd.core import routing
-from meshd.sim.loop import Engine
+from meshd.sim.loop import Simulation
 from meshd.sim.runner import run_one
-from meshd.sim.scenario import load_scenario
+from meshd.sim.scenario_parse import load_scenario
 
 from .helpers import SCENARIOS, scenario
 
@@ -23,10 +23,10 @@ def _figures(r: dict[str, Any]) -> dict[str, Any]:
 
 def test_same_seed_same_result() -> None:
     sc = scenario()
-    a = Engine(sc, "meshd").run()
-    b = Engine(sc, "meshd").run()
+    a = Simulation(sc, "meshd").run()
+    b = Simulation(sc, "meshd").run()
     assert a == b
-    c = Engine(sc, "meshd", seed=99).run()
+    c = Simulation(sc, "meshd", seed=99).run()
     assert c != a
 
 
@@ -39,15 +39,15 @@ def test_same_seed_same_result_with_loss_failures_and_joins() -> None:
              "serve": ["m"]},
         ],
     )  # fmt: skip
-    a = Engine(sc, "lwsq").run()
-    assert a == Engine(sc, "lwsq").run()
+    a = Simulation(sc, "lwsq").run()
+    assert a == Simulation(sc, "lwsq").run()
     assert a["nodes"] == 18
 
 
 @pytest.mark.parametrize("strategy", routing.STRATEGIES)
 def test_every_request_completes_or_fails(strategy: str) -> None:
     sc = scenario(events=[{"at_s": 5.0, "action": "fail", "fraction": 0.3}])
-    r = Engine(sc, strategy).run()
+    r = Simulation(sc, strategy).run()
     assert r["arrived"] > 100
     assert r["completed"] + r["failed"] == r["arrived"]
     assert sum(r["failed_by_reason"].values()) == r["failed"]
@@ -58,7 +58,7 @@ def test_overload_fails_requests_and_still_conserves() -> None:
         arrivals=[{**_arrival("a"), "rate_per_s": 80.0}],
         sim={"duration_s": 5.0, "drain_s": 3.0, "timeout_s": 2.0},
     )
-    r = Engine(sc, "round_robin").run()
+    r = Simulation(sc, "round_robin").run()
     assert r["failed"] > 0
     # Busy answers, clients giving up, or every peer looking full to the router ("no_route").
     assert set(r["failed_by_reason"]) <= {"busy", "timeout", "unfinished", "no_route"}
@@ -86,7 +86,7 @@ def test_every_decision_is_made_by_the_daemons_router(monkeypatch: pytest.Monkey
 
     assert loop.decide is decide.decide
     monkeypatch.setattr(decide, "route", counting)
-    r = Engine(scenario(), "meshd").run()
+    r = Simulation(scenario(), "meshd").run()
     assert len(calls) >= r["arrived"]  # one per request, more on retries
     assert {s for s, _ in calls} == {"meshd"}
     # Each decision sees a bounded view: its cell (8 nodes here) plus a few probed peers.
@@ -104,20 +104,20 @@ def test_meshd_beats_round_robin_on_the_tiny_scenario() -> None:
 
 def test_latency_only_stays_local_and_strategies_differ() -> None:
     sc = scenario()
-    lo = Engine(sc, "latency_only").run()
+    lo = Simulation(sc, "latency_only").run()
     assert lo["served_locally"] > 0.6 * lo["completed"]  # the rest: its own queue looked full
-    rnd = Engine(sc, "random").run()
+    rnd = Simulation(sc, "random").run()
     assert rnd["served_locally"] < 0.5 * rnd["completed"]
 
 
 def test_stale_adverts_are_what_the_router_sees() -> None:
     """A decision's view of a peer is its last advert heard, aged, plus what we sent since."""
     sc = scenario(gossip={"advert_interval_s": 5.0, "early_adverts": False, "probes": 0})
-    eng = Engine(sc, "meshd")
-    eng.run()
-    w = eng.world
+    sim = Simulation(sc, "meshd")
+    sim.run()
+    w = sim.world
     e = w.nodes[0]
-    snap = eng.views.snapshot(e, eng.now, "m")
+    snap = sim.views.snapshot(e, sim.now, "m")
     peers = [v for v in snap.nodes if not v.is_local]
     assert peers and all(v.rtt_source in ("vivaldi", "measured") for v in peers)
     assert all(0.0 <= v.advert_age_s <= 3 * 5.0 for v in peers)
@@ -130,14 +130,14 @@ def test_failed_nodes_leave_views_and_entries_reroute() -> None:
     sc = scenario(
         events=[{"at_s": 3.0, "action": "fail", "region": "a", "hardware": "gpu", "count": 3}]
     )
-    eng = Engine(sc, "meshd")
-    r = eng.run()
+    sim = Simulation(sc, "meshd")
+    r = sim.run()
     assert r["completed"] + r["failed"] == r["arrived"]
-    dead = {n.peer_id for n in eng.world.nodes if not n.alive}
+    dead = {n.peer_id for n in sim.world.nodes if not n.alive}
     assert len(dead) == 3
-    for n in eng.world.nodes:
+    for n in sim.world.nodes:
         if n.alive:
-            snap = eng.views.snapshot(n, eng.now, "m")
+            snap = sim.views.snapshot(n, sim.now, "m")
             assert dead.isdisjoint(v.peer_id for v in snap.nodes)
 
 
@@ -154,7 +154,7 @@ def test_pipelines_are_planned_by_the_daemons_planner(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(decide, "plan", counting)
     sc = load_scenario(SCENARIOS / "pipeline-48.toml").with_overrides(duration_s=15.0)
-    r = Engine(sc, "meshd").run()
+    r = Simulation(sc, "meshd").run()
     assert calls and max(calls) >= 2  # real multi-stage chains
     assert r["pipelined"] > 0
     assert r["pipeline_ttft_p50_ms"] > 0
@@ -167,7 +167,7 @@ def test_a_dead_stage_makes_the_entry_plan_again() -> None:
     from meshd.sim.scenario import EventSpec
 
     sc = dataclasses.replace(sc, events=tuple(EventSpec(**e) for e in events))
-    r = Engine(sc, "meshd").run()
+    r = Simulation(sc, "meshd").run()
     assert r["completed"] + r["failed"] == r["arrived"]
     assert r["pipelined"] > 0
     assert r["retries"] > 0
@@ -183,9 +183,9 @@ def test_a_hardware_batch_curve_sets_each_streams_decode_speed() -> None:
     def with_curve(curve: list[float]) -> dict[str, Any]:
         hw = copy.deepcopy(BASE["hardware"])
         hw[0]["batch_tps"] = curve
-        return Engine(scenario(hardware=hw), "meshd").run()
+        return Simulation(scenario(hardware=hw), "meshd").run()
 
-    base = Engine(scenario(), "meshd").run()
+    base = Simulation(scenario(), "meshd").run()
     assert _figures(with_curve([40.0, 80.0, 160.0])) == _figures(base)
     slow = with_curve([40.0, 50.0, 60.0])  # 4 streams share 60 tokens/s
     assert slow["completed"] == base["completed"]

@@ -13,7 +13,7 @@ import pytest
 from meshd.cli.main import main
 from meshd.core.advert import significant_load_change
 from meshd.sim.latency import LatencyModel
-from meshd.sim.loop import Engine
+from meshd.sim.loop import Simulation
 from meshd.sim.scenario import ArrivalSpec, LatencySettings, LengthDist
 from meshd.sim.workload import ArrivalStream, mean_length, sample_length
 
@@ -99,15 +99,15 @@ def test_significant_change_rule(old: tuple, new: tuple, want: bool) -> None:
 
 def test_hedging_sends_copies_and_counts_requests_once() -> None:
     sc = scenario(policy={"hedge_factor": 1.0, "hedge_min_ms": 5.0})
-    r = Engine(sc, "round_robin").run()
+    r = Simulation(sc, "round_robin").run()
     assert r["hedges"] > 0
     assert r["completed"] + r["failed"] == r["arrived"]
-    off = Engine(scenario(policy={"hedge_factor": 0.0}), "round_robin").run()
+    off = Simulation(scenario(policy={"hedge_factor": 0.0}), "round_robin").run()
     assert off["hedges"] == 0
 
 
 def test_gossip_accounting_is_bounded_by_the_cell() -> None:
-    r = Engine(scenario(), "meshd").run()
+    r = Simulation(scenario(), "meshd").run()
     g = scenario().gossip
     # Each node hears at most its cell (8 here) at one advert per min_advert_gap_s each.
     # (plus one advert per node for the run window being a whole number of intervals).
@@ -121,7 +121,7 @@ def test_entries_probe_other_cells_only_when_their_own_is_busy() -> None:
     hardly any probe goes out; at a load its cell cannot absorb, probes go out."""
     def run(rate: float) -> dict[str, Any]:
         arrivals = [{**a, "rate_per_s": rate} for a in BASE["arrivals"]]
-        return Engine(scenario(arrivals=arrivals), "meshd").run()
+        return Simulation(scenario(arrivals=arrivals), "meshd").run()
 
     quiet, busy = run(0.5), run(12.0)
     assert quiet["probes_sent"] == 0 and quiet["probes_skipped"] > 5, quiet
@@ -193,12 +193,12 @@ def test_same_result_in_another_process_with_another_hash_seed() -> None:
 
 
 def test_wait_bounded_admission_refuses_only_for_meshd_and_loses_nothing() -> None:
-    on = Engine(scenario(), "meshd").run()
+    on = Simulation(scenario(), "meshd").run()
     assert on["wait_refusals"] > 0  # some first attempts met a full node and moved on
     assert on["completed"] + on["failed"] == on["arrived"]
     assert on["failed"] == 0
-    off = Engine(scenario(policy={"wait_bound_attempts": 0}), "meshd").run()
+    off = Simulation(scenario(policy={"wait_bound_attempts": 0}), "meshd").run()
     assert off["wait_refusals"] == 0
-    assert Engine(scenario(), "lwsq").run()["wait_refusals"] == 0  # the baselines run as published
+    assert Simulation(scenario(), "lwsq").run()["wait_refusals"] == 0  # the baselines run as published
     # the bound spares requests queueing behind a full node: the TTFT tail is no worse
     assert on["ttft_p95_ms"] <= off["ttft_p95_ms"] * 1.05

@@ -8,7 +8,7 @@ import pytest
 
 from meshd.errors import ConfigError
 from meshd.sim.capacity import capacity
-from meshd.sim.scenario import load_scenario
+from meshd.sim.scenario_parse import load_scenario
 
 from .helpers import SCENARIOS, scenario
 

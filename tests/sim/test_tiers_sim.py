@@ -9,8 +9,9 @@ import pytest
 
 from meshd.errors import ConfigError
 from meshd.sim import tiers as sim_tiers
-from meshd.sim.scenario import scenario_from_dict
-from meshd.sim.tiers import compare, table
+from meshd.sim.runner import compare_tiers
+from meshd.sim.scenario_parse import scenario_from_dict
+from meshd.sim.tiers import table
 
 
 def scenario(scores: str = "perfect", **arrival: Any) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def scenario(scores: str = "perfect", **arrival: Any) -> dict[str, Any]:
 
 
 def test_tiered_sends_by_the_score_and_baselines_send_all_one_way() -> None:
-    r = compare(scenario_from_dict(scenario()))
+    r = compare_tiers(scenario_from_dict(scenario()))
     tiered = r["tiered"]["tiers"]["counts"]
     # perfect scores: none sent down (a request arriving before any advert is heard is unrouted)
     assert tiered["complex"] == tiered["complex_large"] + tiered.get("complex_unrouted", 0)
@@ -61,12 +62,12 @@ def test_the_simulator_decides_with_the_core_function(monkeypatch: pytest.Monkey
         return real(*a, **k)
 
     monkeypatch.setattr(sim_tiers, "choose_tier", spy)
-    r = compare(scenario_from_dict(scenario()))
+    r = compare_tiers(scenario_from_dict(scenario()))
     assert len(calls) == r["tiered"]["arrived"] > 0
 
 
 def test_shipped_scores_send_some_complex_down() -> None:
-    r = compare(scenario_from_dict(scenario("shipped")))
+    r = compare_tiers(scenario_from_dict(scenario("shipped")))
     assert 0.0 <= r["tiered"]["tiers"]["complex_sent_down"] < 0.5
     assert r["tiered"]["tiers"]["threshold"] == pytest.approx(sim_tiers.shipped_scores()[0])
 

@@ -39,7 +39,7 @@ from meshd.control.client import call, submit_events
 from meshd.core.messages import MessageType
 from meshd.errors import ConfigError, MeshdError
 from meshd.sim.runner import run_one
-from meshd.sim.scenario import scenario_from_dict
+from meshd.sim.scenario_parse import scenario_from_dict
 from meshd.testnet import netns
 from meshd.testnet.scenario import Scenario, load_scenario, parse_scenario
 from meshd.testnet.to_sim import RouteLoad, ServerFigures, entry_strategy, route_scenario

@@ -12,10 +12,13 @@ One concept per module, in the order a decision visits them:
   choice and the baselines.
 - ``route``: ``route()`` itself, the ``RouteDecision`` with its ``Candidate`` list, and
   ``hedge_deadline_ms``.
+- ``candidate``: ``Candidate``, one node as the router saw it (below ``index``, which keeps
+  the busy nodes' listing, and ``route``).
 
 The names the rest of meshd uses are re-exported here: ``from meshd.core.routing import route``.
 """
 
+from meshd.core.routing.candidate import Candidate
 from meshd.core.routing.constraints import (
     EXCLUDED_BUSY,
     EXCLUDED_HOPS,
@@ -31,7 +34,7 @@ from meshd.core.routing.constraints import (
 )
 from meshd.core.routing.index import NUMPY_MIN_NODES, ModelIndex, model_index
 from meshd.core.routing.roundrobin import LOCKSTEP, round_robin_offset, round_robin_rank
-from meshd.core.routing.route import Candidate, RouteDecision, hedge_deadline_ms, route
+from meshd.core.routing.route import RouteDecision, hedge_deadline_ms, route
 from meshd.core.routing.strategies import BASELINE_STRATEGIES, STRATEGIES, known_temperature_ms
 
 __all__ = [

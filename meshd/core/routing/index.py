@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import itertools
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from meshd.core.hwsignals import kv_tokens_in_memory
+from meshd.core.routing.candidate import Candidate
 from meshd.core.snapshot import MeshSnapshot, NodeView, Serving
-
-if TYPE_CHECKING:
-    from meshd.core.routing.route import Candidate
 
 # Eligible candidates from which the vectorised (numpy) path is used.
 NUMPY_MIN_NODES = 64

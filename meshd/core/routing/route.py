@@ -18,41 +18,16 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
+from meshd.core.routing.candidate import Candidate
 from meshd.core.routing.constraints import eligible, exclusion_reason, global_constraints
 from meshd.core.routing.index import Ints, ModelIndex, Vec, _Columns, model_index
 from meshd.core.routing.prediction import _predict, _Predictions
 from meshd.core.routing.strategies import check_strategy, rank
 from meshd.core.snapshot import MeshSnapshot, NodeView, Policy, RouteRequest
 from meshd.errors import RoutingError
-
-
-class Candidate(NamedTuple):
-    """One node that serves the model, as the router saw it.
-
-    ``predicted_ttft_ms`` = ``rtt_ms`` + ``queue_wait_ms`` + ``prefill_ms`` (staleness corrected,
-    the same model whatever the strategy, so hedging and ``meshd explain`` can use it). ``score``
-    is what the strategy ranked by, lower is better (None for the round-robins and random).
-    ``excluded_by`` names the hard constraint that ruled the node out, or is None.
-    ``joules_per_token`` is the energy of each generated token of the request there, from the
-    node's measured power (None: not measured; ``meshd.core.energy``). (A named
-    tuple: a decision lists up to ``explain_limit`` of them, and a tuple is built in a third of
-    the time of a frozen dataclass.)
-    """
-
-    peer_id: str
-    name: str
-    predicted_ttft_ms: float | None
-    rtt_ms: float
-    rtt_source: str
-    queue_wait_ms: float
-    prefill_ms: float
-    score: float | None
-    excluded_by: str | None
-    joules_per_token: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

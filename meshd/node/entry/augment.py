@@ -26,23 +26,23 @@ from typing import Any
 from meshd.core.augment import Fit, Passage, build_prompt, fit_passages
 from meshd.core.request import EntryRequest
 from meshd.errors import ErrorCode, RemoteError
-from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.node.entry.context import EntryContext, EntryNode
 from meshd.node.entry.prepare import context_length
 
 
 async def augment(ctx: EntryContext, chain: Any) -> None:
-    """The step (``chain``: the ``EntryChain``; its host is the node, which runs ``rag``)."""
+    """The step (``chain``: the ``EntryChain``; its node runs ``rag``)."""
     name = ctx.req.rag
     if not name:
         return
-    host: EntryHost = chain.host
-    rag = getattr(host, "rag", None)
+    node: EntryNode = chain.node
+    rag = getattr(node, "rag", None)
     if rag is None:
         raise RemoteError("this node cannot retrieve (no retrieval service)", ErrorCode.UNSUPPORTED)
     question = question_of(ctx.req)
-    got = await rag.retrieve(name, question, host.config.rag.top_k)
+    got = await rag.retrieve(name, question, node.config.rag.top_k)
     passages: list[Passage] = got["passages"]
-    encode = _encoder(ctx, host)
+    encode = _encoder(ctx, node)
 
     def count(kept: Sequence[Passage]) -> int:
         req = with_passages(ctx.req, kept)
@@ -50,7 +50,7 @@ async def augment(ctx: EntryContext, chain: Any) -> None:
             return max(1, len(req.prompt or "") // 4)  # prepare's estimate for the text path
         return len(encode(req))
 
-    fit: Fit = fit_passages(passages, count, ctx.max_tokens, context_length(host, ctx.model))
+    fit: Fit = fit_passages(passages, count, ctx.max_tokens, context_length(node, ctx.model))
     kept = [passages[i] for i in fit.kept]
     ctx.req = with_passages(ctx.req, kept)
     if encode is not None:
@@ -61,7 +61,7 @@ async def augment(ctx: EntryContext, chain: Any) -> None:
         ctx.prompt_tokens = fit.prompt_tokens
     if fit.note:
         ctx.notes.append(fit.note)
-    info = {"collection": name, "retrieved_by": got["node"] or host.node_name,
+    info = {"collection": name, "retrieved_by": got["node"] or node.node_name,
             "chunks_retrieved": len(passages), "chunks_used": len(kept),
             "trimmed": len(fit.dropped), "embed_ms": round(got["embed_ms"], 3),
             "search_ms": round(got["search_ms"], 3)}
@@ -94,14 +94,14 @@ def with_passages(req: EntryRequest, passages: Sequence[Passage]) -> EntryReques
     return dataclasses.replace(req, messages=tuple(msgs))
 
 
-def _encoder(ctx: EntryContext, host: EntryHost) -> Callable[[EntryRequest], list[int]] | None:
+def _encoder(ctx: EntryContext, node: EntryNode) -> Callable[[EntryRequest], list[int]] | None:
     """How ``prepare`` tokenized this request (the local model's tokenizer, or the one fetched
     for the model), or None when the text travels and the serving node tokenizes."""
     if not ctx.prompt_ids:
         return None
     model = ctx.model
-    if host.runner.get(model) is not None:
-        runner = host.runner
+    if node.runner.get(model) is not None:
+        runner = node.runner
 
         def local(req: EntryRequest) -> list[int]:
             if req.messages is not None:
@@ -109,7 +109,7 @@ def _encoder(ctx: EntryContext, host: EntryHost) -> Callable[[EntryRequest], lis
             return list(runner.encode(model, req.prompt or "", chat=req.chat))
 
         return local
-    tok = host.tokenizers.loaded.get(ctx.tokenizer)
+    tok = node.tokenizers.loaded.get(ctx.tokenizer)
     if tok is None:
         return None
 

@@ -21,12 +21,12 @@ import trio
 
 from meshd.engine.sampling import GenerationConfig
 from meshd.node.edge_cache import EdgeCache
-from meshd.node.entry.context import Emit, EntryContext, EntryHost
+from meshd.node.entry.context import Emit, EntryContext, EntryNode
 
 _ENGINE = GenerationConfig()  # what the engine uses for the settings a request leaves unset
 
 
-def cache_request(ctx: EntryContext, host: EntryHost, tenant: str) -> Any:
+def cache_request(ctx: EntryContext, node: EntryNode, tenant: str) -> Any:
     from meshd.cache import CacheRequest
 
     req, s = ctx.req, ctx.req.sampling
@@ -35,7 +35,7 @@ def cache_request(ctx: EntryContext, host: EntryHost, tenant: str) -> Any:
     else:
         prompt = req.prompt or ""
     return CacheRequest(
-        model=model_identity(host, ctx.model), tenant=tenant, client=req.client, prompt=prompt,
+        model=model_identity(node, ctx.model), tenant=tenant, client=req.client, prompt=prompt,
         temperature=s.temperature if s.temperature is not None else _ENGINE.temperature,
         top_k=s.top_k if s.top_k is not None else _ENGINE.top_k,
         top_p=s.top_p if s.top_p is not None else _ENGINE.top_p,
@@ -47,20 +47,20 @@ def cache_request(ctx: EntryContext, host: EntryHost, tenant: str) -> Any:
     )
 
 
-def _manifest(host: EntryHost, model: str) -> Any:
+def _manifest(node: EntryNode, model: str) -> Any:
     """The engine manifest of ``model`` where this node serves it from local files, else None
     (a peer's model, an upstream server, a fake in tests)."""
-    served = host.runner.get(model)
+    served = node.runner.get(model)
     return getattr(getattr(getattr(served, "model", None), "model", None), "manifest", None)
 
 
-def model_identity(host: EntryHost, model: str) -> str:
+def model_identity(node: EntryNode, model: str) -> str:
     """``name@content hash`` where this node holds the model, else the name."""
-    digest = getattr(_manifest(host, model), "content_hash", None)
+    digest = getattr(_manifest(node, model), "content_hash", None)
     return f"{model}@{str(digest)[:16]}" if digest else model
 
 
-async def edge_answer(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None:
+async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None:
     """The very same prompt is answered here, at once. Anything else that the cache may take
     starts its semantic lookup (the prompt's embedding, in a worker thread) and moves on:
     routing and the model start meanwhile, and ``execute_or_cached`` settles which answers."""
@@ -68,7 +68,7 @@ async def edge_answer(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> N
         return  # a retrieval request's answer depends on context the cache key does not hold
     from meshd.cache.keys import admit
 
-    creq = cache_request(ctx, host, host.config.cache.tenant)
+    creq = cache_request(ctx, node, node.config.cache.tenant)
     adm = admit(creq)
     if not adm.cacheable:
         cache.stats["skips"] += 1
@@ -81,10 +81,10 @@ async def edge_answer(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> N
         ctx.extra["cache_pending"] = (creq, cache.start_lookup(creq))
         return
     ctx.extra["cache"] = (creq, got)
-    await _serve_hit(ctx, host, got)
+    await _serve_hit(ctx, node, got)
 
 
-async def execute_or_cached(ctx: EntryContext, host: EntryHost,
+async def execute_or_cached(ctx: EntryContext, node: EntryNode,
                             run: Callable[[], Awaitable[None]]) -> None:
     """The execute step (``run``) once the semantic lookup has decided. When the chosen node
     is a peer, the forward starts while the lookup finishes: until the lookup has answered,
@@ -98,14 +98,14 @@ async def execute_or_cached(ctx: EntryContext, host: EntryHost,
         await run()
         return
     creq, lookup = pending
-    if not _served_elsewhere(ctx, host):
+    if not _served_elsewhere(ctx, node):
         # This CPU would run the model beside the embedding: measured, overlapping made hits
         # 3-4x slower and misses no faster here (docs/cache.md, "Threads").
         got = await _result(ctx, lookup)
         if got is not None:
             ctx.extra["cache"] = (creq, got)
         if got is not None and got.kind == "hit":
-            await _serve_hit(ctx, host, got)
+            await _serve_hit(ctx, node, got)
         else:
             await run()
         return
@@ -134,18 +134,18 @@ async def execute_or_cached(ctx: EntryContext, host: EntryHost,
     if hit is not None:
         ctx.journal("cache_overtook", {"model": "cancelled" if ctx.answer is None else "dropped"})
         ctx.outcome = None
-        await _serve_hit(ctx, host, hit)
+        await _serve_hit(ctx, node, hit)
 
 
-def _served_elsewhere(ctx: EntryContext, host: EntryHost) -> bool:
+def _served_elsewhere(ctx: EntryContext, node: EntryNode) -> bool:
     """Whether the chosen node is a peer (its prefill does not take this node's CPU, and
     cancelling it stops it there)."""
     d = ctx.decision
     return bool(d is not None and d.route is not None and d.route.order
-                and d.route.order[0] != host.peer_id)
+                and d.route.order[0] != node.peer_id)
 
 
-async def cached_instead(ctx: EntryContext, host: EntryHost) -> bool:
+async def cached_instead(ctx: EntryContext, node: EntryNode) -> bool:
     """After routing failed: whether the pending semantic lookup is a hit (then served)."""
     pending = ctx.extra.pop("cache_pending", None)
     if pending is None:
@@ -155,7 +155,7 @@ async def cached_instead(ctx: EntryContext, host: EntryHost) -> bool:
     if got is None or got.kind != "hit":
         return False
     ctx.extra["cache"] = (creq, got)
-    await _serve_hit(ctx, host, got)
+    await _serve_hit(ctx, node, got)
     return True
 
 
@@ -186,21 +186,21 @@ class _Gate:
             self._flushing = False
 
 
-async def _serve_hit(ctx: EntryContext, host: EntryHost, got: Any) -> None:
+async def _serve_hit(ctx: EntryContext, node: EntryNode, got: Any) -> None:
     answer = str(got.answer)
     ttft_ms = (time.perf_counter() - ctx.started) * 1000.0
     ctx.journal("cache_hit", {"similarity": _round(got.similarity), "entry": got.entry_id,
                               "threshold": _round(got.threshold),
                               **ctx.extra.get("cache_timing", {})})
-    await ctx.emit("route", {"served_by": host.node_name, "route": [host.node_name], "cached": True})
+    await ctx.emit("route", {"served_by": node.node_name, "route": [node.node_name], "cached": True})
     ids: list[int] = []
-    if host.runner.get(ctx.model) is not None:
-        ids = host.runner.encode(ctx.model, answer)
-        if ids and ids[0] == _bos(host, ctx.model):
+    if node.runner.get(ctx.model) is not None:
+        ids = node.runner.encode(ctx.model, answer)
+        if ids and ids[0] == _bos(node, ctx.model):
             ids = ids[1:]
     await ctx.emit("tokens", {"ids": ids, "text": answer})
     ctx.answer = {
-        "served_by": host.node_name, "route": [host.node_name], "ttft_ms": round(ttft_ms, 3),
+        "served_by": node.node_name, "route": [node.node_name], "ttft_ms": round(ttft_ms, 3),
         "tokens": len(ids), "tokens_per_s": None, "total_ms": round(ttft_ms, 3), "retries": 0,
         "hedges": 0, "request_id": ctx.req.request_id, "text": answer, "token_ids": ids,
         "model": ctx.model, "strategy": "cache", "prompt_tokens": ctx.prompt_tokens,
@@ -211,7 +211,7 @@ async def _serve_hit(ctx: EntryContext, host: EntryHost, got: Any) -> None:
     }
 
 
-async def remember(ctx: EntryContext, host: EntryHost, cache: EdgeCache) -> None:
+async def remember(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None:
     """After a model answered: keep the answer (a cache hit is not stored again)."""
     if ctx.answer is None or ctx.answer.get("cached"):
         return
@@ -243,8 +243,8 @@ def _timing(ctx: EntryContext, lookup: Any, got: Any) -> dict[str, Any]:
             "search_ms": _round(got.search_ms), "handoff_ms": _round((now - answered) * 1e3)}
 
 
-def _bos(host: EntryHost, model: str) -> int | None:
-    tok = getattr(_manifest(host, model), "tokenizer", None)
+def _bos(node: EntryNode, model: str) -> int | None:
+    tok = getattr(_manifest(node, model), "tokenizer", None)
     bos = getattr(tok, "bos_token_id", None)
     return int(bos) if bos is not None else None
 

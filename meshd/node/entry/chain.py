@@ -48,7 +48,7 @@ from meshd.errors import ErrorCode, MeshdError, RemoteError
 from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry.augment import augment
 from meshd.node.entry.cache import cached_instead, edge_answer, execute_or_cached, remember
-from meshd.node.entry.context import Emit, EntryContext, EntryHost
+from meshd.node.entry.context import Emit, EntryContext, EntryNode
 from meshd.node.entry.execute import execute
 from meshd.node.entry.prepare import models_heard, prepare
 from meshd.node.entry.reach import reach
@@ -63,43 +63,43 @@ Step = Callable[[EntryContext, "EntryChain"], Awaitable[None]]
 
 
 async def _tier(ctx: EntryContext, chain: EntryChain) -> None:
-    await choose_model(ctx, chain.host, chain.tiering)
+    await choose_model(ctx, chain.node, chain.tiering)
 
 
 async def _prepare(ctx: EntryContext, chain: EntryChain) -> None:
-    await prepare(ctx, chain.host)
+    await prepare(ctx, chain.node)
 
 
 async def _route(ctx: EntryContext, chain: EntryChain) -> None:
     try:
-        await route(ctx, chain.host, chain.client_in_flight, chain.next_rr())
+        await route(ctx, chain.node, chain.client_in_flight, chain.next_rr())
     except MeshdError:
-        if not await cached_instead(ctx, chain.host):  # no route, but maybe a cached answer
+        if not await cached_instead(ctx, chain.node):  # no route, but maybe a cached answer
             raise
 
 
 async def _reach(ctx: EntryContext, chain: EntryChain) -> None:
-    await reach(ctx, chain.host)
+    await reach(ctx, chain.node)
 
 
 async def _execute(ctx: EntryContext, chain: EntryChain) -> None:
     async def run() -> None:
-        await execute(ctx, chain.host, chain.client_in_flight)
+        await execute(ctx, chain.node, chain.client_in_flight)
 
     if chain.cache is None:
         await run()
     else:  # a semantic lookup may still be running: the model starts meanwhile
-        await execute_or_cached(ctx, chain.host, run)
+        await execute_or_cached(ctx, chain.node, run)
 
 
 async def _edge_answer(ctx: EntryContext, chain: EntryChain) -> None:
     if chain.cache is not None:
-        await edge_answer(ctx, chain.host, chain.cache)
+        await edge_answer(ctx, chain.node, chain.cache)
 
 
 async def _remember(ctx: EntryContext, chain: EntryChain) -> None:
     if chain.cache is not None:
-        await remember(ctx, chain.host, chain.cache)
+        await remember(ctx, chain.node, chain.cache)
 
 
 # (name, step, after_answer): in order; once ctx.answer is set only after_answer steps run
@@ -118,11 +118,11 @@ STEPS: tuple[tuple[str, Step, bool], ...] = (
 class EntryChain:
     """The entry node's service: ``submit`` runs one request through ``STEPS``."""
 
-    def __init__(self, host: EntryHost, *, rr_offset: int = 0, cache: EdgeCache | None = None,
+    def __init__(self, node: EntryNode, *, rr_offset: int = 0, cache: EdgeCache | None = None,
                  tiering: Tiering | None = None) -> None:
-        self.host = host
+        self.node = node
         self.cache = cache  # the semantic cache service, when the node runs one
-        self.tiering = tiering or Tiering(host.config, cache)  # model = "auto" (docs/tiers.md)
+        self.tiering = tiering or Tiering(node.config, cache)  # model = "auto" (docs/tiers.md)
         self.client_in_flight: dict[str, int] = {}  # requests running here, per client
         self.in_flight: set[str] = set()  # request ids entered here and not yet answered
         self.observers: list[Observer] = []
@@ -139,7 +139,7 @@ class EntryChain:
 
     def models(self) -> list[dict[str, Any]]:
         """Every model the mesh serves, from the gossiped view and this node."""
-        return [{"id": name, **row} for name, row in sorted(models_heard(self.host).items())]
+        return [{"id": name, **row} for name, row in sorted(models_heard(self.node).items())]
 
     async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
         """Sentence embeddings with this node's model (the semantic cache's), for the API."""
@@ -158,7 +158,7 @@ class EntryChain:
         ``RemoteError`` with the code to answer the client with. Cancelling the caller cancels
         the request everywhere it runs."""
         self.stats["submitted"] += 1
-        self.host.stats["requests_submitted"] += 1
+        self.node.stats["requests_submitted"] += 1
         rid = req.request_id
         if rid in self.in_flight:
             self.stats["duplicate_ids"] += 1
@@ -167,7 +167,7 @@ class EntryChain:
         self.in_flight.add(rid)
         ctx = EntryContext(req, emit, self._journal(rid))
         cancelled = True
-        timeout_s = self.host.config.routing.request_timeout_s
+        timeout_s = self.node.config.routing.request_timeout_s
         try:
             with trio.move_on_after(timeout_s) as scope:
                 for name, step, after_answer in STEPS:
@@ -193,7 +193,7 @@ class EntryChain:
             if cancelled:
                 self.stats["cancelled"] += 1
             with trio.CancelScope(shield=True):
-                record(ctx, self.host, self.observers, cancelled)
+                record(ctx, self.node, self.observers, cancelled)
         if ctx.error is not None:
             self.stats["failed"] += 1
             raise ctx.error
@@ -202,15 +202,15 @@ class EntryChain:
         return ctx.answer
 
     def _journal(self, rid: str) -> Callable[[str, dict[str, Any]], None]:
-        host = self.host
+        node = self.node
 
         def journal(kind: str, payload: dict[str, Any]) -> None:
             log.debug("request event rid=%s kind=%s %s", rid, kind, payload)
-            if host.store is not None:
+            if node.store is not None:
                 try:
-                    host.store.record_event(rid, kind, node=host.node_name, payload=payload)
+                    node.store.record_event(rid, kind, node=node.node_name, payload=payload)
                 except Exception:  # the journal must never cost the client its request
-                    host.stats["journal_errors"] = host.stats.get("journal_errors", 0) + 1
+                    node.stats["journal_errors"] = node.stats.get("journal_errors", 0) + 1
                     log.exception("journal write failed rid=%s kind=%s", rid, kind)
 
         return journal

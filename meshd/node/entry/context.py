@@ -2,8 +2,9 @@
 
 ``EntryContext`` is the request on its way through the chain: each step reads what earlier
 steps left in it and adds its own part (the model and token ids, the decision, the outcome, the
-answer). ``EntryHost`` is the narrow view of the node the steps use; ``meshd.node.node.Node``
-conforms, and a test may pass anything else that does.
+answer). ``EntryNode`` is the narrow view of the node the steps use; ``meshd.node.node.Node``
+conforms, and a test may pass anything else that does. ``Reach`` is what the reach step needs of
+the cells service.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from meshd.config import Config
 from meshd.core.decide import Decision
@@ -27,9 +28,7 @@ from meshd.node.runner import Runner
 from meshd.node.stagelinks import StageLinks
 from meshd.node.tokenizers import TokenizerService
 from meshd.node.view import MeshView
-
-if TYPE_CHECKING:
-    from meshd.node.entry.reach import Reach
+from meshd.store.protocol import Recorder
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 """``await emit(kind, payload)``: "route" ({"served_by", "route"}) and "tokens" ({"ids", "text"})."""
@@ -38,18 +37,26 @@ Journal = Callable[[str, dict[str, Any]], None]
 """``journal(kind, payload)``: one event of the request in the node's journal (never raises)."""
 
 
-class EntryHost(Protocol):
+class Reach(Protocol):
+    """What the reach step needs of the cells service (``meshd.node.cells.Cells``)."""
+
+    async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None: ...
+
+
+class EntryNode(Protocol):
     """What the entry chain needs of the node."""
 
     config: Config
     runner: Runner
     policy: Policy
     rng: random.Random
-    store: Any  # meshd.store.AsyncStore or None
     tokenizers: TokenizerService  # edge tokenization: tokenizers of models served elsewhere
     node_name: str
     peer_id: str
     stats: dict[str, int]  # the entry path's counters
+
+    @property
+    def store(self) -> Recorder | None: ...  # None: nothing recorded
 
     @property
     def membership(self) -> MeshView: ...

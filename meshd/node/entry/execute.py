@@ -17,7 +17,7 @@ from meshd.core.messages import MessageType
 from meshd.core.packing import takes_packed
 from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
 from meshd.node.coalesce import pump_coalesced
-from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.node.entry.context import EntryContext, EntryNode
 from meshd.node.forward import Outcome, Target, serve_request
 from meshd.node.gen_config import gen_config_from
 from meshd.node.pipeline import record_plan, run_pipeline
@@ -25,16 +25,16 @@ from meshd.node.pipeline import record_plan, run_pipeline
 log = logging.getLogger(__name__)
 
 
-async def execute(ctx: EntryContext, host: EntryHost, in_flight: dict[str, int]) -> None:
+async def execute(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int]) -> None:
     d = ctx.decision
     assert d is not None
     client = ctx.req.client
     in_flight[client] = in_flight.get(client, 0) + 1
     try:
         if d.plan is not None:
-            outcome = await _pipeline(ctx, host)
+            outcome = await _pipeline(ctx, node)
         else:
-            outcome = await _one_node(ctx, host)
+            outcome = await _one_node(ctx, node)
     finally:
         in_flight[client] -= 1
         if not in_flight[client]:
@@ -68,10 +68,10 @@ def answer_fields(ctx: EntryContext, outcome: Outcome) -> dict[str, Any]:
     }
 
 
-async def _one_node(ctx: EntryContext, host: EntryHost) -> Outcome:
+async def _one_node(ctx: EntryContext, node: EntryNode) -> Outcome:
     d = ctx.decision
     assert d is not None and d.route is not None
-    snap_local = host.peer_id
+    snap_local = node.peer_id
     targets: dict[str, Target] = {}
     for c in d.route.candidates:
         if c.excluded_by is not None:
@@ -86,26 +86,26 @@ async def _one_node(ctx: EntryContext, host: EntryHost) -> Outcome:
     packed = ctx.packed_prompt()
 
     async def start_attempt(target: Target, resume: list[int], chan: Any) -> None:
-        await _attempt(host, target, resume, chan, fields, ctx.prompt_ids, packed)
+        await _attempt(node, target, resume, chan, fields, ctx.prompt_ids, packed)
 
     return await serve_request(
         d.route, targets, start_attempt, ctx.emit,
-        entry_name=host.node_name,
+        entry_name=node.node_name,
         hedge_after_s=d.hedge_ms / 1000.0 if d.hedge_ms else None,
-        first_token_timeout_s=host.config.routing.first_token_timeout_s,
+        first_token_timeout_s=node.config.routing.first_token_timeout_s,
         journal=ctx.journal,
         policy=ctx.policy,
     )
 
 
-async def _pipeline(ctx: EntryContext, host: EntryHost) -> Outcome:
+async def _pipeline(ctx: EntryContext, node: EntryNode) -> Outcome:
     d = ctx.decision
     assert d is not None and d.plan is not None and ctx.policy is not None and ctx.route_req is not None
-    host.stats["requests_pipelined"] = host.stats.get("requests_pipelined", 0) + 1
-    record_plan(host, ctx.req.request_id, d.plan, ctx.route_req, ctx.policy)
+    node.stats["requests_pipelined"] = node.stats.get("requests_pipelined", 0) + 1
+    record_plan(node, ctx.req.request_id, d.plan, ctx.route_req, ctx.policy)
     ctx.journal("routed", {"target": " -> ".join(h.name for h in d.plan.hops), "pipeline": True,
                            "resume_tokens": 0})
-    outcome, last = await run_pipeline(host, d.plan, ctx.route_req, ctx.wire_fields(),
+    outcome, last = await run_pipeline(node, d.plan, ctx.route_req, ctx.wire_fields(),
                                        ctx.prompt_ids, ctx.emit, ctx.journal, ctx.policy,
                                        vocab_size=ctx.vocab_size)
     ctx.extra["pipeline"] = [f"{h.name}[{h.layer_start},{h.layer_end})" for h in last.hops]
@@ -133,7 +133,7 @@ def req_fields(fields: dict[str, Any], prompt_ids: list[int], packed: dict[str, 
 
 
 async def _attempt(
-    host: EntryHost, target: Target, resume: list[int], chan: Any, fields: dict[str, Any],
+    node: EntryNode, target: Target, resume: list[int], chan: Any, fields: dict[str, Any],
     prompt_ids: list[int], packed: dict[str, Any],
 ) -> None:
     """One attempt on one target: the local runner, or a peer over its request stream. Reports
@@ -142,26 +142,26 @@ async def _attempt(
     list of ids; either gets the text only when the ids are not known here."""
     model = fields["model"]
     if target.is_local:
-        host.stats["requests_local"] += 1
-        ids = prompt_ids or host.runner.encode(model, fields.get("prompt", ""), chat=fields.get("chat", False))
+        node.stats["requests_local"] += 1
+        ids = prompt_ids or node.runner.encode(model, fields.get("prompt", ""), chat=fields.get("chat", False))
         gen = gen_config_from(fields, already=len(resume))
 
         async def sink(batch: list[Any]) -> None:
             await chan.send(("tokens", {"ids": [t.id for t in batch], "text": "".join(t.text for t in batch)}))
 
         if gen is not None:
-            source = host.runner.generate(model, ids + resume, gen, max_wait_ms=target.max_wait_ms)
+            source = node.runner.generate(model, ids + resume, gen, max_wait_ms=target.max_wait_ms)
             await pump_coalesced(source, 0.01, sink)
         await chan.send(("done", {"stats": {}}))
         return
-    host.stats["requests_forwarded"] += 1
-    assert host.links is not None
-    ch = await host.links.channel(target.peer_id)
-    host.membership.table.note_sent(target.peer_id)
-    peer = host.membership.table.get(target.peer_id)
+    node.stats["requests_forwarded"] += 1
+    assert node.links is not None
+    ch = await node.links.channel(target.peer_id)
+    node.membership.table.note_sent(target.peer_id)
+    peer = node.membership.table.get(target.peer_id)
     req = req_fields(fields, prompt_ids, packed if takes_packed(peer.advert if peer else None, model)
-                     else {}, resume, deadline_ms=int(host.config.routing.request_timeout_s * 1000),
-                     origin=host.peer_id, max_wait_ms=target.max_wait_ms)
+                     else {}, resume, deadline_ms=int(node.config.routing.request_timeout_s * 1000),
+                     origin=node.peer_id, max_wait_ms=target.max_wait_ms)
     async with aclosing(ch.request(req)) as frames:
         async for frame in frames:
             t = frame["t"]

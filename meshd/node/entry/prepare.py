@@ -21,26 +21,26 @@ import trio
 
 from meshd.core.budget import token_budget
 from meshd.errors import ErrorCode, RemoteError, UnknownModelError
-from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.node.entry.context import EntryContext, EntryNode
 
 LONG_PROMPT_CHARS = 16_384  # a longer prompt is tokenized in a worker thread
 
 
-async def prepare(ctx: EntryContext, host: EntryHost) -> None:
+async def prepare(ctx: EntryContext, node: EntryNode) -> None:
     req = ctx.req
-    ctx.model = ctx.model or pick_model(host, req.model)  # "tier" may have chosen it
-    served = host.runner.get(ctx.model)
-    context = context_length(host, ctx.model)
+    ctx.model = ctx.model or pick_model(node, req.model)  # "tier" may have chosen it
+    served = node.runner.get(ctx.model)
+    context = context_length(node, ctx.model)
     tokenized, why = "here", ""
     if served is not None:
         if req.messages is not None:
-            ctx.prompt_ids = host.runner.encode_messages(ctx.model, list(req.messages))
+            ctx.prompt_ids = node.runner.encode_messages(ctx.model, list(req.messages))
         else:
-            ctx.prompt_ids = host.runner.encode(ctx.model, req.prompt or "", chat=req.chat)
-        ctx.tokenizer = host.runner.tokenizer_identity(ctx.model)
-        ctx.vocab_size = host.runner.vocab_size(ctx.model) or 0
+            ctx.prompt_ids = node.runner.encode(ctx.model, req.prompt or "", chat=req.chat)
+        ctx.tokenizer = node.runner.tokenizer_identity(ctx.model)
+        ctx.vocab_size = node.runner.vocab_size(ctx.model) or 0
     else:
-        why = await _edge_tokenize(ctx, host)
+        why = await _edge_tokenize(ctx, node)
         tokenized = "edge"
     if ctx.prompt_ids:
         ctx.prompt_tokens = len(ctx.prompt_ids)
@@ -63,19 +63,19 @@ async def prepare(ctx: EntryContext, host: EntryHost) -> None:
                              "origin": req.origin, "tokenized": tokenized})
 
 
-async def _edge_tokenize(ctx: EntryContext, host: EntryHost) -> str:
+async def _edge_tokenize(ctx: EntryContext, node: EntryNode) -> str:
     """Tokenize a request for a model served elsewhere with the tokenizer the mesh advertises
     for it (sets ``ctx.prompt_ids``); when it cannot be had in time, leave them empty and return
     why (journaled: ``tokenizer_unavailable``)."""
     req = ctx.req
-    routing = host.config.routing
-    identity = host.tokenizers.advertised(ctx.model)
+    routing = node.config.routing
+    identity = node.tokenizers.advertised(ctx.model)
     if not routing.edge_tokenize:
         why = "edge tokenization is off ([routing] edge_tokenize = false)"
     elif not identity:
         why = f"no peer advertises a tokenizer for {ctx.model} (older nodes)"
     else:
-        tok, why = await host.tokenizers.get(identity, routing.tokenizer_wait_s)
+        tok, why = await node.tokenizers.get(identity, routing.tokenizer_wait_s)
         if tok is not None:
             def encode() -> list[int]:
                 if req.messages is not None:
@@ -96,35 +96,35 @@ async def _edge_tokenize(ctx: EntryContext, host: EntryHost) -> str:
     return why
 
 
-def pick_model(host: EntryHost, requested: str | None) -> str:
+def pick_model(node: EntryNode, requested: str | None) -> str:
     """The model to serve: the one asked for (if anybody serves it), else this node's default,
     else the one most nodes serve."""
     if requested:
-        if host.runner.get(requested) is not None or _heard_of(host, requested):
+        if node.runner.get(requested) is not None or _heard_of(node, requested):
             return requested
-        heard = models_heard(host)
+        heard = models_heard(node)
         raise UnknownModelError(f"no node of the mesh serves model {requested!r}"
                                 f" (served: {', '.join(sorted(heard)) or 'none yet'})")
-    local = host.runner.default_model()
+    local = node.runner.default_model()
     if local is not None:
         return local
-    heard = models_heard(host)
+    heard = models_heard(node)
     if not heard:
         raise RemoteError("no model is served anywhere in the mesh yet", ErrorCode.NO_ROUTE)
     return sorted(heard.items(), key=lambda kv: (-kv[1]["nodes"], kv[0]))[0][0]
 
 
-def _heard_of(host: EntryHost, model: str) -> bool:
-    return any(m.name == model for e in host.membership.table.live() for m in e.advert.models)
+def _heard_of(node: EntryNode, model: str) -> bool:
+    return any(m.name == model for e in node.membership.table.live() for m in e.advert.models)
 
 
-def models_heard(host: EntryHost) -> dict[str, dict[str, Any]]:
+def models_heard(node: EntryNode) -> dict[str, dict[str, Any]]:
     """Every model the mesh serves, from this node and the adverts it holds:
     ``{name: {"nodes": how many serve some of its layers, "context_length": int | None}}``."""
     out: dict[str, dict[str, Any]] = {}
-    for name in host.runner.models:
-        out[name] = {"nodes": 1, "context_length": host.runner.context_length(name)}
-    for e in host.membership.table.live():
+    for name in node.runner.models:
+        out[name] = {"nodes": 1, "context_length": node.runner.context_length(name)}
+    for e in node.membership.table.live():
         for m in e.advert.models:
             row = out.setdefault(m.name, {"nodes": 0, "context_length": None})
             row["nodes"] += 1
@@ -133,11 +133,11 @@ def models_heard(host: EntryHost) -> dict[str, dict[str, Any]]:
     return out
 
 
-def context_length(host: EntryHost, model: str) -> int | None:
+def context_length(node: EntryNode, model: str) -> int | None:
     """The model's context in tokens: the local model's, else the one its servers advertise."""
-    if host.runner.get(model) is not None:
-        return host.runner.context_length(model)
-    for e in host.membership.table.live():
+    if node.runner.get(model) is not None:
+        return node.runner.context_length(model)
+    for e in node.membership.table.live():
         for m in e.advert.models:
             if m.name == model and m.context_length:
                 return m.context_length

@@ -11,29 +11,21 @@ a node that may serve it at all.
 
 from __future__ import annotations
 
-from typing import Protocol
-
-from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.node.entry.context import EntryContext, EntryNode
 from meshd.node.view import labels_allow
 
 
-class Reach(Protocol):
-    """What the step needs of the cells service (``meshd.node.cells.Cells``)."""
-
-    async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None: ...
-
-
-async def reach(ctx: EntryContext, host: EntryHost) -> None:
-    cells = host.cells
+async def reach(ctx: EntryContext, node: EntryNode) -> None:
+    cells = node.cells
     if cells is None:
         return
     # the tier step may have chosen the model (model "auto"); else the one asked, else ours
-    model = ctx.model or ctx.req.model or host.runner.default_model() or ""
+    model = ctx.model or ctx.req.model or node.runner.default_model() or ""
     if not model:
         return
     residency = ctx.req.residency
-    m = host.membership
-    served_here = (host.runner.get(model) is not None and labels_allow(m.labels, residency)) or any(
+    m = node.membership
+    served_here = (node.runner.get(model) is not None and labels_allow(m.labels, residency)) or any(
         x.name == model and labels_allow(e.advert.labels, residency)
         for e in m.table.live() for x in e.advert.models
     )

@@ -13,14 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 from meshd.errors import ErrorCode
-from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.node.entry.context import EntryContext, EntryNode
+from meshd.store.protocol import Recorder
 
 log = logging.getLogger(__name__)
 
 Observer = Callable[[dict[str, Any]], None]
 
 
-def record(ctx: EntryContext, host: EntryHost, observers: list[Observer], cancelled: bool) -> None:
+def record(ctx: EntryContext, node: EntryNode, observers: list[Observer], cancelled: bool) -> None:
     rid = ctx.req.request_id
     code = "ok"
     if cancelled:
@@ -28,14 +29,14 @@ def record(ctx: EntryContext, host: EntryHost, observers: list[Observer], cancel
     elif ctx.error is not None:
         code = str(getattr(ctx.error, "code", ErrorCode.INTERNAL))
     if code != "ok":
-        host.stats["requests_failed"] += 1
+        node.stats["requests_failed"] += 1
     stats: dict[str, Any] = dict(ctx.answer) if ctx.answer is not None else (
         ctx.outcome.stats() if ctx.outcome is not None else {})
-    if host.store is not None:
+    if node.store is not None:
         try:
-            _store(host, ctx, code, stats)
+            _store(node.store, node.node_name, ctx, code, stats)
         except Exception:  # the journal must never cost the client its request
-            host.stats["journal_errors"] = host.stats.get("journal_errors", 0) + 1
+            node.stats["journal_errors"] = node.stats.get("journal_errors", 0) + 1
             log.exception("outcome write failed rid=%s", rid)
     event = {**stats, "request_id": rid, "outcome": code, "origin": ctx.req.origin,
              "model": ctx.model, "strategy": ctx.strategy, "client": ctx.req.client}
@@ -46,16 +47,16 @@ def record(ctx: EntryContext, host: EntryHost, observers: list[Observer], cancel
             log.exception("request observer failed rid=%s", rid)
 
 
-def _store(host: EntryHost, ctx: EntryContext, code: str, stats: dict[str, Any]) -> None:
+def _store(store: Recorder, node_name: str, ctx: EntryContext, code: str,
+           stats: dict[str, Any]) -> None:
     rid = ctx.req.request_id
     error = None if code == "ok" else (str(ctx.error) if ctx.error is not None else code)
     o = ctx.outcome
     payload: dict[str, Any] = {"error": error, "tokens": stats.get("tokens", 0)}
     if o is not None:
         payload.update(retries=o.retries, hedges=o.hedges)
-    host.store.record_event(rid, "done" if code == "ok" else "failed", node=host.node_name,
-                            payload=payload)
-    host.store.record_outcome(
+    store.record_event(rid, "done" if code == "ok" else "failed", node=node_name, payload=payload)
+    store.record_outcome(
         rid, ttft_ms=stats.get("ttft_ms"), tokens=stats.get("tokens", 0),
         tokens_per_s=stats.get("tokens_per_s"), served_by=stats.get("served_by") or None,
         route=stats.get("route") or [], error=error, retries=stats.get("retries", 0),

@@ -15,33 +15,34 @@ from meshd.core.request import EntryRequest
 from meshd.core.routing import RouteDecision
 from meshd.core.snapshot import MeshSnapshot, Policy, RouteRequest
 from meshd.errors import RemoteError, RoutingError
-from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.node.entry.context import EntryContext, EntryNode
+from meshd.store.protocol import Recorder
 
 
-def policy_for(host: EntryHost, req: EntryRequest) -> Policy:
+def policy_for(node: EntryNode, req: EntryRequest) -> Policy:
     """The node's policy, with the request's strategy when it names one."""
-    if req.strategy and req.strategy != host.policy.strategy:
-        return replace(host.policy, strategy=req.strategy)
-    return host.policy
+    if req.strategy and req.strategy != node.policy.strategy:
+        return replace(node.policy, strategy=req.strategy)
+    return node.policy
 
 
-async def route(ctx: EntryContext, host: EntryHost, in_flight: dict[str, int], rr_index: int) -> None:
+async def route(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int], rr_index: int) -> None:
     req = ctx.req
-    ctx.policy = policy = policy_for(host, req)
+    ctx.policy = policy = policy_for(node, req)
     ctx.route_req = rreq = RouteRequest(
         request_id=req.request_id, model=ctx.model, prompt_tokens=ctx.prompt_tokens,
         max_tokens=ctx.max_tokens, residency=req.residency, client=req.client,
     )
-    snap = host.membership.snapshot()
+    snap = node.membership.snapshot()
     if policy.client_quota:  # the quota reads the requests in flight per client
         snap = _with_clients(snap, in_flight)
     try:
-        ctx.decision = decide(rreq, snap, policy, host.rng, rr_index,
-                              pipeline_mode=req.pipeline, hedge=host.config.routing.hedge)
+        ctx.decision = decide(rreq, snap, policy, node.rng, rr_index,
+                              pipeline_mode=req.pipeline, hedge=node.config.routing.hedge)
     except RoutingError as e:  # QuotaError too, with its own code
         raise RemoteError(str(e), e.code) from None
-    if host.store is not None and ctx.decision.route is not None:
-        record_decision(host.store, ctx.decision.route, rreq, energy_weight=policy.energy_weight)
+    if node.store is not None and ctx.decision.route is not None:
+        record_decision(node.store, ctx.decision.route, rreq, energy_weight=policy.energy_weight)
 
 
 def _with_clients(snap: MeshSnapshot, in_flight: dict[str, int]) -> MeshSnapshot:
@@ -51,7 +52,7 @@ def _with_clients(snap: MeshSnapshot, in_flight: dict[str, int]) -> MeshSnapshot
     return out
 
 
-def record_decision(store: Any, decision: RouteDecision, req: RouteRequest, *,
+def record_decision(store: Recorder, decision: RouteDecision, req: RouteRequest, *,
                     energy_weight: float = 0.0) -> None:
     rec = decision_record(decision, req)
     names = {c["peer_id"]: c["name"] for c in rec["candidates"]}

@@ -15,27 +15,27 @@ from typing import Any
 
 from meshd.core.tiers import AUTO, TIERS, ModelTier, TierPolicy, TierRequest, choose_tier
 from meshd.errors import ErrorCode, RemoteError, RoutingError
-from meshd.node.entry.context import EntryContext, EntryHost
+from meshd.node.entry.context import EntryContext, EntryNode
 from meshd.node.entry.route import policy_for
 from meshd.node.tiering import Tiering
 
 
-def wants_auto(ctx: EntryContext, host: EntryHost) -> bool:
+def wants_auto(ctx: EntryContext, node: EntryNode) -> bool:
     model = ctx.req.model
-    return model == AUTO or (model is None and host.config.tiers.default_auto)
+    return model == AUTO or (model is None and node.config.tiers.default_auto)
 
 
-async def choose_model(ctx: EntryContext, host: EntryHost, tiering: Tiering) -> None:
-    if not wants_auto(ctx, host):
+async def choose_model(ctx: EntryContext, node: EntryNode, tiering: Tiering) -> None:
+    if not wants_auto(ctx, node):
         return
     req = ctx.req
-    catalogue = tier_catalogue(host)
+    catalogue = tier_catalogue(node)
     if not catalogue:
         raise RemoteError("model auto: no model of the mesh has a tier (set tier in a model's "
                           "manifest or in [[models]] tier; docs/tiers.md)", ErrorCode.NO_MODEL)
     text = prompt_text(req)
     scored, why_unscored = await tiering.score(text)
-    t = host.config.tiers
+    t = node.config.tiers
     policy = TierPolicy(threshold=tiering.threshold, small_below=t.small_below,
                         max_ttft_ms=t.max_ttft_ms, pin_clients=t.pin_clients,
                         pin_classes=t.pin_classes)
@@ -58,8 +58,8 @@ async def choose_model(ctx: EntryContext, host: EntryHost, tiering: Tiering) -> 
     if why_unscored:
         record["unscored"] = why_unscored
     try:
-        choice = choose_tier(treq, catalogue, host.membership.snapshot(), policy,
-                             policy_for(host, req))
+        choice = choose_tier(treq, catalogue, node.membership.snapshot(), policy,
+                             policy_for(node, req))
     except RoutingError as e:
         ctx.journal("tier", {**record, "model": None, "tier": None, "reasons": [str(e)]})
         raise RemoteError(str(e), e.code) from None
@@ -85,15 +85,15 @@ def prompt_text(req: Any) -> str:
     return str(req.prompt or "")
 
 
-def tier_catalogue(host: EntryHost) -> dict[str, ModelTier]:
+def tier_catalogue(node: EntryNode) -> dict[str, ModelTier]:
     """Every model with a known tier: this node's, then what the adverts say (first wins)."""
     out: dict[str, ModelTier] = {}
-    for name, s in sorted(host.runner.models.items()):
+    for name, s in sorted(node.runner.models.items()):
         tier = getattr(s, "tier", "")
         if tier in TIERS and s.whole:
             out[name] = ModelTier(name, tier, float(getattr(s, "quality", 0.0)),
-                                  host.runner.context_length(name) or 0)
-    for e in host.membership.table.live():
+                                  node.runner.context_length(name) or 0)
+    for e in node.membership.table.live():
         for m in e.advert.models:
             if m.tier in TIERS and m.name not in out:
                 out[m.name] = ModelTier(m.name, m.tier, m.quality, m.context_length)
