@@ -15,6 +15,7 @@ from meshd.errors import (
     KeyFileError,
     LocalError,
     MeshdError,
+    RegistryError,
     RemoteError,
     RoutingError,
 )
@@ -79,7 +80,7 @@ def exit_code_for(err: MeshdError) -> Exit:
         return Exit.NOPERM
     if code == ErrorCode.INTERNAL:
         return Exit.SOFTWARE
-    if isinstance(err, RoutingError | RemoteError):
+    if isinstance(err, RoutingError | RemoteError | RegistryError):
         return Exit.UNAVAILABLE
     if isinstance(err, LocalError):
         return Exit.FAILURE
