@@ -47,7 +47,7 @@ Every node runs `meshd run`; nodes holding a certificate from the mesh's CA join
 gossip mesh, advertise what they serve, and route each request to the node (or the pipeline of
 layer-range stages) with the best predicted time to first token.
 
-Try it:  meshd testnet up --nodes 3 && meshd submit "Once upon a time"
+Try it:  meshd testnet up --nodes 3 --model smollm2-135m-instruct && meshd submit --chat "Hi!"
 """
 
 
