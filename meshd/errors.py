@@ -54,6 +54,11 @@ class ModelError(LocalError):
     """A model directory or checkpoint cannot be used; the message says which file or field."""
 
 
+class RegistryError(LocalError):
+    """A package could not be fetched from its registry (unreachable, or without the package);
+    the message summarises what the registry client said."""
+
+
 class KeyFileError(LocalError):
     """A key or certificate file is missing, unreadable, or has unsafe permissions."""
 

@@ -36,6 +36,14 @@ def cache_home() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "meshd"
 
 
+def models_home() -> Path:
+    """The models folder: where `meshd model pull` installs models and `meshd model list` looks
+    (``$MESHD_MODELS_DIR``, else ``models`` in the state folder: ``$MESHD_HOME``, else
+    ``$XDG_STATE_HOME/meshd``, else ``~/.local/state/meshd``)."""
+    base = os.environ.get("MESHD_MODELS_DIR")
+    return Path(base) if base else state_home() / "models"
+
+
 def last_testnet_file() -> Path:
     return state_home() / "last-testnet"
 

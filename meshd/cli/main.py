@@ -15,6 +15,7 @@ from meshd.errors import (
     KeyFileError,
     LocalError,
     MeshdError,
+    RegistryError,
     RemoteError,
     RoutingError,
 )
@@ -46,7 +47,7 @@ Every node runs `meshd run`; nodes holding a certificate from the mesh's CA join
 gossip mesh, advertise what they serve, and route each request to the node (or the pipeline of
 layer-range stages) with the best predicted time to first token.
 
-Try it:  meshd testnet up --nodes 3 && meshd submit "Once upon a time"
+Try it:  meshd testnet up --nodes 3 --model smollm2-135m-instruct && meshd submit --chat "Hi!"
 """
 
 
@@ -79,7 +80,7 @@ def exit_code_for(err: MeshdError) -> Exit:
         return Exit.NOPERM
     if code == ErrorCode.INTERNAL:
         return Exit.SOFTWARE
-    if isinstance(err, RoutingError | RemoteError):
+    if isinstance(err, RoutingError | RemoteError | RegistryError):
         return Exit.UNAVAILABLE
     if isinstance(err, LocalError):
         return Exit.FAILURE

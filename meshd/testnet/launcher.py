@@ -47,6 +47,25 @@ class NodeSpec:
     api_port: int = 0  # the HTTP API's port (0: up() picks a free one)
 
 
+# `meshd testnet up` without --scenario: every node serves one model, and that model carries a
+# tier so that `meshd submit --model auto` is answered (docs/tiers.md). The mesh has no other
+# model, so it is its top tier: "large"; a prompt the classifier finds simple wants "micro" and
+# escalates to it (`meshd explain` says so), a complex one is served by it directly. With tier
+# "micro" a complex prompt, or any prompt while the classifier is off, would find no tier.
+TESTNET_TIER = "large"
+
+
+def testnet_models(model: str = "default") -> list[dict[str, Any]]:
+    """The [[models]] of each node of a plain testnet: ``model`` (a model directory, or
+    ``default``: the shipped model, or $MESHD_DEFAULT_MODEL) at the testnet's tier."""
+    return [{"path": model, "tier": TESTNET_TIER, "quality": 1.0}]
+
+
+def default_specs(nodes: int, model: str = "default") -> list[NodeSpec]:
+    """The nodes of `meshd testnet up --nodes N [--model M]`: node1..nodeN, each serving ``model``."""
+    return [NodeSpec(name=f"node{i + 1}", models=testnet_models(model)) for i in range(nodes)]
+
+
 _HANDED_OUT: set[int] = set()
 
 
