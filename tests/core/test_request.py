@@ -92,6 +92,21 @@ def test_token_budget(prompt: int, asked: int | None, context: int | None, want:
         assert str(asked) in why and str(MAX_MAX_TOKENS) in why
 
 
+@pytest.mark.parametrize(("asked", "says"), [
+    (247, "the prompt is 10 tokens and max_tokens is 247: 257 is over the model's context of 256 "
+          "tokens; ask for at most 246"),
+    # what the client sent, and the clamp it never saw (the refused request gets no note)
+    (10**9, f"the prompt is 10 tokens and max_tokens is 1000000000 (clamped to {MAX_MAX_TOKENS}, "
+            f"the most one request may ask for): {10 + MAX_MAX_TOKENS} is over the model's context "
+            "of 256 tokens; ask for at most 246"),
+])
+def test_a_refusal_quotes_max_tokens_as_sent(asked: int, says: str) -> None:
+    with pytest.raises(ContextLengthError) as err:
+        token_budget(10, asked, 256)
+    assert str(err.value) == says
+    assert err.value.max_tokens == asked
+
+
 @pytest.mark.parametrize(("prompt", "asked", "context"), [
     (10, 247, 256),  # one over
     (10, 10**9, 256),  # clamped to 4,096, still over: refused, never a false "kv cache full"

@@ -53,8 +53,9 @@ async def refusal(sock: str, fields: dict[str, Any]) -> tuple[str, str, float]:
     ({"prompt": "   "}, "malformed", "prompt must be a non-empty string"),
     ({"rid": "r" * 500_000}, "malformed", "rid is 500000 characters"),
     # clamped to 4,096, still over tiny-en's 256-token context: refused before routing,
-    # not a "kv cache full" from every node
-    ({"max_tokens": 10**9}, "context_length_exceeded", "over the model's context of 256"),
+    # not a "kv cache full" from every node; the message quotes what was sent, and the clamp
+    ({"max_tokens": 10**9}, "context_length_exceeded",
+     "max_tokens is 1000000000 (clamped to 4096, the most one request may ask for)"),
     ({"prompt": "and the " * 400}, "context_length_exceeded", "context is 256"),
 ])
 def test_bad_requests_are_refused_at_the_entry(sock: str, fields: dict[str, Any], code: str,
