@@ -35,6 +35,7 @@ def parse(**fields: Any) -> Any:
     ({"prompt": ""}, "prompt must be a non-empty string"),
     ({"prompt": "  \n\t "}, "prompt must be a non-empty string"),
     ({"rid": "x" * 500_000}, "rid is 500000 characters"),
+    ({"rid": ""}, "rid must be a non-empty string"),
     ({"client": "c" * 200}, "client is 200 characters"),
     ({"model": "m\n"}, "model must not contain control characters"),
     ({"stop": [""]}, "stop must be a list of non-empty strings"),
@@ -49,7 +50,7 @@ def test_bad_values_are_malformed_and_named(fields: dict[str, Any], says: str) -
 
 
 def test_good_values_pass_and_a_missing_id_gets_a_new_one() -> None:
-    r = parse(rid="", temperature=0, seed=7, top_k=0, top_p=1, stop="END", max_tokens=5)
+    r = parse(temperature=0, seed=7, top_k=0, top_p=1, stop="END", max_tokens=5)
     assert r.request_id == "new-id"
     assert r.sampling.greedy and r.sampling.seed == 7 and r.sampling.stop == ("END",)
     assert r.max_tokens == 5 and r.client == "local"
