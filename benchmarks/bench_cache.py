@@ -540,7 +540,7 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, precision: str, *
     def ask(prompt: str, **extra: Any) -> tuple[dict[str, Any], float]:
         """(DONE stats, submit to DONE ms); ``first[-1]``: submit to the first tokens, ms, both
         on the client."""
-        fields = {"rid": "", "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+        fields = {"prompt": prompt, "max_tokens": 1, "temperature": 0.0,
                   "client": "bench", **extra}
         t = time.monotonic()
         got = trio.run(stream, sock, fields, lambda _: first.append((time.monotonic() - t) * 1e3))

@@ -93,7 +93,7 @@ def tokenizer(path: Path) -> Tokenizer:
 
 def wire_bytes(prompt: str, tok: Tokenizer) -> dict[str, int]:
     """Bytes of the REQ frame for ``prompt`` as text, packed ids, and a list of ids."""
-    req = parse_submit({"rid": "", "prompt": prompt, "max_tokens": 1, "temperature": 0.0},
+    req = parse_submit({"prompt": prompt, "max_tokens": 1, "temperature": 0.0},
                        lambda: uuid.uuid4().hex[:16])
 
     def journal(kind: str, payload: dict[str, Any]) -> None:

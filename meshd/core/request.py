@@ -111,8 +111,9 @@ def sampling_problem(
 
 def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryRequest:
     """The request in SUBMIT-shaped ``fields`` (proto/registry.toml), checked; raises
-    ``ProtocolError`` naming the first bad field. ``new_id`` makes an id when none is given."""
-    rid = _text(fields, "rid", MAX_ID_CHARS, allow_empty=True) or new_id()
+    ``ProtocolError`` naming the first bad field. ``new_id`` makes an id when none is given (the
+    HTTP API gives none); an empty one is refused like any other bad value."""
+    rid = _text(fields, "rid", MAX_ID_CHARS) or new_id()
     messages = _messages(fields.get("messages"))
     prompt = fields.get("prompt")
     if messages is None:
@@ -205,11 +206,11 @@ def _messages(raw: Any) -> tuple[Mapping[str, str], ...] | None:
     return tuple(out)
 
 
-def _text(fields: Mapping[str, Any], key: str, limit: int, *, allow_empty: bool = False) -> str | None:
+def _text(fields: Mapping[str, Any], key: str, limit: int) -> str | None:
     v = fields.get(key)
-    if v is None or (allow_empty and v == ""):
+    if v is None:
         return None
-    if not isinstance(v, str) or (not v and not allow_empty):
+    if not isinstance(v, str) or not v:
         raise ProtocolError(f"{key} must be a non-empty string")
     if len(v) > limit:
         raise ProtocolError(f"{key} is {len(v)} characters; the limit is {limit}")

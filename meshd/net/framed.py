@@ -13,6 +13,11 @@ cancelled while its task writes, a stream's reader cancelling its writers at the
 nonce ahead of the wire, every later frame on that *connection* fails to decrypt, and the peer
 drops the connection with all its streams. So a write, once started, is shielded and finishes;
 only one stuck for ``send_timeout_s`` is abandoned (that connection is unusable anyway).
+
+Ending a stream (``reset``) never throws away the last frames written. py-libp2p's yamux drops
+whatever a stream still holds unread when an RST arrives for it, so an RST right behind a frame
+can overtake it at the peer. A stream whose peer already ended its side (``recv`` returned None)
+is ended with a FIN behind the data instead, and so is one whose last frame was an ERROR.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ class FramedStream:
         self._idle_timeout = math.inf if idle_timeout_s is None else idle_timeout_s
         self._send_timeout = send_timeout_s
         self._last_sent: int | None = None  # type of the last frame written (if one frame)
+        self._peer_ended = False  # the peer ended its side cleanly (recv returned None)
         self.bytes_in = 0
         self.bytes_out = 0
         self.frames_in = 0
@@ -111,11 +117,13 @@ class FramedStream:
                 except Exception as e:
                     name = type(e).__name__
                     if "EOF" in name or "Closed" in name:
+                        self._peer_ended = True
                         return None
                     raise PeerGoneError(f"stream read failed: {name}") from None
             if idle.cancelled_caught:
                 raise PeerGoneError(f"stream idle: nothing received for {self._idle_timeout:g} s")
             if not data:
+                self._peer_ended = True
                 return None
             if self._on_recv is not None:
                 self._on_recv()
@@ -133,19 +141,24 @@ class FramedStream:
                 pass
 
     async def reset(self, grace_s: float = 2.0) -> None:
-        """Drop the stream. If the last frame written was an ERROR, end it gracefully instead: a
-        reset right behind it can make the peer's muxer discard the frame unread (py-libp2p's
-        yamux drops a stream's buffer on RST), so close our side (FIN after the data), give the
-        peer up to ``grace_s`` to read it and end its side, then reset whatever is left."""
+        """Drop the stream, without losing what was written last: a reset right behind a frame
+        can make the peer's muxer discard it unread (py-libp2p's yamux drops a stream's buffer
+        on RST). So if the peer already ended its side, close ours (FIN after the data): the
+        stream is then over both ways and the reset below sends nothing. If the last frame
+        written was an ERROR, close our side too, give the peer up to ``grace_s`` to read it and
+        end its side, then reset whatever is left. Otherwise (a peer that vanished or broke the
+        protocol mid-stream) reset at once."""
         try:
-            if self._last_sent == int(MessageType.ERROR) and getattr(self.stream, "reset", None) is not None:
+            graceful = self._peer_ended or self._last_sent == int(MessageType.ERROR)
+            if graceful and getattr(self.stream, "reset", None) is not None:
                 await self.close()
-                with trio.move_on_after(grace_s):
-                    try:
-                        while await self.stream.read(READ_CHUNK):
-                            pass  # discard: we are done with this stream
-                    except Exception:
-                        pass  # the peer's end (EOF) or a broken stream: either way we are done
+                if not self._peer_ended:
+                    with trio.move_on_after(grace_s):
+                        try:
+                            while await self.stream.read(READ_CHUNK):
+                                pass  # discard: we are done with this stream
+                        except Exception:
+                            pass  # the peer's end (EOF) or a broken stream: we are done
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(END_TIMEOUT_S):
                 try:

@@ -9,6 +9,14 @@ another mesh bootstrapping to us) then prints ``failed to upgrade security for p
 says how many like it were left out. The same limit is put on meshd's own ``peer rejected``
 lines (meshd/net/attest.py), one kind per reason and peer; the audit table keeps every refusal.
 
+A connection that breaks under the library is not an error of meshd's: a peer that was frozen
+(SIGSTOP) for a while and resumes finds its connections reset by the peers that gave up on it,
+and py-libp2p logs that at ERROR (yamux's ``Error in handle_incoming ... Broken pipe``, then
+the failed stream opens on the dead connection: multistream-select's ``write failed`` and the
+host's six-line ``Failed to open stream``), while meshd redials and the peer rejoins as usual
+(meshd.node.links logs the drop itself). ``LostConnectionFilter`` turns such records into one
+INFO line each.
+
 ``RateLimit`` is the pure decision (the time is passed in); the logging classes are the thin
 wrapper around it.
 """
@@ -87,6 +95,25 @@ class RateLimitFilter(logging.Filter):
         return ok
 
 
+LOST_CONNECTION = ("broken pipe", "connection reset", "fail to write to multiselect communicator")
+"""What libp2p's messages about a connection that broke under them say (lower case)."""
+
+
+class LostConnectionFilter(logging.Filter):
+    """A libp2p WARNING or ERROR about a connection that broke (``LOST_CONNECTION``) becomes an
+    INFO record on one line; every other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or record.levelno > logging.ERROR:
+            return True
+        message = record.getMessage()
+        if not any(m in message.lower() for m in LOST_CONNECTION):
+            return True
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        record.msg, record.args = " ".join(message.split()), None
+        return True
+
+
 class _ToRoot(logging.Handler):
     """Passes a record on to the root logger's handlers (meshd's format and destination)."""
 
@@ -96,9 +123,10 @@ class _ToRoot(logging.Handler):
 
 def route_libp2p_logs(*, interval_s: float = INTERVAL_S,
                       clock: Callable[[], float] = time.monotonic) -> bool:
-    """Route ``libp2p`` warnings and errors to the root logger, rate limited, and rate limit
-    meshd's ``peer rejected`` lines. Leaves libp2p alone when ``LIBP2P_DEBUG`` is set (its
-    own logging setup is then what the user asked for); returns whether it routed."""
+    """Route ``libp2p`` warnings and errors to the root logger, rate limited, those about a
+    broken connection as INFO (``LostConnectionFilter``), and rate limit meshd's ``peer
+    rejected`` lines. Leaves libp2p alone when ``LIBP2P_DEBUG`` is set (its own logging setup
+    is then what the user asked for); returns whether it routed."""
     attest = logging.getLogger("meshd.net.attest")
     if not any(isinstance(f, RateLimitFilter) for f in attest.filters):
         attest.addFilter(RateLimitFilter(RateLimit(interval_s), key=_rejection_kind, clock=clock))
@@ -111,6 +139,7 @@ def route_libp2p_logs(*, interval_s: float = INTERVAL_S,
         if isinstance(h, _ToRoot):
             lib.removeHandler(h)
     handler = _ToRoot(level=logging.WARNING)
+    handler.addFilter(LostConnectionFilter())
     handler.addFilter(RateLimitFilter(RateLimit(interval_s), clock=clock))
     lib.addHandler(handler)
     lib.setLevel(logging.WARNING)

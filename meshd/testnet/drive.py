@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from contextlib import aclosing
 from typing import Any
@@ -59,7 +60,9 @@ async def stream(sock: str, fields: dict[str, Any], on_first: Any = None) -> dic
     """Submit ``fields`` through a control socket and collect the answer: token ``ids``, the
     nodes that ``served`` it (one per ROUTE frame), the DONE frame's ``stats``, when it came
     (``done_at``, time.monotonic) and when the SUBMIT frame left on the open connection
-    (``sent_at``); ``on_first(served_by)`` is called at the first tokens."""
+    (``sent_at``); ``on_first(served_by)`` is called at the first tokens. Without ``rid`` in
+    ``fields`` the request gets a new id, as `meshd submit` gives it."""
+    fields = {"rid": uuid.uuid4().hex[:16], **fields}
     ids: list[int] = []
     routes: list[str] = []
     sent: list[float] = []

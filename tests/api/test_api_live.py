@@ -151,6 +151,16 @@ def test_a_prompt_too_long_for_the_context_is_400(mesh: dict[str, Any]) -> None:
     assert e.value.code == "context_length_exceeded"
 
 
+def test_max_tokens_over_the_context_is_400_quoting_what_was_sent(mesh: dict[str, Any]) -> None:
+    """The same message as on the control socket: the value sent and the clamp it got."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client(node(mesh, "n1")["api_url"], mesh["key"]).chat.completions.create(
+            model="tiny", messages=HELLO, max_tokens=10**9)
+    assert e.value.code == "context_length_exceeded"
+    assert "max_tokens is 1000000000 (clamped to 4096, the most one request may ask for)" \
+        in e.value.message
+
+
 def test_an_unsupported_field_is_400_naming_it(mesh: dict[str, Any]) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client(node(mesh, "n1")["api_url"], mesh["key"]).chat.completions.create(

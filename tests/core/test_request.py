@@ -35,6 +35,7 @@ def parse(**fields: Any) -> Any:
     ({"prompt": ""}, "prompt must be a non-empty string"),
     ({"prompt": "  \n\t "}, "prompt must be a non-empty string"),
     ({"rid": "x" * 500_000}, "rid is 500000 characters"),
+    ({"rid": ""}, "rid must be a non-empty string"),
     ({"client": "c" * 200}, "client is 200 characters"),
     ({"model": "m\n"}, "model must not contain control characters"),
     ({"stop": [""]}, "stop must be a list of non-empty strings"),
@@ -49,7 +50,7 @@ def test_bad_values_are_malformed_and_named(fields: dict[str, Any], says: str) -
 
 
 def test_good_values_pass_and_a_missing_id_gets_a_new_one() -> None:
-    r = parse(rid="", temperature=0, seed=7, top_k=0, top_p=1, stop="END", max_tokens=5)
+    r = parse(temperature=0, seed=7, top_k=0, top_p=1, stop="END", max_tokens=5)
     assert r.request_id == "new-id"
     assert r.sampling.greedy and r.sampling.seed == 7 and r.sampling.stop == ("END",)
     assert r.max_tokens == 5 and r.client == "local"
@@ -90,6 +91,21 @@ def test_token_budget(prompt: int, asked: int | None, context: int | None, want:
     assert (why is not None) == note
     if note:
         assert str(asked) in why and str(MAX_MAX_TOKENS) in why
+
+
+@pytest.mark.parametrize(("asked", "says"), [
+    (247, "the prompt is 10 tokens and max_tokens is 247: 257 is over the model's context of 256 "
+          "tokens; ask for at most 246"),
+    # what the client sent, and the clamp it never saw (the refused request gets no note)
+    (10**9, f"the prompt is 10 tokens and max_tokens is 1000000000 (clamped to {MAX_MAX_TOKENS}, "
+            f"the most one request may ask for): {10 + MAX_MAX_TOKENS} is over the model's context "
+            "of 256 tokens; ask for at most 246"),
+])
+def test_a_refusal_quotes_max_tokens_as_sent(asked: int, says: str) -> None:
+    with pytest.raises(ContextLengthError) as err:
+        token_budget(10, asked, 256)
+    assert str(err.value) == says
+    assert err.value.max_tokens == asked
 
 
 @pytest.mark.parametrize(("prompt", "asked", "context"), [

@@ -1,5 +1,6 @@
-"""FramedStream (meshd/net/framed.py): sign-of-life hook, idle deadline, and an ERROR frame that
-survives the end of its stream (fakes with a mock clock, then two REAL libp2p hosts)."""
+"""FramedStream (meshd/net/framed.py): sign-of-life hook, idle deadline, and the last frame (an
+ERROR, or any frame once the peer ended its side) surviving the end of its stream (fakes with a
+mock clock, then two REAL libp2p hosts)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import pytest
 import trio
 import trio.testing
 from libp2p.custom_types import TProtocol
+from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 from libp2p_pair import pair
 
 from meshd.core.messages import REQUEST_TYPES, MessageType
-from meshd.core.wire import MAX_REQUEST_FRAME, frame
+from meshd.core.wire import MAX_REQUEST_FRAME, FrameDecoder, frame
 from meshd.errors import PeerGoneError
 from meshd.net.framed import FramedStream
+from meshd.testing.wait import wait_until
 
 
 class FakeStream:
@@ -108,6 +111,23 @@ def test_a_stream_that_ends_with_an_error_frame_is_closed_before_it_is_reset(
     assert trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0)) == calls
 
 
+def test_a_stream_the_peer_ended_is_closed_at_once_whatever_was_sent_last() -> None:
+    async def main() -> list[str]:
+        fake = FakeStream()
+        framed = FramedStream(fake, MAX_REQUEST_FRAME, REQUEST_TYPES)
+        await fake.send.send(ping(7))
+        fake.send.close()  # the peer half-closes behind its PING
+        assert (await framed.recv() or {}).get("n") == 7
+        await framed.send(MessageType.PONG, {"n": 7})
+        assert await framed.recv() is None
+        t0 = trio.current_time()
+        await framed.reset(grace_s=2.0)
+        assert trio.current_time() == t0  # no grace to wait for: the peer is done
+        return fake.calls
+
+    assert trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0)) == ["close", "reset"]
+
+
 def test_a_peer_that_never_ends_its_side_is_reset_after_the_grace() -> None:
     async def main() -> float:
         fake = FakeStream()
@@ -154,6 +174,53 @@ async def errors_received(rounds: int) -> int:
 
 def test_an_error_frame_just_before_the_end_reaches_the_peer_over_libp2p() -> None:
     assert trio.run(errors_received, 20) == 20
+
+
+PING_PROTO = TProtocol("/meshd-test/ping-then-end/1")
+
+
+async def pong_after_the_end() -> tuple[list[Any], str]:
+    """The peer sends PING and half-closes; the server answers PONG, sees the end and ends the
+    stream (as the request server does); the peer reads only once that end reached its muxer.
+    What it reads: the frames, and how the stream ended."""
+    async with pair() as (client, server):
+        served = trio.Event()
+
+        async def answer(stream: Any) -> None:
+            framed = FramedStream(stream, MAX_REQUEST_FRAME, REQUEST_TYPES)
+            try:
+                msg = await framed.recv()
+                assert msg is not None
+                await framed.send(MessageType.PONG, {"n": msg["n"]})
+                assert await framed.recv() is None
+            finally:
+                await framed.reset()
+                served.set()
+
+        server.set_stream_handler(PING_PROTO, answer)
+        with trio.fail_after(10):
+            stream = await client.new_stream(server.get_id(), [PING_PROTO])
+            await stream.write(ping(7))
+            await stream.close_write()
+            await served.wait()
+            muxed = stream.muxed_stream  # py-libp2p 0.8.1's YamuxStream: has the end arrived?
+            await wait_until(lambda: muxed.recv_closed or muxed.reset_received, 10.0)
+            decoder = FrameDecoder(MAX_REQUEST_FRAME, REQUEST_TYPES)
+            try:
+                while True:
+                    decoder.feed(await stream.read(1 << 16))
+            except StreamEOF:
+                end = "eof"
+            except StreamReset:
+                end = "reset"
+            return [(m["t"], m["n"]) for m in decoder.messages()], end
+
+
+def test_a_frame_written_just_before_the_end_reaches_a_peer_that_reads_late() -> None:
+    """The request server answered a PING on a stream the peer had half-closed, then reset the
+    stream; an RST that reached the peer's yamux before its reader took the PONG discarded the
+    PONG (a CI run of the fuzz live test lost it under load). Now the stream ends with a FIN."""
+    assert trio.run(pong_after_the_end) == ([(MessageType.PONG, 7)], "eof")
 
 
 # A write cancelled half-way leaves py-libp2p's Noise nonce ahead of the wire, and the whole

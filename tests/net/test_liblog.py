@@ -106,3 +106,41 @@ def test_peer_rejected_lines_are_limited_per_reason_and_peer(
     attest.info("peer attested peer_id=%s", "C")
     assert [ln.split(" peer_id=")[1][0] for ln in lines if "rejected" in ln] == ["A", "B"]
     assert sum("attested" in ln for ln in lines) == 2
+
+
+# What a node resumed after ~12 s of SIGSTOP logged through libp2p while it rejoined as usual
+# (its peers had dropped it and reset their connections): every one was an ERROR.
+PEER = "12D3KooWBSLdvqwPApW3gA9TFjB1nVspfWS8swcG2AwgoLzsmSha"
+LOST = [
+    ("libp2p.stream_muxer.yamux.yamux",
+     f"Error in handle_incoming for peer {PEER}: ConnectionClosedError: TCP connection reset by "
+     "remote peer: socket connection broken: [Errno 32] Broken pipe"),
+    ("libp2p.protocol_muxer.multiselect_client",
+     "MultiselectClient handshake: write failed: fail to write to multiselect communicator"),
+    ("libp2p.host.basic_host",
+     f"Failed to open stream to peer {PEER}:\n  Error: handshake write failed: fail to write to "
+     "multiselect communicator\n  Protocols: ['/meshd/req/1.0.0']\n  Timeout: 30s"),
+]
+
+
+def test_a_broken_connection_is_one_info_line_not_an_error(routed: tuple[Clock, list[str]]) -> None:
+    _, lines = routed
+    for name, message in LOST:
+        logging.getLogger(name).error(message)
+    assert [ln.split(" ", 4)[2:4] for ln in lines] == [[name, "INFO"] for name, _ in LOST]
+    assert "[Errno 32] Broken pipe" in lines[0]
+    assert lines[2].endswith("Failed to open stream to peer " + PEER + ": Error: handshake write "
+                             "failed: fail to write to multiselect communicator Protocols: "
+                             "['/meshd/req/1.0.0'] Timeout: 30s")  # one line
+    logging.getLogger("libp2p.stream_muxer.yamux.yamux").warning(
+        "Stream %s: Unexpected error during window update: %s", 3, "Connection reset by peer")
+    assert " INFO Stream 3: Unexpected error during window update: Connection reset by peer" in lines[-1]
+
+
+def test_other_libp2p_errors_stay_errors(routed: tuple[Clock, list[str]]) -> None:
+    _, lines = routed
+    logging.getLogger("libp2p.stream_muxer.yamux.yamux").error(
+        "Received GO_AWAY for peer%s: Protocol error", PEER)
+    logging.getLogger("libp2p.host.basic_host").error(
+        "Failed to open stream to peer %s: protocol not supported", PEER)
+    assert [ln.split(" ", 4)[3] for ln in lines] == ["ERROR", "ERROR"]

@@ -49,7 +49,7 @@ def cache_stats(s: str) -> dict[str, Any]:
 
 
 def ask(s: str, prompt: str, **extra: Any) -> dict[str, Any]:
-    fields = {"rid": "", "prompt": prompt, "max_tokens": 12, "temperature": 0.0, **extra}
+    fields = {"prompt": prompt, "max_tokens": 12, "temperature": 0.0, **extra}
     out: dict[str, Any] = trio.run(stream, s, fields)["stats"]
     return out
 

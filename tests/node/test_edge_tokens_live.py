@@ -73,7 +73,7 @@ def events(mesh: dict[str, Any], at: str, rid: str) -> list[dict[str, Any]]:
 
 def submit(mesh: dict[str, Any], at: str, prompt: str, n: int = 16) -> dict[str, Any]:
     return trio.run(stream, node(mesh, at)["socket"],
-                    {"rid": "", "prompt": prompt, "max_tokens": n, "temperature": 0.0})
+                    {"prompt": prompt, "max_tokens": n, "temperature": 0.0})
 
 
 def test_the_entry_prefetches_the_advertised_tokenizer(mesh: dict[str, Any], engine: Any) -> None:
@@ -128,7 +128,7 @@ def test_a_prompt_too_long_is_refused_at_an_entry_without_the_model(
     wait_for(lambda: services(mesh, "entry")["tokenizers"]["held"], 30, "the entry's tokenizer")
     before = served(mesh)["requests"]
     with pytest.raises(RemoteError) as err:
-        trio.run(stream, node(mesh, "entry")["socket"], {"rid": "", **fields})
+        trio.run(stream, node(mesh, "entry")["socket"], fields)
     assert err.value.code == "context_length_exceeded"
     assert says in str(err.value) and "the prompt is " in str(err.value)
     assert served(mesh)["requests"] == before  # nothing was forwarded

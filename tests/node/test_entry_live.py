@@ -39,7 +39,7 @@ async def refusal(sock: str, fields: dict[str, Any]) -> tuple[str, str, float]:
     t0 = time.monotonic()
     with pytest.raises(RemoteError) as err:
         with trio.fail_after(30):
-            await stream(sock, {"rid": "", "prompt": "In the beginning", **fields})
+            await stream(sock, {"prompt": "In the beginning", **fields})
     return str(err.value.code), str(err.value), time.monotonic() - t0
 
 
@@ -52,9 +52,11 @@ async def refusal(sock: str, fields: dict[str, Any]) -> tuple[str, str, float]:
     ({"max_tokens": -2}, "malformed", "max_tokens=-2"),
     ({"prompt": "   "}, "malformed", "prompt must be a non-empty string"),
     ({"rid": "r" * 500_000}, "malformed", "rid is 500000 characters"),
+    ({"rid": ""}, "malformed", "rid must be a non-empty string"),
     # clamped to 4,096, still over tiny-en's 256-token context: refused before routing,
-    # not a "kv cache full" from every node
-    ({"max_tokens": 10**9}, "context_length_exceeded", "over the model's context of 256"),
+    # not a "kv cache full" from every node; the message quotes what was sent, and the clamp
+    ({"max_tokens": 10**9}, "context_length_exceeded",
+     "max_tokens is 1000000000 (clamped to 4096, the most one request may ask for)"),
     ({"prompt": "and the " * 400}, "context_length_exceeded", "context is 256"),
 ])
 def test_bad_requests_are_refused_at_the_entry(sock: str, fields: dict[str, Any], code: str,
@@ -64,7 +66,7 @@ def test_bad_requests_are_refused_at_the_entry(sock: str, fields: dict[str, Any]
     assert says in message
     assert took < 5.0
     # and the daemon serves the next request
-    ok = trio.run(stream, sock, {"rid": "", "prompt": "And God said", "max_tokens": 3,
+    ok = trio.run(stream, sock, {"prompt": "And God said", "max_tokens": 3,
                                  "temperature": 0.0})
     assert len(ok["ids"]) == 3
 

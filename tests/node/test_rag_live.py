@@ -65,7 +65,7 @@ def sock(index: dict[str, Any], name: str) -> str:
 
 
 def ask(mesh: dict[str, Any], node: str, prompt: str, **extra: Any) -> dict[str, Any]:
-    fields = {"rid": "", "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "rag": "kb",
+    fields = {"prompt": prompt, "max_tokens": 8, "temperature": 0.0, "rag": "kb",
               **extra}
     out: dict[str, Any] = trio.run(stream, sock(mesh["index"], node), fields)["stats"]
     return out

@@ -71,7 +71,7 @@ def node(mesh: dict[str, Any], name: str) -> dict[str, Any]:
 
 def submit(mesh: dict[str, Any], at: str, prompt: str) -> dict[str, Any]:
     return trio.run(stream, node(mesh, at)["socket"],
-                    {"rid": "", "prompt": prompt, "model": "auto", "max_tokens": 4,
+                    {"prompt": prompt, "model": "auto", "max_tokens": 4,
                      "temperature": 0.0})
 
 
@@ -112,7 +112,7 @@ def test_auto_sends_simple_to_micro_and_complex_to_large(mesh: dict[str, Any]) -
 
 def test_a_request_naming_a_model_has_no_tier(mesh: dict[str, Any]) -> None:
     got = trio.run(stream, node(mesh, "edge")["socket"],
-                   {"rid": "", "prompt": COMPLEX, "model": "micro-m", "max_tokens": 2})
+                   {"prompt": COMPLEX, "model": "micro-m", "max_tokens": 2})
     assert got["stats"]["model"] == "micro-m"
     assert explain(mesh, "edge", got["stats"]["request_id"])["tier"] is None
 

@@ -20,11 +20,10 @@ import pytest
 from meshd.testnet import netns
 from meshd.testnet.drive import cli, wait_for
 
-pytestmark = pytest.mark.slow
-
 REASON = netns.unavailable_reason()
-if REASON is not None:
-    pytest.skip(f"network namespaces unavailable: {REASON}", allow_module_level=True)
+# each test skips by itself (not the module), so the closing summary names them (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.netns,
+              pytest.mark.skipif(REASON is not None, reason=f"network namespaces unavailable: {REASON}")]
 
 FAR_MS = 40.0
 NEAR_MS = 4.0

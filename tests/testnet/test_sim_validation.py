@@ -262,6 +262,7 @@ def _simulate(tn: Scenario, got: dict[str, Any], tokens: int, rtt_ms: float | No
             "prompt_tokens": load.prompt_tokens}
 
 
+@pytest.mark.netns
 def test_sim_ttft_p50_agrees_with_the_emulated_testnet(testnet: dict[str, Any]) -> None:
     t0 = time.monotonic()
     try:
