@@ -67,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
         if p.get("known_by") == "summary":  # a summary names the models, not the layers
             models = ",".join(m["name"] for m in p["models"]) or "-"
         else:
-            models = ",".join(f"{m['name']}[{m['layers'][0]}-{m['layers'][1]}]" for m in p["models"]) or "-"
+            models = ",".join(f"{m['name']}[{m['layers'][0]}-{m['layers'][1]}"
+                              f"{' ' + m['fmt'] if m.get('fmt') else ''}]"
+                              for m in p["models"]) or "-"
         sig = p.get("signals") or {}
         row = [p["name"], p["peer_id"][-10:], p.get("region") or "-", hwtxt, models,
                "-" if p.get("queue_depth") is None else p["queue_depth"], f"{p['advert_age_s']:.1f}s",

@@ -55,6 +55,9 @@ class ModelAdvert:
     # at batch sizes 1, 2, 4, ... (index k is batch 2**k; empty: not measured)
     batch_max: int = 0
     batch_tps: tuple[float, ...] = ()
+    # how its weights are stored: "fp32", "fp16", "int4", "int8" (meshd.engine.manifest.DTYPES)
+    # or an upstream server's ("upstream"); "": not advertised. Wire key "fmt", optional
+    weight_format: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +120,7 @@ class Advert:
                     **({"kvb": m.kv_bytes_per_token} if m.kv_bytes_per_token else {}),
                     **({"batch": m.batch_max} if m.batch_max else {}),
                     **({"batch_tps": list(m.batch_tps)} if m.batch_tps else {}),
+                    **({"fmt": m.weight_format} if m.weight_format else {}),
                 }
                 for m in self.models
             ],
@@ -206,6 +210,7 @@ def _model(d: Any) -> ModelAdvert:
         kv_bytes_per_token=_count(d, "kvb") if "kvb" in d else 0,
         batch_max=_count(d, "batch") if "batch" in d else 0,
         batch_tps=_curve(d),
+        weight_format=_str(d, "fmt", "", cap=16),
     )
 
 

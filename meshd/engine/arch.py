@@ -21,6 +21,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+ACTIVATIONS = ("silu", "gelu_tanh")
 # Our field names where Hugging Face's config.json spells them differently.
 HF_FIELD_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
                   "num_kv_heads": "num_key_value_heads"}
@@ -46,6 +47,23 @@ class Arch:
     o_bias: bool
     mlp_bias: bool
     rope_scaling: dict[str, Any] | None = field(default=None)
+    # Gemma 3 (from GGUF; Llama and Qwen2 keep the defaults): the MLP's activation ("silu" or
+    # "gelu_tanh"), RMSNorm of each head's q and k, norms after attention and after the MLP as
+    # well as before, the embedding multiplied by embed_scale, and local layers: all but every
+    # global_every-th layer attend to the last sliding_window positions only, with RoPE base
+    # rope_local_theta (0: no local layers)
+    act: str = "silu"
+    qk_norm: bool = False
+    sandwich_norm: bool = False
+    embed_scale: float = 1.0
+    sliding_window: int = 0
+    global_every: int = 0
+    rope_local_theta: float = 0.0
+
+    def is_local(self, layer: int) -> bool:
+        """Whether ``layer`` attends only within the sliding window (Gemma 3: five local
+        layers, then one global)."""
+        return bool(self.sliding_window) and (layer + 1) % self.global_every != 0
 
     @property
     def group_size(self) -> int:
@@ -85,6 +103,12 @@ class Arch:
             raise ModelError(f"{source}: rope_theta={self.rope_theta!r} must be positive")
         if self.rope_scaling is not None:
             _check_rope_scaling(self.rope_scaling, source)
+        if self.act not in ACTIVATIONS:
+            raise ModelError(f"{source}: act={self.act!r} is not supported "
+                             f"({', '.join(ACTIVATIONS)})")
+        if self.sliding_window and (self.global_every < 1 or not self.rope_local_theta > 0):
+            raise ModelError(f"{source}: sliding_window needs global_every >= 1 and "
+                             "rope_local_theta > 0")
 
 
 def parse_hf_config(cfg: dict[str, Any], source: str = "config.json") -> Arch:
@@ -168,12 +192,14 @@ def _check_rope_scaling(scaling: dict[str, Any], source: str) -> None:
             raise ModelError(f"{source}: rope_scaling.{key} is missing or not a number")
 
 
-def rope_inv_freq(arch: Arch) -> np.ndarray:
-    """Inverse RoPE frequencies [head_dim/2] as float32, with any frequency scaling applied."""
+def rope_inv_freq(arch: Arch, *, local: bool = False) -> np.ndarray:
+    """Inverse RoPE frequencies [head_dim/2] as float32, with any frequency scaling applied
+    (``local``: of a sliding-window layer, with its own base and no scaling)."""
     d = arch.head_dim
-    inv = 1.0 / (arch.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    theta = arch.rope_local_theta if local else arch.rope_theta
+    inv = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
     s = arch.rope_scaling
-    if s is None:
+    if s is None or local:
         return inv.astype(np.float32)
     if s["rope_type"] == "linear":
         return (inv / float(s["factor"])).astype(np.float32)

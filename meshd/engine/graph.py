@@ -260,6 +260,8 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
             ids = b.op("Concat", [ids, b.op("Reshape", [CHUNK_IDS, c("flat", np.array([-1], i64))])],
                        axis=0)
         x = b.gather_rows(EMBED, ids)
+        if arch.embed_scale != 1.0:
+            x = b.op("Mul", [x, c("embed_scale", np.array(arch.embed_scale, np.float32))])
     else:
         inputs.insert(0, helper.make_tensor_value_info(HIDDEN_IN, TensorProto.FLOAT,
                                                        ["B", "T", h_dim]))
@@ -328,29 +330,25 @@ class _Group:
     rows: str  # [1]: B*T, its rows of x
     b_len: str
     t_len: str
+    local: tuple[str, str, str, str, str] | None = None  # sliding-window layers' cos, sin,
+    # cos_q, sin_q and mask
 
 
 def _group(b: GraphBuilder, arch: Arch, positions: str, first_key: str, prefix: str) -> _Group:
     """RoPE tables and the attention mask of one group (``positions`` [B, T], caches whose
-    first layer's keys are ``first_key``)."""
+    first layer's keys are ``first_key``); a model with sliding-window layers also gets their
+    tables and mask (``local``)."""
     c, i64, d, kvh = b.const, np.int64, arch.head_dim, arch.num_kv_heads
     axes0, axes1, axes2 = (c(f"axes_{k}", np.array([k], i64)) for k in range(3))
-    inv = c("rope_inv_freq", rope_inv_freq(arch))
     bt = b.op("Shape", [positions])  # [2]: B, T
     b_len = b.op("Slice", [bt, c("zero", np.array([0], i64)), c("one", np.array([1], i64))])
     t_len = b.op("Slice", [bt, c("one", np.array([1], i64)), c("two", np.array([2], i64))])
     pos_f = b.op("Cast", [b.op("Reshape", [positions, c("flat", np.array([-1], i64))])],
                  to=TensorProto.FLOAT)
-    freqs = b.op("Mul", [b.op("Unsqueeze", [pos_f, axes1]), inv])  # [N, d/2]
-    sin_half = b.op("Sin", [freqs])
-    cos = b.op("Cos", [b.op("Concat", [freqs, freqs], axis=1)])
-    sin = b.op("Concat", [b.op("Neg", [sin_half]), sin_half], axis=1)  # rotate_half's signs
     # [B, 1, T, d]: broadcast over the heads of [B, heads, T, d]
     one = c("one", np.array([1], i64))
     rope_shape = b.op("Concat", [b_len, one, t_len, c(f"d_{d}", np.array([d], i64))], axis=0)
-    cos, sin = b.op("Reshape", [cos, rope_shape]), b.op("Reshape", [sin, rope_shape])
-    scale = c("attn_scale", np.array(1.0 / np.sqrt(d), np.float32))
-    cos_q, sin_q = b.op("Mul", [cos, scale]), b.op("Mul", [sin, scale])
+    tables = _rope_tables(b, c("rope_inv_freq", rope_inv_freq(arch)), pos_f, rope_shape, d)
 
     c_len = b.op("Slice", [b.op("Shape", [first_key]), c("three", np.array([3], i64)),
                            c("four", np.array([4], i64))])
@@ -367,9 +365,23 @@ def _group(b: GraphBuilder, arch: Arch, positions: str, first_key: str, prefix: 
     btt = b.op("Concat", [b_len, t_len, t_len], axis=0)
     bad = b.op("Concat", [b.op("Expand", [past_bad, btc]), b.op("Expand", [new_bad, btt])],
                axis=2)  # [B, T, C+T]
-    mask = b.op("Where", [b.op("Unsqueeze", [bad, c("axes_12", np.array([1, 2], i64))]),
-                          c("neg_inf", np.array(-np.inf, np.float32)),
-                          c("zero_f", np.array(0.0, np.float32))])  # [B, 1, 1, T, C+T]
+    axes12 = c("axes_12", np.array([1, 2], i64))
+    neg_inf, zero_f = c("neg_inf", np.array(-np.inf, np.float32)), c("zero_f", np.array(0.0, np.float32))
+    mask = b.op("Where", [b.op("Unsqueeze", [bad, axes12]), neg_inf, zero_f])  # [B, 1, 1, T, C+T]
+    local = None
+    if arch.sliding_window:
+        # a local layer's query at position p also masks the keys at positions <= p - window
+        window = c("window", np.array(arch.sliding_window, i64))
+        far_past = b.op("GreaterOrEqual", [b.op("Sub", [b.op("Unsqueeze", [positions, axes2]),
+                                                        j_past]), window])  # [B, T, C]
+        far_new = b.op("GreaterOrEqual", [b.op("Sub", [b.op("Unsqueeze", [t_idx, axes1]),
+                                                       b.op("Unsqueeze", [t_idx, axes0])]),
+                                          window])  # [T, T]
+        far = b.op("Concat", [far_past, b.op("Expand", [far_new, btt])], axis=2)
+        local_mask = b.op("Where", [b.op("Unsqueeze", [b.op("Or", [bad, far]), axes12]),
+                                    neg_inf, zero_f])
+        local = (*_rope_tables(b, c("rope_inv_freq_local", rope_inv_freq(arch, local=True)),
+                               pos_f, rope_shape, d), local_mask)
     split_sizes = b.op("Concat", [c_len, t_len], axis=0)
     nh, g = arch.num_heads, arch.group_size
 
@@ -381,7 +393,20 @@ def _group(b: GraphBuilder, arch: Arch, positions: str, first_key: str, prefix: 
     shapes = {"q": shape(b_len, [-1, nh, d]), "kv": shape(b_len, [-1, kvh, d]),
               "qg": shape(b_len, [kvh, g, -1, d]), "heads": shape(b_len, [nh, -1, d])}
     rows = b.op("Mul", [b_len, t_len])
-    return _Group(prefix, cos, sin, cos_q, sin_q, mask, split_sizes, shapes, rows, b_len, t_len)
+    return _Group(prefix, *tables, mask, split_sizes, shapes, rows, b_len, t_len, local)
+
+
+def _rope_tables(b: GraphBuilder, inv: str, pos_f: str, rope_shape: str, d: int
+                 ) -> tuple[str, str, str, str]:
+    """cos and sin [B, 1, T, d] for keys, and for queries already scaled by 1/sqrt(d)."""
+    freqs = b.op("Mul", [b.op("Unsqueeze", [pos_f, b.const("axes_1", np.array([1], np.int64))]),
+                         inv])  # [N, d/2]
+    sin_half = b.op("Sin", [freqs])
+    cos = b.op("Cos", [b.op("Concat", [freqs, freqs], axis=1)])
+    sin = b.op("Concat", [b.op("Neg", [sin_half]), sin_half], axis=1)  # rotate_half's signs
+    cos, sin = b.op("Reshape", [cos, rope_shape]), b.op("Reshape", [sin, rope_shape])
+    scale = b.const("attn_scale", np.array(1.0 / np.sqrt(d), np.float32))
+    return cos, sin, b.op("Mul", [cos, scale]), b.op("Mul", [sin, scale])
 
 
 def _rms_norm(b: GraphBuilder, x: str, w: str, eps: float) -> str:
@@ -406,10 +431,14 @@ def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group],
     """One decoder layer over x [N, H]: the weight products over all N rows at once, attention
     per group (``rows``: how x's rows split between the groups, when there are two)."""
     p = f"model.layers.{i}."
-    h = _rms_norm(b, x, b.weight(p + "input_layernorm.weight"), arch.rms_norm_eps)
+    eps = arch.rms_norm_eps
+    h = _rms_norm(b, x, b.weight(p + "input_layernorm.weight"), eps)
     q = _linear(b, h, p + "self_attn.q_proj", arch.qkv_bias)
     k = _linear(b, h, p + "self_attn.k_proj", arch.qkv_bias)
     v = _linear(b, h, p + "self_attn.v_proj", arch.qkv_bias)
+    if arch.qk_norm:
+        q = _head_norm(b, q, b.weight(p + "self_attn.q_norm.weight"), arch.head_dim, eps)
+        k = _head_norm(b, k, b.weight(p + "self_attn.k_norm.weight"), arch.head_dim, eps)
     if rows is None:
         o = _attention(b, arch, i, q, k, v, groups[0])
     else:
@@ -417,13 +446,40 @@ def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group],
                     strict=True)
         o = b.op("Concat", [_attention(b, arch, i, qq, kk, vv, grp)
                             for (qq, kk, vv), grp in zip(parts, groups, strict=True)], axis=0)
-    x = b.op("Add", [x, _linear(b, o, p + "self_attn.o_proj", arch.o_bias)])
-
-    h = _rms_norm(b, x, b.weight(p + "post_attention_layernorm.weight"), arch.rms_norm_eps)
+    o = _linear(b, o, p + "self_attn.o_proj", arch.o_bias)
+    if arch.sandwich_norm:  # Gemma: the attention's output is normed before the residual
+        o = _rms_norm(b, o, b.weight(p + "post_attention_layernorm.weight"), eps)
+        x = b.op("Add", [x, o])
+        h = _rms_norm(b, x, b.weight(p + "pre_feedforward_layernorm.weight"), eps)
+    else:
+        x = b.op("Add", [x, o])
+        h = _rms_norm(b, x, b.weight(p + "post_attention_layernorm.weight"), eps)
     gate = _linear(b, h, p + "mlp.gate_proj", arch.mlp_bias)
     up = _linear(b, h, p + "mlp.up_proj", arch.mlp_bias)
-    act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate])]), up])
-    return b.op("Add", [x, _linear(b, act, p + "mlp.down_proj", arch.mlp_bias)])
+    act = b.op("Mul", [_activation(b, gate, arch.act), up])
+    m = _linear(b, act, p + "mlp.down_proj", arch.mlp_bias)
+    if arch.sandwich_norm:
+        m = _rms_norm(b, m, b.weight(p + "post_feedforward_layernorm.weight"), eps)
+    return b.op("Add", [x, m])
+
+
+def _activation(b: GraphBuilder, x: str, act: str) -> str:
+    if act == "silu":
+        return b.op("Mul", [x, b.op("Sigmoid", [x])])
+    # gelu with the tanh approximation (opset 17 has no Gelu): 0.5 x (1 + tanh(a (x + 0.044715 x^3)))
+    c = b.const
+    cube = b.op("Mul", [b.op("Mul", [x, x]), x])
+    inner = b.op("Mul", [b.op("Add", [x, b.op("Mul", [cube, c("gelu_k", np.array(0.044715, np.float32))])]),
+                         c("gelu_a", np.array(np.sqrt(2 / np.pi), np.float32))])
+    one_plus = b.op("Add", [b.op("Tanh", [inner]), c("one_f", np.array(1.0, np.float32))])
+    return b.op("Mul", [b.op("Mul", [x, one_plus]), c("half_f", np.array(0.5, np.float32))])
+
+
+def _head_norm(b: GraphBuilder, x: str, w: str, d: int, eps: float) -> str:
+    """RMSNorm of each head's d values of x [N, heads*d] (Gemma 3's q and k norms)."""
+    heads = b.op("Reshape", [x, b.const(f"per_head_{d}", np.array([0, -1, d], np.int64))])
+    normed = _rms_norm(b, heads, w, eps)
+    return b.op("Reshape", [normed, b.const("shape_rows_keep", np.array([0, -1], np.int64))])
 
 
 def _attention(b: GraphBuilder, arch: Arch, i: int, q: str, k: str, v: str, grp: _Group) -> str:
@@ -439,8 +495,11 @@ def _attention(b: GraphBuilder, arch: Arch, i: int, q: str, k: str, v: str, grp:
     k = b.op("Transpose", [b.op("Reshape", [k, shapes["kv"]])], perm=perm)  # [B, kvh, T, d]
     v = b.op("Transpose", [b.op("Reshape", [v, shapes["kv"]])],
              out=pre + new_value(i), perm=perm)  # [B, kvh, T, d], the layout of the value cache
-    q = _rope(b, q, grp.cos_q, grp.sin_q, half)  # [B, nh, T, d], already scaled by 1/sqrt(d)
-    k_t = b.op("Transpose", [_rope(b, k, grp.cos, grp.sin, half)], out=pre + new_key(i),
+    cos, sin, cos_q, sin_q, mask = grp.cos, grp.sin, grp.cos_q, grp.sin_q, grp.mask
+    if grp.local is not None and arch.is_local(i):
+        cos, sin, cos_q, sin_q, mask = grp.local
+    q = _rope(b, q, cos_q, sin_q, half)  # [B, nh, T, d], already scaled by 1/sqrt(d)
+    k_t = b.op("Transpose", [_rope(b, k, cos, sin, half)], out=pre + new_key(i),
                perm=[0, 1, 3, 2])  # [B, kvh, d, T], the layout of the key cache
 
     # Grouped-query attention without repeating K/V: the heads of one group share a kv head
@@ -454,7 +513,7 @@ def _attention(b: GraphBuilder, arch: Arch, i: int, q: str, k: str, v: str, grp:
     qg = b.op("Reshape", [q, shapes["qg"]])  # [B, kvh, g, T, d]
     s_past = b.op("MatMul", [qg, b.op("Unsqueeze", [pre + past_key(i), axes2])])
     s_new = b.op("MatMul", [qg, b.op("Unsqueeze", [k_t, axes2])])  # [B, kvh, g, T, T]
-    s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=-1), grp.mask])
+    s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=-1), mask])
     probs = b.op("Softmax", [s], axis=-1)
     p_past, p_new = b.ops("Split", [probs, grp.split_sizes], 2, axis=-1)
     o = b.op("Add", [b.op("MatMul", [p_past, b.op("Unsqueeze", [pre + past_value(i), axes2])]),

@@ -46,6 +46,11 @@ def layer_tensors(arch: Arch, i: int) -> list[tuple[str, tuple[int, ...]]]:
     if arch.mlp_bias:
         out += [(p + "mlp.gate_proj.bias", (inter,)), (p + "mlp.up_proj.bias", (inter,)),
                 (p + "mlp.down_proj.bias", (h,))]
+    if arch.qk_norm:
+        out += [(p + "self_attn.q_norm.weight", (d,)), (p + "self_attn.k_norm.weight", (d,))]
+    if arch.sandwich_norm:
+        out += [(p + "pre_feedforward_layernorm.weight", (h,)),
+                (p + "post_feedforward_layernorm.weight", (h,))]
     return out
 
 

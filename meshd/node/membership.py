@@ -211,6 +211,7 @@ class Membership:
                     kv_bytes_per_token=kv_bytes_per_layer_token(s.model) * (s.layer_end - s.layer_start),
                     batch_max=batch_max,
                     batch_tps=batch_tps,
+                    weight_format=weight_format(s.model),
                 )
             )
         prefill = max((s.prefill_tps for s in served), default=0.0)
@@ -538,6 +539,15 @@ class Membership:
     def snapshot(self) -> MeshSnapshot:
         """The routing snapshot: this node and the live peers, now."""
         return build_snapshot(self.local_advert(), self.table.live(), self.coord, trio.current_time())
+
+
+def weight_format(model: object) -> str:
+    """How a served model's weights are stored, for the advert: its manifest's dtype, or
+    "upstream" for a model an upstream server runs ("" when unknown)."""
+    manifest = getattr(model, "manifest", None)
+    if manifest is not None:
+        return str(getattr(manifest, "dtype", ""))
+    return "upstream" if getattr(model, "base_url", None) else ""
 
 
 def kv_bytes_per_layer_token(model: object) -> int:

@@ -17,14 +17,14 @@ _LAYOUT = {"Q4_0": (18, (0,)), "Q4_1": (20, (0, 2)), "Q5_0": (22, (0,)), "Q5_1":
            "Q6_K": (210, (208,))}
 
 
-def random_rows(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+def random_rows(type_name: str, n: int, k: int, seed: int = 0, scale: float = 0.02) -> np.ndarray:
     """Random valid GGUF blocks: random code bytes, finite float16 scales."""
     size, f16_at = _LAYOUT[type_name]
     per = 256 if type_name.endswith("_K") else 32
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, (n, k // per, size), dtype=np.uint8)
     for at in f16_at:
-        raw[..., at:at + 2] = (rng.standard_normal((n, k // per)) * 0.02
+        raw[..., at:at + 2] = (rng.standard_normal((n, k // per)) * scale
                                ).astype("<f2")[..., None].view(np.uint8)
     return raw.reshape(n, -1)
 
