@@ -179,7 +179,7 @@ class ApiApp:
             if kind == "route":
                 route.update(payload)
 
-        stats, error = await self._submit(req, emit, receive)
+        stats, error = await self.submit(req, emit, receive)
         if stats is None and error is None:
             return 0  # the client went away
         rid = req.request_id
@@ -191,10 +191,10 @@ class ApiApp:
         model = req.model or str(stats.get("model"))
         build = replies.chat_completion if call.kind == "chat" else replies.text_completion
         return await send_json(send, 200, build(rid, int(time.time()), model, stats),
-                               _route_headers(rid, stats or route))
+                               route_headers(rid, stats or route))
 
-    async def _submit(self, req: EntryRequest, emit: Any, receive: Receive
-                      ) -> tuple[dict[str, Any] | None, MeshdError | None]:
+    async def submit(self, req: EntryRequest, emit: Any, receive: Receive
+                     ) -> tuple[dict[str, Any] | None, MeshdError | None]:
         """Run the request through the entry chain while watching for the client to go away;
         (stats, None), (None, error), or (None, None) when the client went away and the
         request was cancelled."""
@@ -228,7 +228,7 @@ class ApiApp:
             nonlocal started
             started = True
             headers = [(b"content-type", sse.CONTENT_TYPE), (b"cache-control", b"no-cache"),
-                       *_route_headers(rid, route)]
+                       *route_headers(rid, route)]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             first = chunks.first()
             await _body(send, (sse.event(first) if first is not None else b"") + data)
@@ -250,7 +250,7 @@ class ApiApp:
                 else:
                     await start(data)
 
-        stats, error = await self._submit(req, emit, receive)
+        stats, error = await self.submit(req, emit, receive)
         if stats is None and error is None:
             return 0
         if error is not None:
@@ -298,7 +298,7 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def _route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]:
+def route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]:
     out = [(b"x-request-id", rid.encode())]
     served_by = route.get("served_by")
     if served_by:

@@ -35,7 +35,9 @@ class EntryChain(Protocol):
         ...
 
     def models(self) -> list[dict[str, Any]]:
-        """Every model the mesh serves (gossiped view): {"id", "nodes", "context_length"}."""
+        """Every model the mesh serves (gossiped view): {"id", "nodes", "context_length"}, and
+        what else is known of it (``meshd.node.model_facts``; each key only when known: format,
+        architecture, parameters, size_bytes, digest, layers, hidden_size, chat_template)."""
         ...
 
     def new_request_id(self) -> str: ...

@@ -18,6 +18,7 @@ from meshd.api.app import ApiApp
 from meshd.api.auth import KeyFile
 from meshd.api.h11server import H11Server
 from meshd.api.metrics import Metrics
+from meshd.api.ollama.handlers import OllamaApi
 from meshd.api.protocols import ServedNode
 from meshd.config import Config, parse_listen
 from meshd.errors import LocalError
@@ -52,7 +53,9 @@ def build_app(node: ServedNode, cfg: Config) -> ApiApp:
                    check_interval_s=KEYS_CHECK_INTERVAL_S)
     metrics = Metrics(node)
     node.entry.observers.append(metrics.requests.observe)
-    return ApiApp(node, keys, metrics, max_body_bytes=cfg.api.max_body_bytes)
+    app = ApiApp(node, keys, metrics, max_body_bytes=cfg.api.max_body_bytes)
+    app.routes.update(OllamaApi(app).routes())  # Ollama's API beside OpenAI's (docs/ollama.md)
+    return app
 
 
 async def serve_api(node: ServedNode, cfg: Config, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

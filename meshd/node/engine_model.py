@@ -106,3 +106,9 @@ class EngineModel:
 
     def generate(self, prompt: list[int], cfg: Any) -> Any:
         return self.model.generate(prompt, cfg)
+
+    @property
+    def manifest(self) -> Any:
+        """The loaded model's manifest (docs/model-format.md), which ``meshd.node.model_facts``
+        describes the model from."""
+        return self.model.manifest
