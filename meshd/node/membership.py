@@ -542,11 +542,12 @@ class Membership:
 
 
 def weight_format(model: object) -> str:
-    """How a served model's weights are stored, for the advert: its manifest's dtype, or
-    "upstream" for a model an upstream server runs ("" when unknown)."""
-    manifest = getattr(model, "manifest", None)
-    if manifest is not None:
-        return str(getattr(manifest, "dtype", ""))
+    """How a served model's weights are stored, for the advert: its manifest's dtype (an
+    engine model's ``weight_format``), or "upstream" for a model an upstream server runs (""
+    when unknown)."""
+    fmt = getattr(model, "weight_format", None)
+    if isinstance(fmt, str):
+        return fmt
     return "upstream" if getattr(model, "base_url", None) else ""
 
 

@@ -163,7 +163,9 @@ def peers_listing(src: PeerSource, now: float) -> list[dict[str, Any]]:
                 "hardware": a.hardware,
                 "models": [
                     {"name": m.name, "layers": [m.layer_start, m.layer_end], "num_layers": m.num_layers,
-                     **({"batch": m.batch_max, "batch_tps": list(m.batch_tps)} if m.batch_max else {})}
+                     **({"batch": m.batch_max, "batch_tps": list(m.batch_tps)} if m.batch_max else {}),
+                     **({"fmt": m.weight_format} if m.weight_format else {}),
+                     **({"tier": m.tier} if m.tier else {})}
                     for m in a.models
                 ],
                 "queue_depth": a.queue_depth,
