@@ -187,7 +187,7 @@ class Membership:
 
     def local_advert(self) -> Advert:
         runner, stages = self.runner, self.stages
-        served = list(runner.models.values())
+        served = [s for s in runner.models.values() if runner.ready(s.name)]
         models = []
         for s in served:
             speed = stages.speed(s.name)
@@ -205,13 +205,15 @@ class Membership:
                     prefill_ms_per_layer_token=round(speed.prefill_ms_per_layer_token, 4),
                     decode_ms_per_layer=round(speed.decode_ms_per_layer, 4),
                     context_length=runner.context_length(s.name) or 0,
-                    tokenizer=runner.tokenizer_identity(s.name),
+                    tokenizer=runner.advertised_tokenizer(s.name),
                     tier=s.tier,
                     quality=s.quality,
                     kv_bytes_per_token=kv_bytes_per_layer_token(s.model) * (s.layer_end - s.layer_start),
                     batch_max=batch_max,
                     batch_tps=batch_tps,
                     weight_format=weight_format(s.model),
+                    model_id=runner.model_identity(s.name),
+                    ttft_ms=round(s.ttft_ms, 1),
                 )
             )
         prefill = max((s.prefill_tps for s in served), default=0.0)

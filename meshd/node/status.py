@@ -165,7 +165,13 @@ def peers_listing(src: PeerSource, now: float) -> list[dict[str, Any]]:
                     {"name": m.name, "layers": [m.layer_start, m.layer_end], "num_layers": m.num_layers,
                      **({"batch": m.batch_max, "batch_tps": list(m.batch_tps)} if m.batch_max else {}),
                      **({"fmt": m.weight_format} if m.weight_format else {}),
-                     **({"tier": m.tier} if m.tier else {})}
+                     **({"tier": m.tier} if m.tier else {}),
+                     # measured speed of this model there (0: not measured yet)
+                     "prefill_tps": m.prefill_tps, "decode_tps": m.decode_tps,
+                     "ttft_ms": m.ttft_ms,
+                     **({"ctx": m.context_length} if m.context_length else {}),
+                     **({"mid": m.model_id} if m.model_id else {}),
+                     **({"tok": m.tokenizer[:16]} if m.tokenizer else {})}
                     for m in a.models
                 ],
                 "queue_depth": a.queue_depth,

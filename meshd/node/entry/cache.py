@@ -194,8 +194,8 @@ async def _serve_hit(ctx: EntryContext, node: EntryNode, got: Any) -> None:
                               **ctx.extra.get("cache_timing", {})})
     await ctx.emit("route", {"served_by": node.node_name, "route": [node.node_name], "cached": True})
     ids: list[int] = []
-    if node.runner.get(ctx.model) is not None:
-        ids = node.runner.encode(ctx.model, answer)
+    if node.runner.ready(ctx.model):
+        ids = await node.runner.aencode(ctx.model, answer)
         if ids and ids[0] == _bos(node, ctx.model):
             ids = ids[1:]
     await ctx.emit("tokens", {"ids": ids, "text": answer})

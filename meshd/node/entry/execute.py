@@ -143,7 +143,8 @@ async def _attempt(
     model = fields["model"]
     if target.is_local:
         node.stats["requests_local"] += 1
-        ids = prompt_ids or node.runner.encode(model, fields.get("prompt", ""), chat=fields.get("chat", False))
+        ids = prompt_ids or await node.runner.aencode(model, fields.get("prompt", ""),
+                                                      chat=fields.get("chat", False))
         gen = gen_config_from(fields, already=len(resume))
 
         async def sink(batch: list[Any]) -> None:
