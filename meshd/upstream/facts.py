@@ -14,7 +14,7 @@ A node that fronts a server asks it, when it starts and every ``PROBE_INTERVAL_S
 **Model identity** (``model_identity``): what the model really is, advertised per model (``mid``)
 so that two different models never pass for one under the same name:
 
-- ``gguf:<sha256 of the GGUF file>`` for llama-server when the file it names is readable here
+- ``gguf:<digest of the GGUF file>`` for llama-server when the file it names is readable here
   (a native import of that file records the same digest: ``Manifest.source["gguf_sha256"]``,
   ``meshd.core.modelid``), so a node serving the GGUF natively and one fronting llama-server with
   it are the same model;
@@ -29,6 +29,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from meshd.core import modelid
 
 LLAMA_CPP, VLLM, OPENAI = "llama.cpp", "vllm", "openai"
 SERVER_TOKENIZER_DOMAIN = b"meshd-upstream-tokenizer-v1\0"
@@ -130,7 +132,7 @@ def model_identity(facts: ServerFacts, base_url: str, upstream_model: str,
                    gguf_sha256: str = "") -> str:
     """The model identity (module docstring) of what ``facts`` describe."""
     if gguf_sha256:
-        return f"gguf:{gguf_sha256}"
+        return modelid.gguf(gguf_sha256)
     if facts.kind == LLAMA_CPP:
         name = facts.model_path.replace("\\", "/").rsplit("/", 1)[-1] or facts.model_ref
         return f"llama.cpp:{name[:100]}:{facts.n_params}:{facts.size_bytes}:{facts.ftype}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,10 +115,25 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
+_loaded: dict[tuple[str, tuple[int, int]], GgufTokenizer] = {}  # one read per file and process
+_loading = threading.Lock()
+
+
 def load_gguf_tokenizer(path: str) -> GgufTokenizer:
     """Blocking (hashes the file, parses its metadata): call it from a worker thread. Raises
     ``LocalError`` when this meshd cannot read GGUF vocabularies, ``ModelError`` for a file it
-    cannot use, ``OSError`` when the file cannot be read."""
+    cannot use, ``OSError`` when the file cannot be read. Models of one node fronting servers
+    of one file read it once."""
+    with _loading:
+        stamp = file_stamp(path)
+        held = _loaded.get((path, stamp)) if stamp is not None else None
+        if held is None:
+            held = _read_gguf_tokenizer(path)
+            _loaded[(path, held.stamp)] = held
+        return held
+
+
+def _read_gguf_tokenizer(path: str) -> GgufTokenizer:
     try:
         from meshd.engine.gguf_vocab import read_gguf_metadata, tokenizer_from_gguf
     except ImportError:

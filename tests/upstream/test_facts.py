@@ -43,7 +43,7 @@ def test_vllm_and_plain_facts() -> None:
 
 
 @pytest.mark.parametrize(("facts", "sha", "want"), [
-    (F.llama_cpp_facts(PROPS, MODELS), SHA, f"gguf:{SHA}"),
+    (F.llama_cpp_facts(PROPS, MODELS), SHA, f"gguf:{SHA[:32]}"),
     (F.llama_cpp_facts(PROPS, MODELS), "", "llama.cpp:SmolLM2-135M-Instruct.Q4_1.gguf:134515008:96576768:Q4_1"),
     (F.ServerFacts(F.VLLM, model_ref="org/m"), "", "hf:org/m"),
     (F.ServerFacts(F.OPENAI, model_ref="m"), "", "upstream:llama3@127.0.0.1:11434"),
@@ -55,8 +55,8 @@ def test_model_identity(facts: F.ServerFacts, sha: str, want: str) -> None:
 def test_a_native_import_and_llama_server_on_the_same_file_are_one_model() -> None:
     native = of_manifest({"gguf": "x.gguf", "gguf_sha256": SHA}, "ab" * 32)
     upstream = F.model_identity(F.llama_cpp_facts(PROPS, MODELS), "http://h/v1", "m", SHA)
-    assert native == upstream == f"gguf:{SHA}"
-    assert of_manifest({}, "ab" * 32) == "meshd:" + "ab" * 32
+    assert native == upstream == f"gguf:{SHA[:32]}"
+    assert of_manifest({}, "ab" * 32) == "meshd:" + "ab" * 16
     assert of_manifest({"gguf_sha256": "not hex"}, "") == ""
     assert short(f"gguf:{SHA}") == "gguf:b179c9523d0e6a0f"
 
