@@ -97,7 +97,7 @@ def run_up(args: argparse.Namespace) -> int:
             print(f"  {'':<10} api    {n['api_url']}")
     served = _served(model) if not args.scenario else None
     if served is not None and served.chat and model != "default":  # tiny-en only continues text
-        print('try:  meshd submit --chat "What is the capital of France?"      (reaches the first '
+        print('try:  meshd submit --chat "Name three primary colors."      (reaches the first '
               'node)')
     else:
         print('try:  meshd submit "Once upon a time"      (reaches the first node)')

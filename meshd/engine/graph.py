@@ -168,7 +168,7 @@ class GraphBuilder:
             K=kb * block, N=n, bits=bits, block_size=block, accuracy_level=ACCURACY_LEVEL))
         if not has_mins:
             return y
-        # sums @ mins.T + y in one Gemm (its C input)
+        # y + sums @ mins.T in one Gemm (its C input)
         return self.op("Gemm", [self._block_sums(x, kb, block), self._stored(mins), y], out=out,
                        transB=1)
 
@@ -444,10 +444,10 @@ def _rope_tables(b: GraphBuilder, inv: str, pos_f: str, rope_shape: str, d: int
 
 
 def _rms_norm(b: GraphBuilder, x: str, w: str, eps: float) -> str:
-    sq = b.op("Pow", [x, b.const("two_f", np.array(2.0, np.float32))])
-    ms = b.op("ReduceMean", [sq], axes=[-1], keepdims=1)
-    r = b.op("Sqrt", [b.op("Add", [ms, b.const(f"eps_{eps!r}", np.array(eps, np.float32))])])
-    return b.op("Mul", [b.op("Div", [x, r]), w])
+    """RMSNorm over the last axis, as onnxruntime's SimplifiedLayerNormalization (a contrib
+    operator of the default domain): one node, where Pow/ReduceMean/Sqrt/Div/Mul was five that
+    onnxruntime fused only where the normed value had one consumer."""
+    return b.op("SimplifiedLayerNormalization", [x, w], axis=-1, epsilon=float(eps))
 
 
 def _linears(b: GraphBuilder, x: str, prefixes: list[str], bias: bool) -> list[str]:
