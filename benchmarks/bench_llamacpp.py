@@ -135,13 +135,14 @@ def _sse_times(client: Any, body: dict[str, Any]) -> tuple[list[float], dict[str
     """Arrival time of each streamed token of a /completion, and its last event."""
     times: list[float] = []
     last: dict[str, Any] = {}
-    with client.stream("POST", "/completion", json={**body, "stream": True}) as r:
+    with client.stream("POST", "/completion",
+                       json={**body, "stream": True, "return_tokens": True}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: "):
                 continue
             ev = json.loads(line[6:])
-            if ev.get("content") or ev.get("tokens"):
+            if not ev.get("stop") and (ev.get("content") or ev.get("tokens")):
                 times.append(time.perf_counter())
             last = ev
     return times, last

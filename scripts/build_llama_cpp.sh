@@ -84,12 +84,16 @@ cmake -S "$src" -B "$build_dir/cmake" "${generator[@]}" \
     -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_APP=OFF \
-    -DBUILD_SHARED_LIBS=OFF \
-    -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$build_dir/bin"
+    -DBUILD_SHARED_LIBS=OFF
 cmake --build "$build_dir/cmake" --config Release -j "$jobs" --target "${TOOLS[@]}"
 
+# llama.cpp's CMakeLists puts executables in <cmake build>/bin whatever the command line
+# says; static libraries make each one self-contained, so a copy runs from anywhere.
+mkdir -p "$build_dir/bin"
 for t in "${TOOLS[@]}"; do
-    [[ -x $build_dir/bin/$t ]] || { echo "missing after build: $build_dir/bin/$t" >&2; exit 1; }
+    src_bin=$build_dir/cmake/bin/$t
+    [[ -x $src_bin ]] || { echo "missing after build: $src_bin" >&2; exit 1; }
+    install -m 755 "$src_bin" "$build_dir/bin/$t"
 done
 echo "$stamp_want" >"$build_dir/STAMP"
 print_bins
