@@ -135,7 +135,8 @@ def load_gguf_tokenizer(path: str) -> GgufTokenizer:
 
 def _read_gguf_tokenizer(path: str) -> GgufTokenizer:
     try:
-        from meshd.engine.gguf_vocab import read_gguf_metadata, tokenizer_from_gguf
+        from meshd.engine.gguf_meta import read_gguf_metadata
+        from meshd.engine.gguf_vocab import tokenizer_from_gguf
     except ImportError:
         raise LocalError("this meshd cannot read GGUF vocabularies (no meshd.engine.gguf_vocab)") from None
     from meshd.core.tokident import TokenizerMeta, encode_bundle, tokenizer_identity
