@@ -212,7 +212,8 @@ class UpstreamModel:
         if self.tokenizer_choice == "server":
             return None, "upstream_tokenizer = \"server\""
         if not path or probe.file_stamp(path) is None:
-            return None, f"the GGUF file {path or '(none named)'} is not readable on this host"
+            return None, (f"the GGUF file {path or '(none named)'} is not readable on this host "
+                          "(or not a GGUF file)")
         held = self.gguf
         if held is None or held.path != path or held.stamp != probe.file_stamp(path):
             try:

@@ -30,6 +30,7 @@ from meshd.upstream import llamacpp
 
 log = logging.getLogger(__name__)
 
+GGUF_MAGIC = b"GGUF"
 # strings the local tokenizer must split exactly as the server does: words, spacing, digits,
 # non-Latin scripts, an emoji, and special-token text
 VERIFY_TEXTS = ("Hello, world! It's 2024.", "  two  spaces\n\nnew lines\tand a tab",
@@ -100,8 +101,14 @@ class GgufTokenizer:
 
 
 def file_stamp(path: str) -> tuple[int, int] | None:
+    """(size, mtime_ns) of the GGUF file at ``path``; None when it is not readable here or not
+    a GGUF file (its first bytes are not ``GGUF``): the path comes from the server, and no other
+    file of this host is ever hashed or read for it."""
     try:
         st = os.stat(path)
+        with open(path, "rb") as f:
+            if f.read(4) != GGUF_MAGIC:
+                return None
     except OSError:
         return None
     return st.st_size, st.st_mtime_ns
@@ -174,7 +181,10 @@ async def verify(client: httpx.AsyncClient, root: str, tok: Any) -> str:
 
 
 def gguf_digest_only(path: str) -> str:
-    """The sha256 of the GGUF file at ``path`` ("" when it cannot be read here). Blocking."""
+    """The sha256 of the GGUF file at ``path`` ("" when it cannot be read here or is not a GGUF
+    file). Blocking."""
+    if file_stamp(path) is None:
+        return ""
     try:
         return sha256_file(path)
     except OSError:

@@ -6,6 +6,7 @@ succeeds again."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -123,5 +124,21 @@ def test_a_server_that_is_not_there_is_not_ready() -> None:
         assert not await m.probe_once()
         assert not m.ready and "unreachable" in m.probe_error
         assert m.statistics()["probe_error"] == m.probe_error
+
+    trio.run(main)
+
+
+def test_only_a_gguf_file_the_server_names_is_read(tmp_path: Path) -> None:
+    """The path comes from the server: a file of this host that is not a GGUF file is neither
+    read nor hashed (its digest would otherwise be advertised as the model's identity)."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a model")
+
+    async def main() -> None:
+        with FakeUpstream("llama.cpp", model_path=str(secret)).running() as fake:
+            m = UpstreamModel(fake.base_url, "fake", timeout_s=5)
+            assert await m.probe_once()
+            assert m.model_identity == "llama.cpp:secret.txt:1000:4000:F32"
+            assert "not a GGUF file" in m.statistics()["tokenizer_note"]
 
     trio.run(main)
