@@ -494,7 +494,9 @@ def main() -> int:
             sys.exit(missing_reason(tool))
     p = {"threads": args.threads, "streams": args.streams, "tokens": args.tokens,
          "prompt": args.prompt}
-    ctx = read_manifest(args.meshd_model).arch.max_position_embeddings
+    # the meshd model's context bounds both sides, when a meshd side runs
+    ctx = read_manifest(args.meshd_model).arch.max_position_embeddings \
+        if {"meshd", "daemon"} & set(chosen) else 1 << 30
     notes: list[str] = []
     if p["prompt"] + 1 > ctx:
         notes.append(f"prompt cut from {p['prompt']} to {ctx - 1} tokens (meshd context {ctx})")

@@ -1,8 +1,8 @@
 """A GGUF file read as a meshd model: its architecture figures, tensor names and vocabulary.
 
 ``arch_from_gguf`` is pure (metadata dict in, ``Arch`` out, or one ``ModelError`` line naming
-what is unsupported); ``read_gguf_model`` opens the file with the ``gguf`` package (the
-reference reader of the format, numpy only) and maps its tensors to Hugging Face names.
+what is unsupported); ``read_gguf_model`` reads the file's head (meshd.engine.gguf_meta) and
+maps its tensors to Hugging Face names; their bytes are read through a memory map.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from meshd.engine.arch import Arch
+from meshd.engine.gguf_meta import TensorInfo, read_gguf
 from meshd.engine.gguf_vocab import GgufTokenizer, tokenizer_from_gguf
 from meshd.engine.planning import EMBED, FINAL_NORM, LM_HEAD
 from meshd.errors import ModelError
@@ -131,6 +132,20 @@ def unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
     return np.arange(n_rows).reshape(n_heads, d // 2, 2).swapaxes(1, 2).reshape(n_rows)
 
 
+_FLOAT_VIEWS = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+
+
+@dataclass
+class GgufTensor:
+    """A tensor of the file: its GGML type name and its bytes (a memory map), as a float
+    array for F32/F16 (BF16 as raw uint16) or raw bytes for block formats."""
+
+    name: str
+    type_name: str
+    shape: tuple[int, ...]  # ggml order: the row length first
+    data: np.ndarray
+
+
 @dataclass
 class GgufModel:
     path: Path
@@ -140,17 +155,28 @@ class GgufModel:
     file_sha256: str
     arch: Arch
     vocab: GgufTokenizer
-    _reader: Any
-    _tensors: dict[str, Any]
+    _infos: dict[str, TensorInfo]
+    _map: np.ndarray | None = None
 
-    def tensor(self, gguf_name: str) -> Any:
-        t = self._tensors.get(gguf_name)
-        if t is None:
+    def tensor(self, gguf_name: str) -> GgufTensor:
+        info = self._infos.get(gguf_name)
+        if info is None:
             raise ModelError(f"{self.path.name}: tensor {gguf_name} is missing")
-        return t
+        if not info.nbytes:
+            raise ModelError(f"{self.path.name}: tensor {gguf_name} has type {info.type_name}, "
+                             "which meshd does not read")
+        if self._map is None:
+            self._map = np.memmap(self.path, np.uint8, "r")
+        if info.start + info.nbytes > len(self._map):
+            raise ModelError(f"{self.path.name}: tensor {gguf_name} runs past the end of the "
+                             "file (truncated?)")
+        raw = self._map[info.start:info.start + info.nbytes]
+        view = _FLOAT_VIEWS.get(info.type_name)
+        data = raw.view(view) if view else raw
+        return GgufTensor(info.name, info.type_name, info.shape, data)
 
     def tensor_types(self) -> set[str]:
-        return {t.tensor_type.name for t in self._tensors.values()}
+        return {t.type_name for t in self._infos.values()}
 
     def rows_permutation(self, name: str) -> np.ndarray | None:
         """For q and k of a ``llama`` GGUF, the row order back to Hugging Face layout."""
@@ -163,57 +189,21 @@ class GgufModel:
             return unpermute_rows(a.num_kv_heads * a.head_dim, a.num_kv_heads)
         return None
 
-    def adjust(self, name: str, array: np.ndarray) -> np.ndarray:
-        """A float tensor as the graph expects it (GGUF already holds Gemma's norms as 1 + w,
-        the form meshd's RMSNorm multiplies by)."""
-        return array
-
     def close(self) -> None:
-        mm = getattr(self._reader, "data", None)
-        mmap_obj = getattr(mm, "_mmap", None)
-        if mmap_obj is not None:
-            try:
-                mmap_obj.close()
-            except (BufferError, ValueError):
-                pass  # a view is still alive; the garbage collector closes it
-        self._tensors.clear()
+        self._map = None  # numpy unmaps it when the last view is gone
 
 
 def read_gguf_model(path: Path) -> GgufModel:
-    """Open a GGUF file: its metadata read and checked, its tensors mapped, not yet read."""
-    try:
-        import gguf
-    except ImportError:
-        raise ModelError("reading GGUF files needs the 'gguf' package "
-                         "(pip install gguf)") from None
-    try:
-        reader = gguf.GGUFReader(str(path), "r")
-    except Exception as err:  # the reader raises ValueError/struct.error/etc. on a bad file
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ModelError(f"{path.name}: not a readable GGUF file ({first})") from None
-    meta = read_metadata(reader)
-    tensors = {t.name: t for t in reader.tensors}
+    """Open a GGUF file: its metadata read and checked, its tensors located, not yet read."""
+    meta, infos = read_gguf(path)
+    tensors = {t.name: t for t in infos}
     arch = arch_from_gguf(meta, set(tensors), path.name)
     vocab = tokenizer_from_gguf(meta)
     if vocab.vocab_size > arch.vocab_size:
         raise ModelError(f"{path.name}: {vocab.vocab_size} tokens but the model's vocabulary "
                          f"has {arch.vocab_size} rows")
     return GgufModel(path, arch.arch, str(meta.get("general.name", "")),
-                     meta.get("general.file_type"), _file_sha256(path), arch, vocab, reader,
-                     tensors)
-
-
-def read_metadata(reader: Any) -> dict[str, Any]:
-    """Every metadata field as a plain Python value (strings, numbers, lists)."""
-    out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            out[key] = field.contents()
-        except Exception:  # a field type the reader cannot turn into Python: not one we use
-            continue
-    return out
+                     meta.get("general.file_type"), _file_sha256(path), arch, vocab, tensors)
 
 
 def _file_sha256(path: Path) -> str:

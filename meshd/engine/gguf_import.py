@@ -18,12 +18,11 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from meshd import __version__
-from meshd.engine.gguf_arch import GgufModel, gguf_tensor_name, read_gguf_model
+from meshd.engine.gguf_arch import GgufModel, GgufTensor, gguf_tensor_name, read_gguf_model
 from meshd.engine.graph import build_stage_graph
 from meshd.engine.importer import (
     TOKENIZER_FILE,
@@ -110,13 +109,12 @@ def _write_tensor(writer: WeightsWriter, model: GgufModel, name: str, shape: tup
                   dtype: str) -> str:
     """Write one tensor as the import's ``dtype`` asks; return the stored kind."""
     t = model.tensor(gguf_tensor_name(name, model.family))
-    kind = t.tensor_type.name
+    kind = t.type_name
     rows = model.rows_permutation(name)
     if kind in GGUF_FLOAT_TYPES:
         array = _float_array(t, kind).reshape(shape)
         if rows is not None:
             array = array[rows]
-        array = model.adjust(name, array)
         bits = quant_bits(name, shape, dtype)
         if bits:
             writer.add_blockwise(name, quantize(array, bits))
@@ -129,7 +127,7 @@ def _write_tensor(writer: WeightsWriter, model: GgufModel, name: str, shape: tup
     if len(shape) != 2:
         raise ModelError(f"{model.path.name}: tensor {t.name} is {kind} but has {len(shape)} "
                          "dimensions (only matrices may be quantized)")
-    blocks = from_gguf(kind, np.asarray(t.data).reshape(shape[0], -1))
+    blocks = from_gguf(kind, t.data.reshape(shape[0], -1))
     if blocks.shape != shape:
         raise ModelError(f"{model.path.name}: tensor {t.name} holds {list(blocks.shape)}, "
                          f"the metadata implies {list(shape)}")
@@ -147,11 +145,10 @@ def _write_tensor(writer: WeightsWriter, model: GgufModel, name: str, shape: tup
     return dtype
 
 
-def _float_array(t: Any, kind: str) -> np.ndarray:
-    data = np.asarray(t.data)
+def _float_array(t: GgufTensor, kind: str) -> np.ndarray:
     if kind == "BF16":
-        return (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return data.astype(np.float32)
+        return (t.data.astype(np.uint32) << 16).view(np.float32)
+    return t.data.astype(np.float32)
 
 
 def _take_rows(b: Blockwise, rows: np.ndarray) -> Blockwise:

@@ -122,3 +122,84 @@ def read_gguf_metadata(path: Path | str) -> dict[str, Any]:
         raise ModelError(f"{name}: not a readable GGUF file ({err})") from None
     except OSError as err:
         raise ModelError(f"{name}: cannot read ({err.strerror or err})") from None
+
+
+# GGML tensor types: id -> (name, values per block, bytes per block). The names meshd reads
+# are in meshd.engine.quant; the rest are here only to be named when refused.
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+}
+DEFAULT_ALIGNMENT = 32
+
+
+class TensorInfo:
+    """One tensor of a GGUF file: its name, GGML type, shape in ggml order (the row length
+    first) and where its bytes lie from the start of the file."""
+
+    __slots__ = ("name", "type_name", "shape", "start", "nbytes")
+
+    def __init__(self, name: str, type_name: str, shape: tuple[int, ...], start: int,
+                 nbytes: int) -> None:
+        self.name, self.type_name, self.shape = name, type_name, shape
+        self.start, self.nbytes = start, nbytes
+
+
+def parse_gguf(buf: bytes) -> tuple[dict[str, Any], list[TensorInfo]]:
+    """The metadata and the tensor infos of a GGUF file whose head is ``buf``; ``Truncated``
+    when ``buf`` ends before the tensor infos do."""
+    cur = _Cursor(memoryview(buf))
+    if bytes(cur.take(4)) != MAGIC:
+        raise ValueError("no GGUF magic")
+    version = cur.u32()
+    if version not in VERSIONS:
+        raise ValueError(f"GGUF version {version} (meshd reads {VERSIONS[0]} and {VERSIONS[1]})")
+    n_tensors = cur.count()
+    meta: dict[str, Any] = {}
+    for _ in range(cur.count()):
+        key = cur.string()
+        meta[key] = cur.value(cur.u32())
+    raw = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        dims = tuple(cur.u64() for _ in range(cur.u32()))
+        gtype, offset = cur.u32(), cur.u64()
+        raw.append((name, dims, gtype, offset))
+    align = int(meta.get("general.alignment", DEFAULT_ALIGNMENT)) or DEFAULT_ALIGNMENT
+    data_start = -(-cur.pos // align) * align
+    tensors = []
+    for name, dims, gtype, offset in raw:
+        type_name, block, size = GGML_TYPES.get(gtype, (f"GGML type {gtype}", 0, 0))
+        n = int(np.prod(dims)) if dims else 1
+        nbytes = n // block * size if block else 0
+        tensors.append(TensorInfo(name, type_name, dims, data_start + offset, nbytes))
+    return meta, tensors
+
+
+def read_gguf(path: Path | str) -> tuple[dict[str, Any], list[TensorInfo]]:
+    """``parse_gguf`` of the file at ``path``, reading only as much of its head as it needs;
+    a ``ModelError`` naming the file when it is not a GGUF file this reader knows."""
+    name = Path(path).name
+    size = FIRST_READ_BYTES
+    try:
+        with open(path, "rb") as f:
+            while True:
+                f.seek(0)
+                head = f.read(size)
+                try:
+                    return parse_gguf(head)
+                except Truncated:
+                    if len(head) < size:
+                        raise
+                size *= 4
+    except ValueError as err:
+        raise ModelError(f"{name}: not a readable GGUF file ({err})") from None
+    except OSError as err:
+        raise ModelError(f"{name}: cannot read ({err.strerror or err})") from None
