@@ -550,6 +550,9 @@ def weight_format(model: object) -> str:
     fmt = getattr(model, "weight_format", None)
     if isinstance(fmt, str):
         return fmt
+    manifest = getattr(model, "manifest", None)
+    if manifest is not None:
+        return str(manifest.dtype)
     return "upstream" if getattr(model, "base_url", None) else ""
 
 
