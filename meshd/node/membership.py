@@ -544,7 +544,9 @@ class Membership:
 def weight_format(model: object) -> str:
     """How a served model's weights are stored, for the advert: its manifest's dtype, or
     "upstream" for a model an upstream server runs ("" when unknown)."""
-    manifest = getattr(model, "manifest", None)
+    # a local model is served through its adapter (meshd.node.engine_model.EngineModel), which
+    # holds the loaded model, which holds the manifest
+    manifest = getattr(model, "manifest", None) or getattr(getattr(model, "model", None), "manifest", None)
     if manifest is not None:
         return str(getattr(manifest, "dtype", ""))
     return "upstream" if getattr(model, "base_url", None) else ""
