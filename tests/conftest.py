@@ -31,6 +31,7 @@ settings.load_profile("meshd")
 NEEDS = {
     "docker": "the docker compose testnet (tests/compose, needs a Docker daemon)",
     "netns": "the network-namespace testnet tests (need root, `ip` and /dev/net/tun)",
+    "browser": "the web console's browser tests (need chromium and chromium-driver)",
 }
 
 

@@ -85,7 +85,8 @@ def test_skipped_groups_are_named_with_their_reason_at_the_end(
         "skipped because no tun",
         "    test_machine.py::test_emulated_b",
     ]
-    assert report.read_text().splitlines() == said
+    assert report.read_text().splitlines() == said + [
+        "not selected: the web console's browser tests (need chromium and chromium-driver)"]
 
 
 def test_a_group_skipped_whole_is_not_run_and_an_unselected_one_only_in_the_file(
@@ -101,6 +102,7 @@ def test_a_group_skipped_whole_is_not_run_and_an_unselected_one_only_in_the_file
         "skipped because network namespaces unavailable: need root",
         "    test_machine.py::test_emulated_a",
         "    test_machine.py::test_emulated_b",
+        "not selected: the web console's browser tests (need chromium and chromium-driver)",
     ]
     result.stdout.fnmatch_lines(["*tests that need the machine*", "NOT RUN: the network-namespace*"])
 
@@ -116,4 +118,5 @@ def test_nothing_selected_that_needs_the_machine_prints_no_block(
     assert report.read_text().splitlines() == [
         "not selected: the docker compose testnet (tests/compose, needs a Docker daemon)",
         "not selected: the network-namespace testnet tests (need root, `ip` and /dev/net/tun)",
+        "not selected: the web console's browser tests (need chromium and chromium-driver)",
     ]
