@@ -89,6 +89,9 @@ def test_the_page_and_its_files(tmp_path: Path) -> None:
         assert (await c.get("/ui/nothing.js")).status_code == 404
         assert (await c.get("/ui/../app.py")).status_code == 404
         assert (await c.post("/ui/api/node", headers=auth(key))).status_code == 405
+        assert (await c.head("/ui/api/events", headers=auth(key))).status_code == 405
+        head = await c.head("/ui/main.js")
+        assert head.status_code == 200 and head.content == b""
         assert (await c.get("/healthz")).status_code == 200  # the API's own routes are unchanged
 
     run(tmp_path, body)

@@ -107,16 +107,20 @@ class ConsoleApp:
         try:
             await self.route(scope, receive, send)
         except ApiError as err:
-            await send_error(send, err)
+            if scope["method"] == "HEAD":  # the status and headers alone: a HEAD has no body
+                await _send(send, err.status, b"", [(k.encode(), v.encode()) for k, v in err.headers])
+            else:
+                await send_error(send, err)
 
     async def route(self, scope: Scope, receive: Receive, send: Send) -> int:
         path = scope["path"]
-        if scope["method"] not in ("GET", "HEAD"):
+        rest = path[len(PREFIX) + 1:]
+        reading = ("GET",) if rest.startswith("api/") else ("GET", "HEAD")  # HEAD: files only
+        if scope["method"] not in reading:
             raise ApiError(405, f"{scope['method']} is not allowed on {path} (the console only "
-                           "reads)", headers=[("allow", "GET")])
+                           "reads)", headers=[("allow", ", ".join(reading))])
         if path == PREFIX:
             return await _send(send, 308, b"", [(b"location", b"/ui/")])
-        rest = path[len(PREFIX) + 1:]
         if rest.startswith("api/"):
             name, _, arg = rest[4:].partition("/")
             if name == "whoami" and not arg:  # says whether the key is good, without a 401
