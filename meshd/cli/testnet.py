@@ -95,7 +95,7 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"  {'':<10} socket {n['socket']}  log {n['dir']}/meshd.log")
         if n.get("api_url"):
             print(f"  {'':<10} api    {n['api_url']}")
-            print(f"  {'':<10} console {console_url(n['api_url'])}")
+            print(f"  {'':<10} ui     {console_url(n['api_url'])}")
     served = _served(model) if not args.scenario else None
     if served is not None and served.chat and model != "default":  # tiny-en only continues text
         print('try:  meshd submit --chat "What is the capital of France?"      (reaches the first '
