@@ -34,6 +34,7 @@ NEEDS = {
     "netns": "the network-namespace testnet tests (need root, `ip` and /dev/net/tun)",
     "llamacpp": "the live tests against a real llama-server (tests/upstream/test_llamacpp_live.py, "
                 "need scripts/build_llama_cpp.sh's build and the SmolLM2 GGUF)",
+    "browser": "the web console's browser tests (need chromium and chromium-driver)",
 }
 
 

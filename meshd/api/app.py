@@ -45,6 +45,8 @@ class ApiApp:
         self.keys = keys
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        # PREFIX -> an ASGI app answering PREFIX and everything under it (the console at /ui)
+        self.mounts: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {}
         self.started = int(time.time())
         self.routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[int]]] = {
             ("GET", "/healthz"): self.healthz,
@@ -61,6 +63,11 @@ class ApiApp:
             await _lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        mounted = next((app for prefix, app in self.mounts.items()
+                        if scope["path"] == prefix or scope["path"].startswith(prefix + "/")), None)
+        if mounted is not None:
+            await mounted(scope, receive, send)
             return
         path = scope["path"].rstrip("/") or "/"
         handler = self.routes.get((scope["method"], path))

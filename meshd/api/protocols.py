@@ -18,7 +18,8 @@ from meshd.core.request import EntryRequest
 # failover; ("tokens", {"ids": [int], "text": str}) as tokens come
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 # called once at the end of every request with its final stats, "outcome" ("ok" or the error
-# code) and "origin" ("control" or "http")
+# code), "origin" ("control" or "http"), and what the cache lookup and the tier step decided
+# ("cache_lookup", "tier": meshd.node.entry.record.decisions)
 Observer = Callable[[dict[str, Any]], None]
 
 

@@ -545,12 +545,12 @@ class Membership:
 
 def weight_format(model: object) -> str:
     """How a served model's weights are stored, for the advert: its manifest's dtype (an
-    engine model's ``weight_format``), or "upstream" for a model an upstream server runs (""
-    when unknown)."""
+    engine model's ``weight_format``, or the manifest of what it holds), or "upstream" for a
+    model an upstream server runs ("" when unknown)."""
     fmt = getattr(model, "weight_format", None)
     if isinstance(fmt, str):
         return fmt
-    manifest = getattr(model, "manifest", None)
+    manifest = getattr(model, "manifest", None) or getattr(getattr(model, "model", None), "manifest", None)
     if manifest is not None:
         return str(manifest.dtype)
     return "upstream" if getattr(model, "base_url", None) else ""
