@@ -7,8 +7,14 @@ template does render (docs/api.md, "Tools"):
 - a system message lists the tools (name, description, parameter schema as JSON) and asks for
   the reply ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` to call them (appended to
   the request's own system message when it has one);
-- an assistant message that called tools is rendered as that JSON object;
-- a ``tool`` message becomes a user message: ``Result of <name> (<call id>): <content>``.
+- an assistant message that called tools becomes ``I called <name> <arguments as JSON>.``
+  (calls joined by ``; ``): in words, not as the JSON object, which a small model then copies
+  instead of answering;
+- a ``tool`` message becomes a user message: ``<name> returned: <content>``.
+
+(SmolLM2-135M-Instruct, asked about the weather with the answer rendered this way, answers "I
+returned 18 degrees Celsius and a sunny day."; with the call rendered as JSON it repeats the
+call.)
 
 The reply is constrained by a grammar (``meshd.engine.constrain.tool_grammar``): with
 ``tool_choice`` ``required`` or a named function it is such an object, with every call's
@@ -131,17 +137,18 @@ def render_messages(messages: Sequence[Mapping[str, Any]], spec: ToolSpec | None
         role, content = m["role"], m.get("content") or ""
         calls = m.get("tool_calls")
         if role == "assistant" and calls:
-            obj = {"tool_calls": [{"name": c["function"]["name"],
-                                   "arguments": _arguments(c["function"].get("arguments"))}
-                                  for c in calls]}
+            said = "; ".join(
+                f"{c['function']['name']} " + json.dumps(_arguments(c["function"].get("arguments")),
+                                                         ensure_ascii=False, separators=(",", ":"))
+                for c in calls)
             for c in calls:
                 names[str(c.get("id"))] = c["function"]["name"]
-            text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+            text = f"I called {said}."
             out.append({"role": "assistant", "content": f"{content}\n{text}" if content else text})
         elif role == "tool":
             cid = str(m.get("tool_call_id") or "")
             name = m.get("name") or names.get(cid, "the tool")
-            out.append({"role": "user", "content": f"Result of {name} ({cid}): {content}"})
+            out.append({"role": "user", "content": f"{name} returned: {content}"})
         else:
             out.append({"role": role, "content": content})
     if spec is not None and spec.active:
@@ -176,12 +183,17 @@ def parse_reply(text: str, rid: str, choice: int = 0) -> list[dict[str, Any]] | 
     calls = obj.get("tool_calls") if isinstance(obj, dict) else None
     if not isinstance(calls, list) or not calls:
         return None
-    out = []
-    for k, c in enumerate(calls):
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for c in calls:
         if not isinstance(c, dict) or not isinstance(c.get("name"), str):
             return None
-        out.append({"id": f"call_{rid}_{choice}_{k}", "type": "function", "function": {
-            "name": c["name"], "arguments": json.dumps(c.get("arguments", {}), ensure_ascii=False)}})
+        args = json.dumps(c.get("arguments", {}), ensure_ascii=False)
+        if (c["name"], args) in seen:  # a small model may repeat a call: once is enough
+            continue
+        seen.add((c["name"], args))
+        out.append({"id": f"call_{rid}_{choice}_{len(out)}", "type": "function",
+                    "function": {"name": c["name"], "arguments": args}})
     return out
 
 

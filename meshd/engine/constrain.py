@@ -59,11 +59,29 @@ def json_object_grammar() -> str:
     return schema_grammar({"type": "object"})
 
 
+def closed(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` wherever an object lists its
+    ``properties`` and says nothing of others (OpenAI's strict mode means it). Every document
+    valid against the result is valid against ``schema``; a small model otherwise invents keys
+    instead of closing the object."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: closed(v) if k not in ("const", "enum", "default", "examples") else v
+           for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and \
+            "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def schema_grammar(schema: Mapping[str, Any]) -> str:
-    """The grammar of JSON documents valid against ``schema`` (checked: ``GrammarError``)."""
+    """The grammar of JSON documents valid against ``schema`` (``closed``; checked:
+    ``GrammarError``)."""
     if not isinstance(schema, Mapping):
         raise GrammarError("the schema must be a JSON object")
-    grammar = str(_llg().LLMatcher.grammar_from_json_schema(dict(schema), defaults=JSON_OPTIONS))
+    grammar = str(_llg().LLMatcher.grammar_from_json_schema(closed(schema), defaults=JSON_OPTIONS))
     check(grammar)
     return grammar
 
@@ -73,7 +91,9 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], choice: str | None, *, para
     """The grammar of a reply in meshd's generic tool format (docs/api.md, "Tools"): the JSON
     object ``{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`` whose names are the
     tools' (only ``choice`` when it names one) and whose arguments are valid against each
-    tool's parameter schema; one call unless ``parallel``. With ``text`` (tool_choice auto) a
+    tool's parameter schema (``closed``); one call unless ``parallel``, and then at most one
+    more than the tools offered (a small model repeats a call until max_tokens otherwise). With
+    ``text`` (tool_choice auto) a
     reply may instead be plain text that does not start with ``{`` or whitespace.
 
     ``tools`` are OpenAI function definitions' ``function`` objects (name, parameters)."""
@@ -81,7 +101,7 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], choice: str | None, *, para
     for fn in tools:
         if choice is not None and fn["name"] != choice:
             continue
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        params = closed(fn.get("parameters") or {"type": "object", "properties": {}})
         calls.append({"type": "object", "properties": {
             "name": {"const": fn["name"]}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": False})
@@ -89,8 +109,7 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], choice: str | None, *, para
         raise GrammarError(f"no tool is named {choice!r}")
     items: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
     array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
-    if not parallel:
-        array["maxItems"] = 1
+    array["maxItems"] = len(calls) + 1 if parallel else 1
     schema = {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"],
               "additionalProperties": False, "x-guidance": JSON_OPTIONS}
     lark = f"start: calls{' | text' if text else ''}\ncalls: %json {json.dumps(schema)}\n"

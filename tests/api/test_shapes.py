@@ -189,10 +189,25 @@ def test_tools_render_in_the_generic_format() -> None:
     msgs = call.fields["messages"]
     assert msgs[0]["role"] == "system" and msgs[0]["content"].startswith("Be brief.\n\n")
     assert "get_weather" in msgs[0]["content"] and '"tool_calls"' in msgs[0]["content"]
-    assert msgs[2] == {"role": "assistant", "content":
-                       '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}'}
-    assert msgs[3] == {"role": "user", "content": "Result of get_weather (call_1): 18 C, sunny"}
+    assert msgs[2] == {"role": "assistant", "content": 'I called get_weather {"city":"Paris"}.'}
+    assert msgs[3] == {"role": "user", "content": "get_weather returned: 18 C, sunny"}
     req = parse_submit({**call.fields}, lambda: "r")
     assert [m["role"] for m in req.messages] == ["system", "user", "assistant", "user"]
     none = chat_call(chat(tools=[WEATHER], tool_choice="none"))
     assert none.tools is None and "grammar" not in none.fields
+
+
+def test_a_reply_in_the_generic_format_becomes_tool_calls() -> None:
+    from meshd.api.tools import parse_reply
+
+    reply = ('{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}},'
+             '{"name":"get_weather","arguments":{"city":"Paris"}},'
+             '{"name":"get_weather","arguments":{"city":"Oslo"}}]}')
+    calls = parse_reply(reply, "r9")
+    assert calls == [  # the repeated call once
+        {"id": "call_r9_0_0", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "call_r9_0_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
+    assert parse_reply("It is sunny.", "r9") is None
+    assert parse_reply('{"tool_calls":[{"name":"get_wea', "r9") is None  # cut by max_tokens
