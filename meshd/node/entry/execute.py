@@ -98,7 +98,8 @@ def answer_fields(ctx: EntryContext, outcome: Outcome) -> dict[str, Any]:
         "token_ids": outcome.tokens,
         "model": ctx.model,
         "strategy": ctx.strategy,
-        "prompt_tokens": ctx.prompt_tokens,
+        # exact: counted here, or by the serving node when only the text travelled
+        "prompt_tokens": ctx.extra.get("served_prompt_tokens") or ctx.prompt_tokens,
         "completion_tokens": n,
         "finish_reason": "length" if n >= ctx.max_tokens else "stop",
         "max_tokens": ctx.max_tokens,
@@ -133,7 +134,8 @@ async def _one_node(ctx: EntryContext, node: EntryNode) -> Outcome:
         if resume and fields.get("n", 1) > 1:  # the tokens so far are of several choices
             raise RemoteError("a request with n > 1 cannot resume on another node after its "
                               "first tokens", ErrorCode.PEER_GONE)
-        await _attempt(node, target, resume, chan, fields, ctx.prompt_ids, packed)
+        await _attempt(node, target, resume, chan if ctx.prompt_ids else _Counted(chan, ctx),
+                       fields, ctx.prompt_ids, packed)
 
     return await serve_request(
         d.route, targets, start_attempt, choices,
@@ -143,6 +145,21 @@ async def _one_node(ctx: EntryContext, node: EntryNode) -> Outcome:
         journal=ctx.journal,
         policy=ctx.policy,
     )
+
+
+class _Counted:
+    """An attempt's channel that keeps the prompt's token count the serving node reports in
+    its DONE (the entry node only estimated it: the text travelled, not the ids)."""
+
+    def __init__(self, chan: Any, ctx: EntryContext) -> None:
+        self._chan = chan
+        self._ctx = ctx
+
+    async def send(self, item: Any) -> None:
+        kind, payload = item
+        if kind == "done" and (payload.get("stats") or {}).get("prompt_tokens"):
+            self._ctx.extra["served_prompt_tokens"] = int(payload["stats"]["prompt_tokens"])
+        await self._chan.send(item)
 
 
 async def _pipeline(ctx: EntryContext, node: EntryNode) -> Outcome:
