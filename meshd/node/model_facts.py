@@ -73,15 +73,19 @@ def local_facts(model: Any) -> dict[str, Any]:
 def model_facts(node: FactsNode) -> dict[str, dict[str, Any]]:
     """``{model name: facts}`` for every model this node serves or hears of; a fact that is not
     known is absent (keys: format, architecture, parameters, size_bytes, digest, layers,
-    hidden_size, chat_template)."""
+    hidden_size, chat_template, tier)."""
     out: dict[str, dict[str, Any]] = {}
     for name, served in node.runner.models.items():
         out[name] = local_facts(served.model)
+        if getattr(served, "tier", ""):
+            out[name]["tier"] = served.tier
     for e in node.membership.table.live():
         for m in e.advert.models:
             row = out.setdefault(m.name, {})
             if m.weight_format:
                 row.setdefault("format", m.weight_format)
+            if m.tier:
+                row.setdefault("tier", m.tier)
             if m.num_layers:
                 row.setdefault("layers", m.num_layers)
             if m.hidden_size:

@@ -27,10 +27,13 @@ EWMA = 0.3
 
 @dataclass(slots=True)
 class Token:
-    """One generated token: its id and the text it adds."""
+    """One generated token: its id and the text it adds; with logprobs asked for, ``lp`` (the
+    engine's ``TokenEvent.logprob``); ``choice`` is its choice's index (n > 1)."""
 
     id: int
     text: str
+    lp: list[Any] | None = None
+    choice: int = 0
 
 
 class ModelLike(Protocol):
@@ -339,7 +342,8 @@ class Runner:
                 rate = s.decode_rate()
                 if rate > 0:  # the end of this request, as it stands
                     s.ends[key] = trio.current_time() + predict.decode_s(max(max_tokens - n, 0), rate)
-                yield Token(int(ev.token_id), ev.text)
+                yield Token(int(ev.token_id), ev.text, getattr(ev, "logprob", None),
+                            getattr(ev, "choice", 0))
             end = time.perf_counter()
             if first is not None and n > 1:
                 s.decode_tps = _ewma(s.decode_tps, (n - 1) / max(end - first, 1e-6))

@@ -254,7 +254,7 @@ class RequestServer:
         if not ids:
             raise ProtocolError("the REQ's prompt has no tokens")
         resume = list(msg.get("resume_ids") or [])
-        gen = gen_config_from(msg, already=len(resume))
+        gen = gen_config_from(msg, already=len(resume), after=resume)
         t0 = time.perf_counter()
         first = 0.0
         count = 0
@@ -268,7 +268,7 @@ class RequestServer:
                     if not count:
                         first = time.perf_counter()
                     count += 1
-                    out.token(rid, tok.id, tok.text)
+                    out.token(rid, tok.id, tok.text, idx=tok.choice, lp=tok.lp)
             finally:
                 # Close the generator in this task (the runner then releases its model slot),
                 # even when cancelled.

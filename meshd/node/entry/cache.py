@@ -87,6 +87,8 @@ async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> N
     routing and the model start meanwhile, and ``execute_or_cached`` settles which answers."""
     if ctx.req.cache is False or ctx.req.rag or cache.state == "off":
         return  # a retrieval request's answer depends on context the cache key does not hold
+    if ctx.req.sampling.shapes_output:
+        return  # a grammar, n, logprobs or OpenAI's penalties: not in the cache's key
     from meshd.cache.keys import admit
 
     creq = cache_request(ctx, node, node.config.cache.tenant)
