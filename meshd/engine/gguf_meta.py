@@ -15,13 +15,15 @@ part (bytes in, dict out); ``read_gguf_metadata`` opens the file.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from meshd.errors import ModelError
 
+T = TypeVar("T")
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 MAX_COUNT = 1 << 32  # no GGUF holds more pairs or array elements than this
@@ -105,6 +107,12 @@ def parse_metadata(buf: bytes) -> dict[str, Any]:
 def read_gguf_metadata(path: Path | str) -> dict[str, Any]:
     """The key/value metadata of the GGUF file at ``path`` (str, int, float, bool and lists of
     them); a ``ModelError`` naming the file when it is not a GGUF file this reader knows."""
+    return _read_head(path, parse_metadata)
+
+
+def _read_head(path: Path | str, parse: Callable[[bytes], T]) -> T:
+    """``parse`` of the head of the file at ``path``, read in growing pieces until it holds
+    what ``parse`` needs (it raises ``Truncated`` until then)."""
     name = Path(path).name
     size = FIRST_READ_BYTES
     try:
@@ -113,7 +121,7 @@ def read_gguf_metadata(path: Path | str) -> dict[str, Any]:
                 f.seek(0)
                 head = f.read(size)
                 try:
-                    return parse_metadata(head)
+                    return parse(head)
                 except Truncated:
                     if len(head) < size:  # the whole file was read
                         raise
@@ -122,7 +130,6 @@ def read_gguf_metadata(path: Path | str) -> dict[str, Any]:
         raise ModelError(f"{name}: not a readable GGUF file ({err})") from None
     except OSError as err:
         raise ModelError(f"{name}: cannot read ({err.strerror or err})") from None
-
 
 # GGML tensor types: id -> (name, values per block, bytes per block). The names meshd reads
 # are in meshd.engine.quant; the rest are here only to be named when refused.
@@ -186,20 +193,4 @@ def parse_gguf(buf: bytes) -> tuple[dict[str, Any], list[TensorInfo]]:
 def read_gguf(path: Path | str) -> tuple[dict[str, Any], list[TensorInfo]]:
     """``parse_gguf`` of the file at ``path``, reading only as much of its head as it needs;
     a ``ModelError`` naming the file when it is not a GGUF file this reader knows."""
-    name = Path(path).name
-    size = FIRST_READ_BYTES
-    try:
-        with open(path, "rb") as f:
-            while True:
-                f.seek(0)
-                head = f.read(size)
-                try:
-                    return parse_gguf(head)
-                except Truncated:
-                    if len(head) < size:
-                        raise
-                size *= 4
-    except ValueError as err:
-        raise ModelError(f"{name}: not a readable GGUF file ({err})") from None
-    except OSError as err:
-        raise ModelError(f"{name}: cannot read ({err.strerror or err})") from None
+    return _read_head(path, parse_gguf)
