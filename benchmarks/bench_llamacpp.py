@@ -63,6 +63,8 @@ sys.path.insert(0, str(ROOT))
 
 TEXT = ROOT / "benchmarks" / "data" / "kjv_heldout.txt"
 LOCK = Path("/tmp/meshd-bench.lock")
+HTTP_TIMEOUT_S = 3600.0  # one request; a loaded 2-core box has taken 600 s for 8 x 128 tokens
+LOGS = Path(tempfile.gettempdir()) / "meshd-bench-llamacpp"  # llama-server's logs, kept
 STREAM_PROMPT_TOKENS = 32  # each concurrent stream's (and the single stream's) prompt
 
 
@@ -155,11 +157,14 @@ def run_llama(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
     per_slot = -(-(max(p["prompt"], STREAM_PROMPT_TOKENS) + tokens + 16) // 256) * 256
     base = {"temperature": 0.0, "repeat_penalty": 1.0, "ignore_eos": True, "cache_prompt": False}
     out: dict[str, Any] = {}
+    LOGS.mkdir(exist_ok=True)
+    log = LOGS / f"llama-server-{os.getpid()}-{time.strftime('%H%M%S')}.log"
+    out["log"] = str(log)
     with llama_server(gguf, threads=p["threads"], parallel=streams, ctx_size=streams * per_slot,
-                      extra_args=("--cache-ram", "0"), timeout_s=300) as srv:
+                      extra_args=("--cache-ram", "0"), timeout_s=300, log_path=log) as srv:
         out["load_s"] = srv.load_s
         out["argv"] = srv.argv
-        c = srv.client()
+        c = srv.client(HTTP_TIMEOUT_S)
         text = TEXT.read_text(encoding="utf-8")
         ids = c.post("/tokenize", json={"content": text, "add_special": False}).json()["tokens"]
         with_special = c.post("/tokenize", json={"content": "x", "add_special": True}).json()
@@ -169,7 +174,7 @@ def run_llama(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
                                prompt=p["prompt"])
 
         def warm(i: int) -> None:
-            with srv.client() as ci:
+            with srv.client(HTTP_TIMEOUT_S) as ci:
                 ci.post("/completion", json={**base, "prompt": prompts["streams"][i],
                                              "n_predict": 8}).raise_for_status()
 
@@ -192,7 +197,7 @@ def run_llama(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
 
         # (b) concurrent streams
         def one(i: int) -> tuple[float, int]:
-            with srv.client() as ci:
+            with srv.client(HTTP_TIMEOUT_S) as ci:
                 body = {**base, "prompt": prompts["streams"][i], "n_predict": tokens}
                 res = ci.post("/completion", json=body).json()
             return time.perf_counter(), int(res["tokens_predicted"])
@@ -214,7 +219,7 @@ def run_llama_bench(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
 
     args = ["-m", str(gguf), "-t", str(p["threads"]), "-p", str(p["prompt"]), "-n",
             str(p["tokens"]), "-r", "1", "-o", "json"]
-    r = run_tool("llama-bench", args, timeout_s=1800)
+    r = run_tool("llama-bench", args, timeout_s=HTTP_TIMEOUT_S)
     if r.returncode != 0:
         raise RuntimeError(f"llama-bench failed ({r.returncode}):\n{r.stderr[-2000:]}")
     rows = json.loads(r.stdout)
@@ -235,7 +240,7 @@ def run_meshd(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
     spawn = time.monotonic()
     params = json.dumps({**p, "model": str(model_dir), "spawn": spawn})
     r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", params],
-                       capture_output=True, text=True, check=False, timeout=3600)
+                       capture_output=True, text=True, check=False, timeout=4 * HTTP_TIMEOUT_S)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
         raise RuntimeError(f"meshd worker failed ({r.returncode}):\n{r.stderr[-3000:]}")
@@ -368,7 +373,7 @@ def run_daemon(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
         url = node["api_url"].rstrip("/")
         url = url[:-3] if url.endswith("/v1") else url
         headers = {"Authorization": f"Bearer {key}"}
-        with httpx.Client(base_url=url, headers=headers, timeout=600) as c:
+        with httpx.Client(base_url=url, headers=headers, timeout=HTTP_TIMEOUT_S) as c:
             def listed() -> str | None:
                 try:
                     data = c.get("/v1/models").json().get("data") or []
@@ -381,7 +386,7 @@ def run_daemon(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
             body = {"model": name, "temperature": 0.0, "repetition_penalty": 1.0, "cache": False}
 
             def one(i: int, n: int) -> tuple[float, int]:
-                with httpx.Client(base_url=url, headers=headers, timeout=600) as ci:
+                with httpx.Client(base_url=url, headers=headers, timeout=HTTP_TIMEOUT_S) as ci:
                     r = ci.post("/v1/completions", json={**body, "prompt": texts["streams"][i],
                                                           "max_tokens": n})
                     _check(r)
@@ -471,6 +476,8 @@ def main() -> int:
     ap.add_argument("--sides", default="llama,meshd,llama-bench",
                     help="which of llama, meshd, daemon, llama-bench to run")
     ap.add_argument("--daemon", action="store_true", help="add the daemon side")
+    ap.add_argument("--no-lock", action="store_true",
+                    help="run without the benchmark lock (a smoke run whose timings do not count)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -514,18 +521,23 @@ def main() -> int:
     sides = {k: every[k] for k in every if k in chosen}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
     loads = [os.getloadavg()[0]]
-    with bench_lock(LOCK):
+    with contextlib.nullcontext() if args.no_lock else bench_lock(LOCK):
         for rep in range(args.repeats):
             names = list(sides)
             order = names[rep % len(names):] + names[:rep % len(names)]
             for name in order:
                 t0 = time.perf_counter()
-                r = sides[name]()
-                r["repeat"] = rep
+                load0 = os.getloadavg()[0]
+                try:
+                    r = sides[name]()
+                except Exception as err:  # one side failing leaves the others' figures
+                    r = {"error": f"{type(err).__name__}: {err}"[:2000]}
+                r.update(repeat=rep, load_before=load0, load_after=os.getloadavg()[0])
                 runs[name].append(r)
                 print(f"repeat {rep + 1}/{args.repeats} {name}: {time.perf_counter() - t0:.0f} s "
-                      + json.dumps({k: round(v, 2) for k, v in r.items()
-                                    if isinstance(v, float)}), flush=True)
+                      + json.dumps({k: round(v, 2) if isinstance(v, float) else v
+                                    for k, v in r.items()
+                                    if isinstance(v, float) or k == "error"}), flush=True)
             loads.append(os.getloadavg()[0])
     med = summarize(runs)
     lm, mm = med.get("llama", {}), med.get("meshd", {})
@@ -535,7 +547,7 @@ def main() -> int:
           f"{args.repeats} interleaved repeats; load average {' '.join(f'{x:.2f}' for x in loads)}")
     print(table(med, p))
     res = {"gguf": str(args.gguf), "meshd_model": str(args.meshd_model), "params": p,
-           "notes": notes, "repeats": args.repeats, "medians": med,
+           "notes": notes, "repeats": args.repeats, "locked": not args.no_lock, "medians": med,
            "ratios_meshd_over_llama": ratios, "runs": runs, "label": args.label,
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                     text=True, check=False, cwd=ROOT).stdout.strip(),
