@@ -133,12 +133,22 @@ def bench_lock(path: Path) -> Iterator[None]:
 # ----------------------------------------------------------------------------- llama.cpp side
 
 
-def _sse_times(client: Any, body: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
+def _post(srv: Any, path: str, body: dict[str, Any]) -> Any:
+    """One request on a connection of its own: the server closes an idle keep-alive connection
+    after a few seconds, and a pooled one reused after a long step fails ("Server disconnected
+    without sending a response")."""
+    with srv.client(HTTP_TIMEOUT_S) as c:
+        r = c.post(path, json=body)
+        r.raise_for_status()
+        return r.json()
+
+
+def _sse_times(srv: Any, body: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
     """Arrival time of each streamed token of a /completion, and its last event."""
     times: list[float] = []
     last: dict[str, Any] = {}
-    with client.stream("POST", "/completion",
-                       json={**body, "stream": True, "return_tokens": True}) as r:
+    with srv.client(HTTP_TIMEOUT_S) as client, client.stream(
+            "POST", "/completion", json={**body, "stream": True, "return_tokens": True}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: "):
@@ -164,31 +174,29 @@ def run_llama(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
                       extra_args=("--cache-ram", "0"), timeout_s=300, log_path=log) as srv:
         out["load_s"] = srv.load_s
         out["argv"] = srv.argv
-        c = srv.client(HTTP_TIMEOUT_S)
         text = TEXT.read_text(encoding="utf-8")
-        ids = c.post("/tokenize", json={"content": text, "add_special": False}).json()["tokens"]
-        with_special = c.post("/tokenize", json={"content": "x", "add_special": True}).json()
-        plain = c.post("/tokenize", json={"content": "x", "add_special": False}).json()
+        ids = _post(srv, "/tokenize", {"content": text, "add_special": False})["tokens"]
+        with_special = _post(srv, "/tokenize", {"content": "x", "add_special": True})
+        plain = _post(srv, "/tokenize", {"content": "x", "add_special": False})
         bos = with_special["tokens"][0] if len(with_special["tokens"]) > len(plain["tokens"]) else None
         prompts = make_prompts(ids, bos, stream_prompt=STREAM_PROMPT_TOKENS, streams=streams,
                                prompt=p["prompt"])
 
         def warm(i: int) -> None:
-            with srv.client(HTTP_TIMEOUT_S) as ci:
-                ci.post("/completion", json={**base, "prompt": prompts["streams"][i],
-                                             "n_predict": 8}).raise_for_status()
+            _post(srv, "/completion", {**base, "prompt": prompts["streams"][i], "n_predict": 8})
 
         with ThreadPoolExecutor(streams) as pool:
             list(pool.map(warm, range(streams)))
         # (a) one stream
-        times, last = _sse_times(c, {**base, "prompt": prompts["streams"][0], "n_predict": tokens})
+        times, last = _sse_times(srv, {**base, "prompt": prompts["streams"][0],
+                                       "n_predict": tokens})
         t = last.get("timings", {})
         out["a_tokens"] = len(times)
         out["a_decode_tps"] = decode_tps(times)
         out["a_server_predicted_tps"] = t.get("predicted_per_second")
         # (c) one long prompt
         t0 = time.perf_counter()
-        r = c.post("/completion", json={**base, "prompt": prompts["prefill"], "n_predict": 1}).json()
+        r = _post(srv, "/completion", {**base, "prompt": prompts["prefill"], "n_predict": 1})
         ttft = time.perf_counter() - t0
         out["c_prompt_tokens"] = r["timings"]["prompt_n"]
         out["c_ttft_ms"] = ttft * 1000
@@ -197,9 +205,8 @@ def run_llama(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
 
         # (b) concurrent streams
         def one(i: int) -> tuple[float, int]:
-            with srv.client(HTTP_TIMEOUT_S) as ci:
-                body = {**base, "prompt": prompts["streams"][i], "n_predict": tokens}
-                res = ci.post("/completion", json=body).json()
+            res = _post(srv, "/completion", {**base, "prompt": prompts["streams"][i],
+                                             "n_predict": tokens})
             return time.perf_counter(), int(res["tokens_predicted"])
 
         with ThreadPoolExecutor(streams) as pool:
@@ -209,7 +216,6 @@ def run_llama(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
         total = sum(n for _, n in done)
         out["b_tokens"] = total
         out["b_aggregate_tps"] = total / (max(t for t, _ in done) - t0)
-        c.close()
         out["rss_kb"] = status_kb(srv.pid)
     return out
 
@@ -399,9 +405,10 @@ def run_daemon(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
             total = sum(n for _, n in done)
             out["b_tokens"] = total
             out["b_aggregate_tps"] = total / (max(t for t, _ in done) - t0)
-            t0 = time.perf_counter()
-            r = c.post("/v1/completions", json={**body, "prompt": texts["prefill"],
-                                                "max_tokens": 1})
+            with httpx.Client(base_url=url, headers=headers, timeout=HTTP_TIMEOUT_S) as ci:
+                t0 = time.perf_counter()
+                r = ci.post("/v1/completions", json={**body, "prompt": texts["prefill"],
+                                                     "max_tokens": 1})
             _check(r)
             out["c_ttft_ms"] = (time.perf_counter() - t0) * 1000
             out["c_prompt_tokens"] = int(r.json()["usage"]["prompt_tokens"])
