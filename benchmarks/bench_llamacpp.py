@@ -63,6 +63,8 @@ sys.path.insert(0, str(ROOT))
 
 TEXT = ROOT / "benchmarks" / "data" / "kjv_heldout.txt"
 LOCK = Path("/tmp/meshd-bench.lock")
+HTTP_TIMEOUT_S = 3600.0  # one request; a loaded 2-core box has taken 600 s for 8 x 128 tokens
+LOGS = Path(tempfile.gettempdir()) / "meshd-bench-llamacpp"  # llama-server's logs, kept
 STREAM_PROMPT_TOKENS = 32  # each concurrent stream's (and the single stream's) prompt
 
 
@@ -131,12 +133,22 @@ def bench_lock(path: Path) -> Iterator[None]:
 # ----------------------------------------------------------------------------- llama.cpp side
 
 
-def _sse_times(client: Any, body: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
+def _post(srv: Any, path: str, body: dict[str, Any]) -> Any:
+    """One request on a connection of its own: the server closes an idle keep-alive connection
+    after a few seconds, and a pooled one reused after a long step fails ("Server disconnected
+    without sending a response")."""
+    with srv.client(HTTP_TIMEOUT_S) as c:
+        r = c.post(path, json=body)
+        r.raise_for_status()
+        return r.json()
+
+
+def _sse_times(srv: Any, body: dict[str, Any]) -> tuple[list[float], dict[str, Any]]:
     """Arrival time of each streamed token of a /completion, and its last event."""
     times: list[float] = []
     last: dict[str, Any] = {}
-    with client.stream("POST", "/completion",
-                       json={**body, "stream": True, "return_tokens": True}) as r:
+    with srv.client(HTTP_TIMEOUT_S) as client, client.stream(
+            "POST", "/completion", json={**body, "stream": True, "return_tokens": True}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: "):
@@ -155,35 +167,36 @@ def run_llama(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
     per_slot = -(-(max(p["prompt"], STREAM_PROMPT_TOKENS) + tokens + 16) // 256) * 256
     base = {"temperature": 0.0, "repeat_penalty": 1.0, "ignore_eos": True, "cache_prompt": False}
     out: dict[str, Any] = {}
+    LOGS.mkdir(exist_ok=True)
+    log = LOGS / f"llama-server-{os.getpid()}-{time.strftime('%H%M%S')}.log"
+    out["log"] = str(log)
     with llama_server(gguf, threads=p["threads"], parallel=streams, ctx_size=streams * per_slot,
-                      extra_args=("--cache-ram", "0"), timeout_s=300) as srv:
+                      extra_args=("--cache-ram", "0"), timeout_s=300, log_path=log) as srv:
         out["load_s"] = srv.load_s
         out["argv"] = srv.argv
-        c = srv.client()
         text = TEXT.read_text(encoding="utf-8")
-        ids = c.post("/tokenize", json={"content": text, "add_special": False}).json()["tokens"]
-        with_special = c.post("/tokenize", json={"content": "x", "add_special": True}).json()
-        plain = c.post("/tokenize", json={"content": "x", "add_special": False}).json()
+        ids = _post(srv, "/tokenize", {"content": text, "add_special": False})["tokens"]
+        with_special = _post(srv, "/tokenize", {"content": "x", "add_special": True})
+        plain = _post(srv, "/tokenize", {"content": "x", "add_special": False})
         bos = with_special["tokens"][0] if len(with_special["tokens"]) > len(plain["tokens"]) else None
         prompts = make_prompts(ids, bos, stream_prompt=STREAM_PROMPT_TOKENS, streams=streams,
                                prompt=p["prompt"])
 
         def warm(i: int) -> None:
-            with srv.client() as ci:
-                ci.post("/completion", json={**base, "prompt": prompts["streams"][i],
-                                             "n_predict": 8}).raise_for_status()
+            _post(srv, "/completion", {**base, "prompt": prompts["streams"][i], "n_predict": 8})
 
         with ThreadPoolExecutor(streams) as pool:
             list(pool.map(warm, range(streams)))
         # (a) one stream
-        times, last = _sse_times(c, {**base, "prompt": prompts["streams"][0], "n_predict": tokens})
+        times, last = _sse_times(srv, {**base, "prompt": prompts["streams"][0],
+                                       "n_predict": tokens})
         t = last.get("timings", {})
         out["a_tokens"] = len(times)
         out["a_decode_tps"] = decode_tps(times)
         out["a_server_predicted_tps"] = t.get("predicted_per_second")
         # (c) one long prompt
         t0 = time.perf_counter()
-        r = c.post("/completion", json={**base, "prompt": prompts["prefill"], "n_predict": 1}).json()
+        r = _post(srv, "/completion", {**base, "prompt": prompts["prefill"], "n_predict": 1})
         ttft = time.perf_counter() - t0
         out["c_prompt_tokens"] = r["timings"]["prompt_n"]
         out["c_ttft_ms"] = ttft * 1000
@@ -192,9 +205,8 @@ def run_llama(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
 
         # (b) concurrent streams
         def one(i: int) -> tuple[float, int]:
-            with srv.client() as ci:
-                body = {**base, "prompt": prompts["streams"][i], "n_predict": tokens}
-                res = ci.post("/completion", json=body).json()
+            res = _post(srv, "/completion", {**base, "prompt": prompts["streams"][i],
+                                             "n_predict": tokens})
             return time.perf_counter(), int(res["tokens_predicted"])
 
         with ThreadPoolExecutor(streams) as pool:
@@ -204,7 +216,6 @@ def run_llama(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
         total = sum(n for _, n in done)
         out["b_tokens"] = total
         out["b_aggregate_tps"] = total / (max(t for t, _ in done) - t0)
-        c.close()
         out["rss_kb"] = status_kb(srv.pid)
     return out
 
@@ -214,7 +225,7 @@ def run_llama_bench(gguf: Path, p: dict[str, Any]) -> dict[str, Any]:
 
     args = ["-m", str(gguf), "-t", str(p["threads"]), "-p", str(p["prompt"]), "-n",
             str(p["tokens"]), "-r", "1", "-o", "json"]
-    r = run_tool("llama-bench", args, timeout_s=1800)
+    r = run_tool("llama-bench", args, timeout_s=HTTP_TIMEOUT_S)
     if r.returncode != 0:
         raise RuntimeError(f"llama-bench failed ({r.returncode}):\n{r.stderr[-2000:]}")
     rows = json.loads(r.stdout)
@@ -235,7 +246,7 @@ def run_meshd(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
     spawn = time.monotonic()
     params = json.dumps({**p, "model": str(model_dir), "spawn": spawn})
     r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", params],
-                       capture_output=True, text=True, check=False, timeout=3600)
+                       capture_output=True, text=True, check=False, timeout=4 * HTTP_TIMEOUT_S)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     if r.returncode != 0 or not lines:
         raise RuntimeError(f"meshd worker failed ({r.returncode}):\n{r.stderr[-3000:]}")
@@ -368,7 +379,7 @@ def run_daemon(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
         url = node["api_url"].rstrip("/")
         url = url[:-3] if url.endswith("/v1") else url
         headers = {"Authorization": f"Bearer {key}"}
-        with httpx.Client(base_url=url, headers=headers, timeout=600) as c:
+        with httpx.Client(base_url=url, headers=headers, timeout=HTTP_TIMEOUT_S) as c:
             def listed() -> str | None:
                 try:
                     data = c.get("/v1/models").json().get("data") or []
@@ -381,7 +392,7 @@ def run_daemon(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
             body = {"model": name, "temperature": 0.0, "repetition_penalty": 1.0, "cache": False}
 
             def one(i: int, n: int) -> tuple[float, int]:
-                with httpx.Client(base_url=url, headers=headers, timeout=600) as ci:
+                with httpx.Client(base_url=url, headers=headers, timeout=HTTP_TIMEOUT_S) as ci:
                     r = ci.post("/v1/completions", json={**body, "prompt": texts["streams"][i],
                                                           "max_tokens": n})
                     _check(r)
@@ -394,9 +405,10 @@ def run_daemon(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
             total = sum(n for _, n in done)
             out["b_tokens"] = total
             out["b_aggregate_tps"] = total / (max(t for t, _ in done) - t0)
-            t0 = time.perf_counter()
-            r = c.post("/v1/completions", json={**body, "prompt": texts["prefill"],
-                                                "max_tokens": 1})
+            with httpx.Client(base_url=url, headers=headers, timeout=HTTP_TIMEOUT_S) as ci:
+                t0 = time.perf_counter()
+                r = ci.post("/v1/completions", json={**body, "prompt": texts["prefill"],
+                                                     "max_tokens": 1})
             _check(r)
             out["c_ttft_ms"] = (time.perf_counter() - t0) * 1000
             out["c_prompt_tokens"] = int(r.json()["usage"]["prompt_tokens"])
@@ -471,6 +483,8 @@ def main() -> int:
     ap.add_argument("--sides", default="llama,meshd,llama-bench",
                     help="which of llama, meshd, daemon, llama-bench to run")
     ap.add_argument("--daemon", action="store_true", help="add the daemon side")
+    ap.add_argument("--no-lock", action="store_true",
+                    help="run without the benchmark lock (a smoke run whose timings do not count)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -514,18 +528,23 @@ def main() -> int:
     sides = {k: every[k] for k in every if k in chosen}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
     loads = [os.getloadavg()[0]]
-    with bench_lock(LOCK):
+    with contextlib.nullcontext() if args.no_lock else bench_lock(LOCK):
         for rep in range(args.repeats):
             names = list(sides)
             order = names[rep % len(names):] + names[:rep % len(names)]
             for name in order:
                 t0 = time.perf_counter()
-                r = sides[name]()
-                r["repeat"] = rep
+                load0 = os.getloadavg()[0]
+                try:
+                    r = sides[name]()
+                except Exception as err:  # one side failing leaves the others' figures
+                    r = {"error": f"{type(err).__name__}: {err}"[:2000]}
+                r.update(repeat=rep, load_before=load0, load_after=os.getloadavg()[0])
                 runs[name].append(r)
                 print(f"repeat {rep + 1}/{args.repeats} {name}: {time.perf_counter() - t0:.0f} s "
-                      + json.dumps({k: round(v, 2) for k, v in r.items()
-                                    if isinstance(v, float)}), flush=True)
+                      + json.dumps({k: round(v, 2) if isinstance(v, float) else v
+                                    for k, v in r.items()
+                                    if isinstance(v, float) or k == "error"}), flush=True)
             loads.append(os.getloadavg()[0])
     med = summarize(runs)
     lm, mm = med.get("llama", {}), med.get("meshd", {})
@@ -535,7 +554,7 @@ def main() -> int:
           f"{args.repeats} interleaved repeats; load average {' '.join(f'{x:.2f}' for x in loads)}")
     print(table(med, p))
     res = {"gguf": str(args.gguf), "meshd_model": str(args.meshd_model), "params": p,
-           "notes": notes, "repeats": args.repeats, "medians": med,
+           "notes": notes, "repeats": args.repeats, "locked": not args.no_lock, "medians": med,
            "ratios_meshd_over_llama": ratios, "runs": runs, "label": args.label,
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                     text=True, check=False, cwd=ROOT).stdout.strip(),

@@ -22,8 +22,10 @@ the scored rows reach numpy. Both sides use ``--threads`` threads.
         [--ctx 512] [--chunks N] [--threads 2] [--out benchmarks/results-perplexity-X.json]
 
 The text defaults to benchmarks/data/kjv_heldout.txt (see benchmarks/data/README.md). Either
-side may be left out. ``--tokens-from llama`` scores the meshd model on llama-tokenize's ids
-(to tell a tokenizer difference from a model difference).
+side may be left out; ``--llama-json FILE`` reuses the llama.cpp figures of an earlier run's
+``--out`` (llama-perplexity takes about 20 minutes over this text on a busy 2-core box).
+``--tokens-from llama`` scores the meshd model on llama-tokenize's ids (to tell a tokenizer
+difference from a model difference); with ``--gguf`` the two tokenizations are compared.
 """
 
 from __future__ import annotations
@@ -215,18 +217,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--meshd-model", type=Path, help="a meshd model directory")
-    ap.add_argument("--gguf", type=Path, help="the GGUF for llama-perplexity")
+    ap.add_argument("--gguf", type=Path,
+                    help="the GGUF for llama-perplexity (and llama-tokenize's ids, compared)")
     ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
     ap.add_argument("--ctx", type=int, default=512, help="tokens per chunk (llama's -c)")
     ap.add_argument("--chunks", type=int, default=-1, help="at most this many chunks (-1: all)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens-from", choices=("own", "llama"), default="own",
                     help="the meshd side's ids: its own tokenizer's, or llama-tokenize's")
+    ap.add_argument("--llama-json", type=Path,
+                    help="take the llama.cpp figures from an earlier run's --out (same text, "
+                         "--ctx, --chunks) instead of running llama-perplexity again")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args()
-    if args.meshd_model is None and args.gguf is None:
-        ap.error("give --meshd-model, --gguf or both")
+    if args.meshd_model is None and args.gguf is None and args.llama_json is None:
+        ap.error("give --meshd-model, --gguf (or --llama-json) or both")
     if args.ctx < 4 or args.ctx % 2:
         ap.error("--ctx must be an even number >= 4")
     text = read_text(args.text)
@@ -238,7 +244,16 @@ def main() -> int:
     if args.gguf is not None and llama_bin("llama-tokenize") is not None:
         llama_ids = llama_tokens(args.gguf, text)
         res["llama_tokens"] = len(llama_ids)
-    if args.gguf is not None:
+    if args.llama_json is not None:
+        earlier = json.loads(args.llama_json.read_text())
+        same = ("text", "text_chars", "n_ctx", "chunks_limit")
+        if any(earlier.get(k) != res[k] for k in same) or "llama" not in earlier:
+            ap.error(f"{args.llama_json} is not a llama-perplexity run over the same text, "
+                     f"--ctx and --chunks")
+        res["llama"] = {**earlier["llama"], "from": str(args.llama_json)}
+        print(f"llama.cpp  PPL {res['llama']['ppl']:.4f} +/- {res['llama']['err']:.5f}  "
+              f"(from {args.llama_json})", flush=True)
+    elif args.gguf is not None:
         side, cmd = llama_perplexity(args.gguf, args.text, args.ctx, args.threads, args.chunks)
         if llama_ids is not None:
             side.tokens = len(llama_ids)
