@@ -293,6 +293,10 @@ def test_a_hung_llama_server_is_cut_off_and_the_node_stays_up(net: dict[str, Any
         proc.send_signal(signal.SIGCONT)
     wait_for(lambda: upstream_stats(net, "smollm2-solo")["ready"], 60,
              "L's smollm2-solo to be ready again after SIGCONT")
+    # L withdrew the model from its advert while llama-server hung; e1 routes to it again only
+    # once it has heard L's next advert, so wait on what e1 knows, not on L's own view
+    wait_for(lambda: any(p["name"] == "L" and any(m["name"] == "smollm2-solo" for m in p["models"])
+                         for p in peers(net["nodes"]["e1"])), 30, "e1 to hear L's smollm2-solo again")
     got = client(net).completions.create(model="smollm2-solo", prompt="Hi", max_tokens=4, **GREEDY)
     assert got.choices[0].text
 
