@@ -45,6 +45,8 @@ class CompiledStage(Protocol):
     @property
     def _session(self) -> ort.InferenceSession: ...  # batch and fused bind their own buffers
 
+    def binding(self) -> ort.IOBinding: ...  # for one group's runs (a fused graph's chunk idle)
+
     def _run(self, binding: ort.IOBinding) -> None: ...
 
     def open_session(self, max_tokens: int | None = None) -> StageSessionLike: ...

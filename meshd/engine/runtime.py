@@ -24,6 +24,7 @@ import onnxruntime as ort
 from meshd.engine import graph as g
 from meshd.engine import planning
 from meshd.engine.generation import TokenEvent
+from meshd.engine.kvbind import bind_cache
 from meshd.engine.manifest import Manifest, StageEntry, read_manifest
 from meshd.engine.planning import StageMemory, check_range, stage_memory, stage_tensor_names
 from meshd.engine.run import generate_async, generate_sync
@@ -87,13 +88,18 @@ class Stage:
         arch = model.manifest.arch
         expected = [g.LOGITS if self.is_last else g.HIDDEN_OUT]
         for i in range(start, end):
-            expected += [g.new_key(i), g.new_value(i)]
+            expected += [g.present_key(i), g.present_value(i)]
         if fused:
             expected += [g.CHUNK + name for name in expected[1:]]
-        key_dims = session.get_outputs()[1].shape[1:3] if len(expected) > 2 else []
+        key_shape = session.get_outputs()[1].shape if len(expected) > 2 else []
+        key_dims = [key_shape[1], key_shape[3]] if len(key_shape) == 4 else []
         if self.output_names != expected or key_dims != [arch.num_kv_heads, arch.head_dim]:
             raise ModelError(f"{model.manifest.name} layers [{start}, {end}): the stage graph "
                              "does not have the outputs this meshd expects (re-import the model)")
+        # a fused graph run for one group only: its chunk group gets one token at position 0
+        # against a one-slot scratch cache per layer, whose output nobody reads
+        kvh, d = arch.num_kv_heads, arch.head_dim
+        self._idle = [np.zeros((1, kvh, 1, d), np.float32) for _ in range(2 * self.num_layers)]
         self._open: weakref.WeakSet[StageSession] = weakref.WeakSet()
         self._open_lock = threading.Lock()
         self.sessions_opened = 0
@@ -122,6 +128,18 @@ class Stage:
         return {"layers": [self.start, self.end], "provider": self.provider,
                 "sessions_opened": self.sessions_opened, "sessions_open": len(live),
                 "kv_bytes": sum(s.memory_bytes() for s in live)}
+
+    def binding(self) -> ort.IOBinding:
+        """A new IO binding for runs of the main group only: on a fused graph, with its chunk
+        group bound to an idle one-token chunk (so one session serves decode steps, prompt
+        chunks and both fused)."""
+        b = self._session.io_binding()
+        if self.fused:
+            b.bind_cpu_input(g.CHUNK_IDS, np.zeros((1, 1), np.int64))
+            b.bind_cpu_input(g.CHUNK_POSITIONS, np.zeros((1, 1), np.int64))
+            bind_cache(b, range(self.start, self.end), self._idle[0::2], self._idle[1::2],
+                       g.CHUNK)
+        return b
 
     def _run(self, binding: ort.IOBinding) -> None:
         try:
@@ -154,7 +172,7 @@ class StageSession:
         self._vocab = arch.vocab_size
         self._keys: list[np.ndarray] = []
         self._values: list[np.ndarray] = []
-        self._binding: ort.IOBinding | None = stage._session.io_binding()
+        self._binding: ort.IOBinding | None = stage.binding()
         self._capacity = 0
         self._bound_shape: tuple[int, int] | None = None
         self._outputs: list[np.ndarray] = []
@@ -219,29 +237,21 @@ class StageSession:
             b.bind_cpu_input(g.LOGIT_ROWS, rows)
         k = 1 if last_only else t
         if (t, k) != self._bound_shape:
-            self._bind_outputs(t, k)
-        stage._run(b)
-        outs = self._outputs
-        for j in range(len(self._keys)):
-            self._keys[j][0, :, :, p:p + t] = outs[1 + 2 * j][0]
-            self._values[j][0, :, p:p + t] = outs[2 + 2 * j][0]
+            self._bind_main_output(t, k)
+        stage._run(b)  # writes the new keys and values into the cache buffers in place
         self.length += t
-        return outs[0].reshape(-1, outs[0].shape[-1]).copy()
+        out = self._outputs[0]
+        return out.reshape(-1, out.shape[-1]).copy()
 
-    def _bind_outputs(self, t: int, k: int) -> None:
-        """Bind numpy buffers as outputs, so onnxruntime writes results straight into them;
-        they are reused by every run of the same shape (every decode step)."""
+    def _bind_main_output(self, t: int, k: int) -> None:
+        """Bind a numpy buffer as the logits or hidden output, so onnxruntime writes results
+        straight into it; reused by every run of the same shape (every decode step)."""
         stage, b = self.stage, self._binding
         assert b is not None
-        kvh, d = self._shape
         main = (k, self._vocab) if stage.is_last else (1, t, self._hidden)
         self._outputs = [np.empty(main, np.float32)]
-        for _ in range(stage.num_layers):
-            self._outputs += [np.empty((1, kvh, d, t), np.float32),
-                              np.empty((1, kvh, t, d), np.float32)]
-        b.clear_binding_outputs()
-        for name, arr in zip(stage.output_names, self._outputs, strict=True):
-            b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(arr))
+        b.bind_ortvalue_output(stage.output_names[0],
+                               ort.OrtValue.ortvalue_from_numpy(self._outputs[0]))
         self._bound_shape = (t, k)
 
     def _check_input(self, x: np.ndarray, t: int) -> np.ndarray:
@@ -267,20 +277,17 @@ class StageSession:
         keep = self.length
         keys, values = [], []
         for j in range(self.stage.num_layers):
-            k = np.zeros((1, kvh, d, cap), np.float32)  # keys [1, kv_heads, head_dim, slot]
-            v = np.zeros((1, kvh, cap, d), np.float32)  # values [1, kv_heads, slot, head_dim]
+            k = np.zeros((1, kvh, cap, d), np.float32)  # [1, kv_heads, slot, head_dim]
+            v = np.zeros((1, kvh, cap, d), np.float32)
             if keep:
-                k[..., :keep] = self._keys[j][..., :keep]
+                k[:, :, :keep] = self._keys[j][:, :, :keep]
                 v[:, :, :keep] = self._values[j][:, :, :keep]
             keys.append(k)
             values.append(v)
         self._keys, self._values, self._capacity = keys, values, cap
         b = self._binding
         assert b is not None
-        for j, layer in enumerate(range(self.stage.start, self.stage.end)):
-            b.bind_ortvalue_input(g.past_key(layer), ort.OrtValue.ortvalue_from_numpy(keys[j]))
-            b.bind_ortvalue_input(g.past_value(layer),
-                                  ort.OrtValue.ortvalue_from_numpy(values[j]))
+        bind_cache(b, range(self.stage.start, self.stage.end), keys, values)
 
 
 class Model:
@@ -343,13 +350,16 @@ class Model:
     def stage(self, start: int, end: int, *, fused: bool = False) -> Stage:
         """The stage of layers ``[start, end)`` (inside the loaded range), built on first use;
         ``fused``: the whole model's graph that also takes one prompt chunk (the batch
-        scheduler's decode step with a chunk, ``meshd.engine.fused``)."""
+        scheduler's decode step with a chunk, ``meshd.engine.fused``). Once the fused graph is
+        built it also serves every plain request for the whole model (``Stage.binding``), so a
+        batching model holds one copy of its weights, not two."""
         lo, hi = self.layers
         check_range(self.num_layers, start, end)
         if not (lo <= start and end <= hi):
             raise LocalError(f"layers [{start}, {end}) are not loaded (loaded: [{lo}, {hi}))")
         with self._lock:
-            stage = self._stages.get((start, end, fused))
+            stage = self._stages.get((start, end, fused)) or (
+                self._stages.get((start, end, True)) if not fused else None)
             if stage is None:
                 stage = Stage(self, start, end, self._build_session(start, end, fused),
                               fused=fused)
@@ -456,10 +466,11 @@ def _prebuilt(stages: tuple[StageEntry, ...], start: int, end: int) -> StageEntr
 
 def load_model(path: str | Path, *, providers: list[str] | tuple[str, ...] | None = None,
                layers: tuple[int, int] | None = None, threads: int | None = None,
-               max_concurrent_runs: int = 1, verify: bool = True) -> Model:
+               max_concurrent_runs: int = 1, verify: bool = True, fused: bool = False) -> Model:
     """Load a meshd model directory, checking the hashes of the weights it needs (unless
     ``verify`` is false; the file size is always checked), and build the session of ``layers``
-    (half open; default: every layer)."""
+    (half open; default: every layer). ``fused`` (whole models): build the fused graph, which
+    the batch scheduler needs and which serves plain runs too, as the model's only session."""
     t0 = time.perf_counter()
     path = Path(path)
     manifest = read_manifest(path)
@@ -480,7 +491,7 @@ def load_model(path: str | Path, *, providers: list[str] | tuple[str, ...] | Non
     tokenizer = Tokenizer(tok_path, manifest.tokenizer)
     model = Model(path, manifest, tokenizer, choose_providers(providers), span, threads,
                   max_concurrent_runs)
-    stage = model.stage(*span)
+    stage = model.stage(*span, fused=fused and span == (0, n))
     log.info("model loaded name=%s layers=%d-%d provider=%s load_ms=%.1f", manifest.name,
              span[0], span[1], stage.provider, (time.perf_counter() - t0) * 1e3)
     return model

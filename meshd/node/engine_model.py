@@ -36,9 +36,11 @@ def load_engine_model(cfg: Config, path: Path, layers: tuple[int, int] | None) -
     from meshd import engine
 
     providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
+    # a batching model serves every run from its fused graph: one session, one copy of weights
     return engine.load_model(path, providers=providers, layers=layers,
                              threads=cfg.engine.threads or None,
-                             max_concurrent_runs=cfg.engine.workers)
+                             max_concurrent_runs=cfg.engine.workers,
+                             fused=cfg.engine.batching and cfg.engine.fused_prefill)
 
 
 class EngineModel:
