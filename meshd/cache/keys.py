@@ -13,11 +13,21 @@ settings that change the answer, chat formatting) plus who may read it:
 Answers sampled at temperature > 0 are cached (and served from the cache) only when the
 request opts in with ``cache_sampled=True``: two runs would differ anyway, and the client
 asked for a sample, not for the answer someone else got.
+
+Everything of a request but its last question is its *context* (a system prompt, the earlier
+turns of a conversation, the tools and the response schema it offers), and the context is part
+of the partition: an answer is only ever found by a request with the same context. Within a
+partition an entry is found either by its *key* (``prompt_key``: the question, whitespace
+collapsed: the exact path, no embedding) or by meaning (the semantic path). A follow-up (a
+request with earlier turns) takes the exact path only: the calibration of the semantic path
+holds for stand-alone questions, and "and in Rust?" means nothing without its conversation.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 SHARED = "*shared*"
@@ -30,7 +40,7 @@ class CacheRequest:
     model: str  # the model's identity: name@content hash (Manifest.content_hash)
     tenant: str
     client: str
-    prompt: str  # the text that is embedded and compared
+    prompt: str  # the question: the text that is keyed, embedded and compared
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -41,6 +51,9 @@ class CacheRequest:
     chat: bool = False
     shared: bool = False  # opt in to the tenant's shared cache
     cache_sampled: bool = False  # opt in to caching answers sampled at temperature > 0
+    context: str = ""  # everything else the answer depends on (system prompt, turns, tools)
+    follow_up: bool = False  # the context holds earlier turns: exact repeats only
+    max_error: float = 0.01  # the semantic path's bound on near misses served (0: exact only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +65,7 @@ class Admission:
     reason: str
     read: tuple[str, ...] = ()
     write: str | None = None
+    semantic: bool = False  # the semantic path may answer (else exact repeats only)
 
 
 def sampling_key(req: CacheRequest) -> str:
@@ -64,14 +78,15 @@ def sampling_key(req: CacheRequest) -> str:
     return (f"t={req.temperature!r};k={req.top_k};p={req.top_p!r};seed={req.seed};" + common)
 
 
-def partition(model: str, settings: str, tenant: str, reader: str) -> str:
-    """A short stable name for one partition (sha256, 32 hex digits)."""
-    text = "\x1e".join((model, settings, tenant, reader))
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+def partition(model: str, settings: str, tenant: str, reader: str, context: str = "") -> str:
+    """A short stable name for one partition (sha256, 32 hex digits). A request without
+    context has the name it had before contexts existed."""
+    parts = (model, settings, tenant, reader) + ((context,) if context else ())
+    return hashlib.sha256("\x1e".join(parts).encode()).hexdigest()[:32]
 
 
 def prompt_key(prompt: str) -> str:
-    """The key of a prompt for the exact-repeat path: its words, whitespace collapsed."""
+    """The key of a question for the exact path: its words, whitespace collapsed."""
     return hashlib.sha256(" ".join(prompt.split()).encode()).hexdigest()[:32]
 
 
@@ -81,8 +96,29 @@ def admit(req: CacheRequest) -> Admission:
     if not req.prompt.strip():
         return Admission(False, "empty prompt")
     settings = sampling_key(req)
-    own = partition(req.model, settings, req.tenant, "client:" + req.client)
+    semantic = not req.follow_up and req.max_error > 0
+    own = partition(req.model, settings, req.tenant, "client:" + req.client, req.context)
     if req.shared:
-        shared = partition(req.model, settings, req.tenant, SHARED)
-        return Admission(True, "shared", read=(own, shared), write=shared)
-    return Admission(True, "private", read=(own,), write=own)
+        shared = partition(req.model, settings, req.tenant, SHARED, req.context)
+        return Admission(True, "shared", read=(own, shared), write=shared, semantic=semantic)
+    return Admission(True, "private", read=(own,), write=own, semantic=semantic)
+
+
+def conversation(messages: Sequence[Mapping[str, str]], shape: str = "") -> tuple[str, str, bool]:
+    """``(question, context, follow_up)`` of a chat request. The question is the last
+    message's text; the context is every earlier message (role and text, whitespace collapsed,
+    in order), the last message's role when it is not the user's, and ``shape`` (the tools and
+    the response schema the request offers, canonical JSON; "" for none). A follow-up has an
+    earlier user, assistant or tool turn; system and developer messages alone are not turns."""
+    *earlier, last = messages
+    turns = [[m["role"], " ".join(m["content"].split())] for m in earlier]
+    follow_up = any(role not in ("system", "developer") for role, _ in turns)
+    parts: dict[str, object] = {}
+    if turns:
+        parts["messages"] = turns
+    if last["role"] != "user":
+        parts["last_role"] = last["role"]
+    if shape:
+        parts["shape"] = shape
+    context = json.dumps(parts, ensure_ascii=False, sort_keys=True) if parts else ""
+    return last["content"], context, follow_up

@@ -189,6 +189,8 @@ SPECS: tuple[MessageSpec, ...] = (
         Field("rag", F.STR, required=False, nullable=True, since=2),
         # model "auto": a lower tier than the prompt needs may serve it (docs/tiers.md)
         Field("allow_lower_tier", F.BOOL, required=False, since=2),
+        # the semantic cache's bound on near misses served for this request (docs/cache.md)
+        Field("cache_max_error", F.NUM, required=False, since=3),
     ),
     _m(
         MessageType.TOKENS,
@@ -325,8 +327,11 @@ SPECS: tuple[MessageSpec, ...] = (
     ),
     _m(
         MessageType.CACHE_REQ,
-        "the semantic cache: op 'stats' or 'clear'; answered by OK {data: statistics}",
+        "the semantic cache: op 'stats', 'clear' or 'feedback' (rid, verdict 'right' or "
+        "'wrong'); answered by OK {data: statistics}",
         Field("op", F.STR),
+        Field("rid", F.STR, required=False, since=3),
+        Field("verdict", F.STR, required=False, since=3),
     ),
     _m(
         MessageType.TOK_REQ,
