@@ -5,10 +5,10 @@ of the calibration splits that reaches the cosine gate (docs/cache.md, "The erro
 
 The calibration splits (benchmarks/data/README.md) were never used to train the verifier
 (``pair-verifier-v1`` was trained on ``tune``, ``test``, ``fresh``, ``fresh2``, ``fresh3`` and
-``train2``) nor to choose anything else; ``fresh4`` and ``fresh5`` stay held out. Each pair's
-anchor is the cached prompt and the other prompt the lookup, as in the daemon: the cosine of
-their int8 embeddings (the daemon's default graph) must reach ``GATE`` for the verifier to be
-asked, and the verifier reads ``(cached, query)``.
+``train2``) nor to choose anything else; ``fresh4``, ``fresh5`` and ``fresh6`` stay held out.
+Each pair's anchor is the cached prompt and the other prompt the lookup, as in the daemon: the
+cosine of their int8 embeddings (the daemon's default graph) must reach ``GATE`` for the
+verifier to be asked, and the verifier reads ``(cached, query)``.
 """
 
 from __future__ import annotations

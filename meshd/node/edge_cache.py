@@ -2,7 +2,7 @@
 start for exact repeats, with the embedding model and the pair verifier attached later for
 paraphrases (docs/cache.md).
 
-The cache file is opened when the service starts (SQLite only: no model), so an exact repeat
+The cache file is opened before the service starts (SQLite only: no model), so an exact repeat
 is answered from the first repeat on, on the event loop (``exact``: one indexed read, or none
 for an answer still being written), and never waits for the embedding model. The model, the
 verifier and its calibration (about 90 MB and a few seconds of CPU) are loaded on the first
@@ -122,14 +122,15 @@ class EdgeCache:
         return store if store is not None and store.semantic else None
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """The service's nursery (opening, loading, lookups, inserts, flushes) until the daemon
-        stops; then, once they have all ended, the cache is closed: the hits' counters written
-        and each HNSW graph saved beside the file (``SemanticCache.close``)."""
+        """Open the cache file (before the node is ready: the exact path answers from the first
+        request on), then the service's nursery (loading, lookups, inserts, flushes) until the
+        daemon stops; then, once they have all ended, the cache is closed: the hits' counters
+        written and each HNSW graph saved beside the file (``SemanticCache.close``)."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self.config.cache.enabled:
-                    nursery.start_soon(self._open_store)
+                    await self._open_store()
                 task_status.started()
                 await trio.sleep_forever()
         finally:
