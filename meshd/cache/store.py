@@ -442,6 +442,11 @@ class SemanticCache:
             return eid, sim, str(row[0]), str(row[1]), str(row[3])
         return None
 
+    def missed(self) -> None:
+        """Count a lookup that ended with the exact path's miss (the caller takes no semantic
+        path for it: a follow-up, a bound of 0, the model not loaded yet)."""
+        self._count("misses")
+
     def _count(self, what: str) -> None:
         self.stats[what] += 1
         if what != "skips":

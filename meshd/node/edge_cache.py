@@ -202,6 +202,11 @@ class EdgeCache:
             self._hit()
         return got
 
+    def missed(self) -> None:
+        """A request the exact path missed and the semantic path does not take: counted."""
+        if self.store is not None:
+            self.store.missed()
+
     def semantic_ready(self) -> bool:
         """Whether a semantic lookup can run now; the first ask starts loading the model."""
         if self.cache is not None:

@@ -88,6 +88,8 @@ async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> N
         await _serve_hit(ctx, node, got)
     elif adm.semantic and cache.semantic_ready():
         ctx.extra["cache_pending"] = (creq, cache.start_lookup(creq))
+    else:
+        cache.missed()
 
 
 async def execute_or_cached(ctx: EntryContext, node: EntryNode,
