@@ -34,10 +34,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlite_utils import Database
@@ -53,57 +52,17 @@ from meshd.cache.eviction import (
 )
 from meshd.cache.index import EXACT_MAX, PartitionIndex
 from meshd.cache.keys import CacheRequest, admit, prompt_key
+from meshd.cache.lookup import Busy, EmbedderLike, Lookup, Verifier
 from meshd.cache.policy import decide
 
+__all__ = ["Busy", "EmbedderLike", "Lookup", "SemanticCache", "Verifier"]
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 SCHEMA_VERSION = 2  # 2: exact_only; the feedback table
 SEARCH_K = 4  # neighbours fetched per partition: the nearest live one is the candidate
 EMBED_BATCH = 64
 GUESS_DIM = 384  # a row's vector bytes are counted as this model's (all-MiniLM-L6-v2) until
 # the model is loaded: a row stored before then is counted the same, vector or not
-
-
-class EmbedderLike(Protocol):
-    """What the cache needs of an embedder (meshd.embed.Embedder conforms)."""
-
-    @property
-    def identity(self) -> str: ...
-
-    @property
-    def dim(self) -> int: ...
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
-
-
-Verifier = Callable[[str, str], float]  # (cached question, new question) -> P(same answer)
-
-
-class Busy(Exception):
-    """``lookup_exact(blocking=False)``: another thread holds the cache right now."""
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """The result of a lookup. ``kind``: ``exact`` or ``semantic`` (``answer`` is the cached
-    answer: serve it), ``refused`` (a candidate the error bound did not let through) or
-    ``miss`` (compute, then ``insert``), ``skip`` (the cache takes no part: ``reason``)."""
-
-    kind: str
-    reason: str
-    answer: str | None = None
-    entry_id: int | None = None  # None for an exact hit on an answer staged but not yet written
-    partition: str | None = None  # of the entry served (exact and semantic hits)
-    key: str | None = None  # the question's key (exact hits)
-    similarity: float | None = None
-    score: float | None = None
-    threshold: float | None = None
-    vector: np.ndarray | None = field(default=None, repr=False)
-    embed_ms: float = 0.0
-    search_ms: float = 0.0
-
-    @property
-    def hit(self) -> bool:
-        return self.kind in ("exact", "semantic")
 
 
 class SemanticCache:
@@ -393,13 +352,7 @@ class SemanticCache:
             vector = np.asarray(self.embedder.embed([req.prompt])[0], np.float32)
             self.stats["embedded"] += 1
         t1 = time.perf_counter()
-        try:
-            with self._lock:
-                found = self._nearest_locked(adm.read, vector)
-        except sqlite3.DatabaseError as err:
-            with self._lock:
-                self._rebuild(err)
-            found = None
+        found = self._safely(lambda: self._nearest_locked(adm.read, vector), None)
         gate = self.calibration.gate if self.calibration is not None else 1.0
         verifier = self.verifier
         assert verifier is not None  # threshold() is None without one
@@ -463,12 +416,7 @@ class SemanticCache:
 
     def flush(self) -> None:
         """Write the hits' ``last_used`` and ``hits`` held in memory (see the module doc)."""
-        try:
-            with self._lock:
-                self._flush_locked()
-        except sqlite3.DatabaseError as err:
-            with self._lock:
-                self._rebuild(err)
+        self._safely(self._flush_locked, None)
 
     def _flush_locked(self) -> None:
         if not self._touched:
@@ -498,7 +446,8 @@ class SemanticCache:
         else embedded here). Returns the entry id, or None when the request is not cacheable
         or the answer alone exceeds the byte bound."""
         adm = admit(req)
-        if not adm.cacheable or adm.write is None:
+        part = adm.write
+        if not adm.cacheable or part is None:
             return None
         key = prompt_key(req.prompt)
         exact_only = req.follow_up  # never searched by meaning: no vector
@@ -507,31 +456,31 @@ class SemanticCache:
             if nbytes > self.limits.max_bytes:
                 return None
             now = self._clock()
-            try:
-                with self._lock:
-                    eid = self._insert_locked(adm.write, key, req.prompt, answer, nbytes, now,
-                                              exact_only)
-            except sqlite3.DatabaseError as err:
-                with self._lock:
-                    self._rebuild(err)
-                return None
+            eid = self._safely(lambda: self._insert_locked(
+                part, key, req.prompt, answer, nbytes, now, exact_only), None)
         finally:
-            if self._staged.get((adm.write, key)) == answer:
-                del self._staged[(adm.write, key)]
+            if self._staged.get((part, key)) == answer:
+                del self._staged[(part, key)]
         embedder = self.embedder
-        if exact_only or embedder is None:
+        if eid is None or exact_only or embedder is None:
             return eid
         if vector is None:
             vector = np.asarray(embedder.embed([req.prompt])[0], np.float32)
             self.stats["embedded"] += 1
         vec = np.ascontiguousarray(vector, np.float32).reshape(self.dim)
+        self._safely(lambda: self._set_vector_locked(eid, part, vec), None)
+        return eid
+
+    def _safely(self, work: Callable[[], T], default: T) -> T:
+        """``work()`` under the lock; a file SQLite can no longer read is rebuilt (empty) and
+        ``default`` returned: a damaged cache costs a miss, never a failed request."""
         try:
             with self._lock:
-                self._set_vector_locked(eid, adm.write, vec)
+                return work()
         except sqlite3.DatabaseError as err:
             with self._lock:
                 self._rebuild(err)
-        return eid
+            return default
 
     def _insert_locked(self, part: str, key: str, prompt: str, answer: str, nbytes: int,
                        now: float, exact_only: bool) -> int:
@@ -603,29 +552,26 @@ class SemanticCache:
         self.stats["feedback_wrong"] += 1
         if partition is not None and key is not None:
             self._staged.pop((partition, key), None)
-        try:
-            with self._lock:
-                rows = []
-                if entry_id is not None:
-                    rows += self.db.execute("SELECT id, partition FROM entries WHERE id = ?",
-                                            [entry_id]).fetchall()
-                if partition is not None and key is not None:
-                    rows += self.db.execute("SELECT id, partition FROM entries WHERE "
-                                            "partition = ? AND prompt_key = ?",
-                                            [partition, key]).fetchall()
-                gone = dict(rows)
-                self._delete(list(gone), list(gone.values()))
-                if wrong_score is not None:
-                    with self.db.conn:
-                        self.db.execute("INSERT INTO feedback (at, score) VALUES (?, ?)",
-                                        [self._clock(), float(wrong_score)])
-                    self._wrong.append(float(wrong_score))
-                    self._limits.clear()
-                return len(gone)
-        except sqlite3.DatabaseError as err:
-            with self._lock:
-                self._rebuild(err)
-            return 0
+
+        def work() -> int:
+            rows = []
+            if entry_id is not None:
+                rows += self.db.execute("SELECT id, partition FROM entries WHERE id = ?",
+                                        [entry_id]).fetchall()
+            if partition is not None and key is not None:
+                rows += self.db.execute("SELECT id, partition FROM entries WHERE partition = ? "
+                                        "AND prompt_key = ?", [partition, key]).fetchall()
+            gone = dict(rows)
+            self._delete(list(gone), list(gone.values()))
+            if wrong_score is not None:
+                with self.db.conn:
+                    self.db.execute("INSERT INTO feedback (at, score) VALUES (?, ?)",
+                                    [self._clock(), float(wrong_score)])
+                self._wrong.append(float(wrong_score))
+                self._limits.clear()
+            return len(gone)
+
+        return self._safely(work, 0)
 
     def confirm(self) -> None:
         """A right answer: counted (the bound is on near misses; a right answer leaves it)."""
