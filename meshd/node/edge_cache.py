@@ -111,6 +111,11 @@ class EdgeCache:
         self._nursery: trio.Nursery | None = None
         self._flush_pending = False
         self._served: OrderedDict[str, Served] = OrderedDict()
+        # set once the cache file is open (or could not be): the control socket takes requests
+        # before the node's services have all started, and they wait for it here
+        self.opened = trio.Event()
+        if not c.enabled:
+            self.opened.set()
         self._float: Any = None  # the float embedder, when the cache's is int8 (float_embedder)
         self._float_lock = threading.Lock()  # worker threads of the API and of retrieval ask
         self.stats = {"errors": 0, "loading_skips": 0}
@@ -146,6 +151,8 @@ class EdgeCache:
         except Exception as e:  # the file's folder is unusable
             self.state, self.reason = "off", str(e).splitlines()[0][:300]
             log.warning("semantic cache off reason=%s", self.reason)
+        finally:
+            self.opened.set()
 
     def _open(self) -> Any:
         from meshd.cache import CacheLimits, SemanticCache

@@ -72,8 +72,11 @@ async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> N
     """The very same request is answered here, at once. Anything else that the semantic path
     may take starts its lookup (the question's embedding, in a worker thread) and moves on:
     routing and the model start meanwhile, and ``execute_or_cached`` settles which answers."""
-    if ctx.req.cache is False or ctx.req.rag or cache.store is None:
+    if ctx.req.cache is False or ctx.req.rag:
         return  # a retrieval request's answer depends on context the cache key does not hold
+    await cache.opened.wait()  # a request may come in while the node is still starting
+    if cache.store is None:
+        return
     from meshd.cache.keys import admit
 
     creq = cache_request(ctx, node, node.config.cache.tenant)
