@@ -10,6 +10,10 @@ settings that change the answer, chat formatting) plus who may read it:
   that did not opt in never reads a shared entry, and its own answers stay private.
   Tenants never share.
 
+A request for several choices (``n`` > 1) or for log probabilities takes no part: a cached
+answer is one choice and carries none. OpenAI's penalties and logit bias are part of the
+sampling settings; a grammar (a response schema or tools, compiled) is part of the context.
+
 Answers sampled at temperature > 0 are cached (and served from the cache) only when the
 request opts in with ``cache_sampled=True``: two runs would differ anyway, and the client
 asked for a sample, not for the answer someone else got.
@@ -54,6 +58,11 @@ class CacheRequest:
     context: str = ""  # everything else the answer depends on (system prompt, turns, tools)
     follow_up: bool = False  # the context holds earlier turns: exact repeats only
     max_error: float = 0.01  # the semantic path's bound on near misses served (0: exact only)
+    presence_penalty: float = 0.0  # OpenAI's penalties and logit bias change the answer: keyed
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    n: int = 1  # choices asked for: a cached answer is one
+    logprobs: int | None = None  # log probabilities asked for: a cached answer has none
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,10 @@ def sampling_key(req: CacheRequest) -> str:
     so top-k, top-p and the seed do not matter and are left out."""
     stop = "\x1f".join(req.stop)
     common = f"max={req.max_tokens};rep={req.repetition_penalty!r};stop={stop};chat={req.chat}"
+    if req.presence_penalty or req.frequency_penalty or req.logit_bias:  # else as before them
+        bias = ",".join(f"{t}:{b!r}" for t, b in sorted(req.logit_bias))
+        common += (f";pp={float(req.presence_penalty)!r};fp={float(req.frequency_penalty)!r}"
+                   f";bias={bias}")
     if req.temperature <= 0:
         return "greedy;" + common
     return (f"t={req.temperature!r};k={req.top_k};p={req.top_p!r};seed={req.seed};" + common)
@@ -91,6 +104,10 @@ def prompt_key(prompt: str) -> str:
 
 
 def admit(req: CacheRequest) -> Admission:
+    if req.n != 1:
+        return Admission(False, f"n={req.n}: a cached answer is one choice")
+    if req.logprobs is not None:
+        return Admission(False, "logprobs asked for: a cached answer has none")
     if req.temperature > 0 and not req.cache_sampled:
         return Admission(False, "sampled at temperature > 0 without cache_sampled opt-in")
     if not req.prompt.strip():

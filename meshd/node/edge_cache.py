@@ -118,7 +118,8 @@ class EdgeCache:
             self.opened.set()
         self._float: Any = None  # the float embedder, when the cache's is int8 (float_embedder)
         self._float_lock = threading.Lock()  # worker threads of the API and of retrieval ask
-        self.stats = {"errors": 0, "loading_skips": 0}
+        self.stats = {"errors": 0, "loading_skips": 0, "other_model": 0}  # other_model: an answer
+        # not kept because another model under the same name gave it
 
     @property
     def cache(self) -> Any:

@@ -245,7 +245,10 @@ async def _attempt(run: _Run, p: Plan) -> None:
                                             "ttft_ms": round(run.out.ttft_ms, 3)})
             run.out.tokens.extend(ids)
             run.out.text.append(m.get("text") or "")
-            await run.sink("tokens", {"ids": ids, "text": m.get("text") or ""})
+            payload: dict[str, Any] = {"ids": ids, "text": m.get("text") or ""}
+            if m.get("lp") is not None:
+                payload["lp"] = m["lp"]
+            await run.sink("tokens", payload)
             if m.get("finish") or run.remaining <= 0:
                 return
             step += 1
@@ -278,6 +281,8 @@ async def _open_all(run: _Run, hops: Any, sids: list[str], opened: list[int]) ->
             fields["max_tokens"] = total
         if i == len(hops) - 1:
             fields["gen"] = {**gen_fields(run.msg), "max_tokens": run.remaining}
+            if run.out.tokens:  # a replan: penalties, grammar and seed go on after these
+                fields["gen"]["after"] = list(run.out.tokens)
             if history and _takes_packed(run, h.peer_id):
                 dtype, data = pack_ids(history, vocab_bound(history, run.vocab_size))
                 fields.update(prompt_packed=data, prompt_dtype=dtype)

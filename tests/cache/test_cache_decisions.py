@@ -37,6 +37,9 @@ def test_shared_partition_needs_both_sides_to_opt_in() -> None:
     ({"temperature": 0.7}, False),
     ({"temperature": 0.7, "cache_sampled": True}, True),
     ({"prompt": "   "}, False),
+    ({"n": 2}, False),  # a cached answer is one choice
+    ({"logprobs": 0}, False),  # and carries no log probabilities
+    ({"presence_penalty": 0.5, "logit_bias": ((7, -100.0),)}, True),  # keyed (below)
 ])
 def test_admission(change: dict[str, object], cacheable: bool) -> None:
     assert admit(replace(REQ, **change)).cacheable is cacheable  # type: ignore[arg-type]
@@ -47,6 +50,17 @@ def test_greedy_settings_ignore_top_k_top_p_seed() -> None:
     assert admit(replace(REQ, top_k=5, top_p=0.5, seed=3)).write == a
     s = replace(REQ, temperature=0.5, cache_sampled=True)
     assert admit(s).write != admit(replace(s, seed=4)).write
+
+
+def test_penalties_and_logit_bias_are_part_of_the_settings() -> None:
+    a = admit(REQ).write
+    assert admit(replace(REQ, presence_penalty=0.0, frequency_penalty=0.0)).write == a
+    pp = admit(replace(REQ, presence_penalty=0.5)).write
+    fp = admit(replace(REQ, frequency_penalty=0.5)).write
+    bias = admit(replace(REQ, logit_bias=((7, -100.0),))).write
+    assert len({a, pp, fp, bias}) == 4
+    assert admit(replace(REQ, logit_bias=((9, 1.0), (7, -1.0)))).write == admit(
+        replace(REQ, logit_bias=((7, -1.0), (9, 1.0)))).write  # order aside
 
 
 def test_the_context_is_part_of_the_partition() -> None:

@@ -21,7 +21,8 @@ from meshd.node.entry.cache import cache_request
 from meshd.node.entry.context import EntryContext
 from meshd.testing.fake_embedder import FakeEmbedder
 
-NODE: Any = SimpleNamespace(config=Config(), runner=SimpleNamespace(get=lambda model: None))
+NODE: Any = SimpleNamespace(config=Config(), runner=SimpleNamespace(get=lambda model: None),
+                            membership=SimpleNamespace(table=SimpleNamespace(live=lambda: [])))
 _ids = itertools.count()
 
 
@@ -103,6 +104,49 @@ def test_tools_and_a_response_schema_are_part_of_the_key(cache: SemanticCache) -
     assert not cache.lookup(creq(prompt="Weather in Paris?", format="json")).hit
     plain = creq(prompt="Weather in Paris?", response_format={"type": "text"})
     assert plain.context == creq(prompt="Weather in Paris?").context  # plain text is no shape
+
+
+def test_a_grammar_and_the_penalties_are_keyed_and_choices_or_logprobs_skip(
+        cache: SemanticCache) -> None:
+    from meshd.cache.keys import admit
+
+    grammar = '{ "grammars": [{ "json_schema": {"type":"object"} }] }'
+    shaped = creq(prompt="Weather in Paris?", grammar=grammar)
+    cache.insert(shaped, '{"t": 21}')
+    assert cache.lookup(creq(prompt="Weather in Paris?", grammar=grammar)).kind == "exact"
+    assert not cache.lookup(creq(prompt="Weather in Paris?")).hit  # no grammar: not its answer
+    plain = creq(prompt="Weather in Paris?")
+    cache.insert(plain, "Sunny, 21 C.")
+    for other in (creq(prompt="Weather in Paris?", presence_penalty=1.0),
+                  creq(prompt="Weather in Paris?", logit_bias=[[42, -100]])):
+        assert admit(other).cacheable and not cache.lookup(other).hit  # other settings
+    assert cache.lookup(creq(prompt="Weather in Paris?", presence_penalty=0.0)).kind == "exact"
+    for n_or_lp in ({"n": 2}, {"logprobs": 2}):  # one cached choice, no log probabilities
+        got = cache.lookup(creq(prompt="Weather in Paris?", **n_or_lp))
+        assert got.kind == "skip" and not got.hit, (n_or_lp, got)
+
+
+def test_what_the_http_api_sends_keys_on_the_tools_and_the_schema() -> None:
+    """The API compiles ``tools`` and ``response_format`` into a grammar and renders the tools
+    into the messages (meshd.api.shapes): what reaches the cache keys on both."""
+    from meshd.api.shapes import chat_call
+    from meshd.cache.keys import admit
+
+    def via_api(**body: Any) -> Any:
+        call = chat_call({"model": "tiny", "temperature": 0,
+                          "messages": [{"role": "user", "content": "What's the weather in Paris?"}],
+                          **body})
+        return creq(**call.fields)
+
+    plain = admit(via_api()).write
+    tools = admit(via_api(tools=TOOLS)).write
+    other = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "get_forecast"}}]
+    schema = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}
+    shaped = admit(via_api(response_format=schema)).write
+    assert len({plain, tools, admit(via_api(tools=other)).write, shaped,
+                admit(via_api(tools=TOOLS, tool_choice="required")).write}) == 5
+    assert admit(via_api(tools=TOOLS)).write == tools  # the same request: the same key
+    assert not admit(via_api(n=2)).cacheable and not admit(via_api(logprobs=True)).cacheable
 
 
 def test_the_request_sets_its_own_bound() -> None:

@@ -52,6 +52,8 @@ def cache_request(ctx: EntryContext, node: EntryNode, tenant: str) -> Any:
         cache_sampled=bool(req.cache),  # an explicit cache: true opts a sampled request in
         context=context, follow_up=follow_up,
         max_error=max_error if max_error is not None else node.config.cache.max_error,
+        presence_penalty=s.presence_penalty or 0.0, frequency_penalty=s.frequency_penalty or 0.0,
+        logit_bias=s.logit_bias, n=s.n, logprobs=s.logprobs,
     )
 
 
@@ -63,9 +65,30 @@ def _manifest(node: EntryNode, model: str) -> Any:
 
 
 def model_identity(node: EntryNode, model: str) -> str:
-    """``name@content hash`` where this node holds the model, else the name."""
+    """The cache's key for ``model``: ``name@content hash`` where this node holds the model's
+    files, else ``name@identity`` (``identity_of``; an upstream server's model here, or what the
+    mesh advertises), else the name."""
     digest = getattr(_manifest(node, model), "content_hash", None)
-    return f"{model}@{str(digest)[:16]}" if digest else model
+    if digest:
+        return f"{model}@{str(digest)[:16]}"
+    mid = identity_of(node, model)
+    return f"{model}@{mid}" if mid else model
+
+
+def identity_of(node: EntryNode, model: str, served_by: str | None = None) -> str:
+    """What ``model`` really is (meshd.core.modelid): this node's, when it serves it, else the
+    identity most of its live servers advertise (ties: the smallest); with ``served_by``, the one
+    that node advertises ("" when unknown)."""
+    if node.runner.get(model) is not None and served_by in (None, node.node_name):
+        return node.runner.model_identity(model)
+    counts: dict[str, int] = {}
+    for e in node.membership.table.live():
+        if served_by is not None and e.advert.name != served_by:
+            continue
+        for m in e.advert.models:
+            if m.name == model and m.model_id:
+                counts[m.model_id] = counts.get(m.model_id, 0) + 1
+    return min(counts, key=lambda k: (-counts[k], k)) if counts else ""
 
 
 async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None:
@@ -215,8 +238,8 @@ async def _serve_hit(ctx: EntryContext, node: EntryNode, got: Any) -> None:
     await ctx.emit("route", {"served_by": node.node_name, "route": [node.node_name],
                              "cached": True, "cache": how})
     ids: list[int] = []
-    if node.runner.get(ctx.model) is not None:
-        ids = node.runner.encode(ctx.model, answer)
+    if node.runner.ready(ctx.model):
+        ids = await node.runner.aencode(ctx.model, answer)
         if ids and ids[0] == _bos(node, ctx.model):
             ids = ids[1:]
     await ctx.emit("tokens", {"ids": ids, "text": answer})
@@ -239,6 +262,12 @@ async def remember(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None
     rid = ctx.req.request_id
     if ctx.answer.get("cached"):
         cache.served(rid, got)
+        return
+    want = identity_of(node, ctx.model)
+    served = identity_of(node, ctx.model, str(ctx.answer.get("served_by") or ""))
+    if want and served and served != want:  # another model under the same name answered
+        cache.stats["other_model"] += 1
+        ctx.journal("cache_skip", {"reason": f"answered by {served}, not {want}"})
         return
     miss: dict[str, Any] = {"kind": "miss"}
     if got is not None:
