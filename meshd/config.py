@@ -181,8 +181,9 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """The entry node's semantic cache (docs/cache.md): answers found by the prompt's meaning.
-    Needs the ``meshd[edge]`` extra (the embedding model); without it the cache is off."""
+    """The entry node's answer cache (docs/cache.md): exact repeats always; answers found by
+    the question's meaning within ``max_error``, with the ``meshd[edge]`` extra (the embedding
+    model; without it only exact repeats are answered)."""
 
     enabled: bool = True
     path: str = ""  # default: data_dir/semantic-cache.db
