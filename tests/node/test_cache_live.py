@@ -188,6 +188,46 @@ def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any
     assert all(hit[k] >= 0 for k in ("start_ms", "queued_ms", "handoff_ms"))
 
 
+def test_a_follow_up_in_another_conversation_is_never_served_this_ones_answer(
+        mesh: dict[str, Any]) -> None:
+    """Chat through the HTTP API on a node whose semantic path is ready: the same follow-up
+    question after other earlier turns, or with none, is a miss; the very same conversation is
+    an exact hit with its own answer."""
+    url, headers = api(mesh, "c2")
+    s2 = sock(mesh, "c2")
+    warm(s2)
+
+    def turns(topic: str, said: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"Tell me about {topic}."},
+                {"role": "assistant", "content": said},
+                {"role": "user", "content": "How do I install it?"}]
+
+    def chat(messages: list[dict[str, str]]) -> httpx.Response:
+        r = httpx.post(f"{url}/chat/completions", headers=headers, timeout=60,
+                       json={"model": "tiny-en", "messages": messages, "max_tokens": 12,
+                             "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r
+
+    def text(r: httpx.Response) -> str:
+        return str(r.json()["choices"][0]["message"]["content"])
+
+    python = turns("Python", "Python is a programming language.")
+    rust = turns("Rust", "Rust is a programming language.")
+    before = cache_stats(s2)["inserts"]
+    first = chat(python)
+    assert first.headers["x-meshd-cache"] == "miss"
+    wait_for(lambda: cache_stats(s2)["inserts"] > before, 30, "the answer to be stored")
+    again = chat(python)
+    assert again.headers["x-meshd-cache"] == "exact" and text(again) == text(first)
+    for other in (rust, python[-1:], [python[0], {"role": "assistant", "content": "A snake."},
+                                      python[-1]]):
+        got = chat(other)
+        assert got.headers["x-meshd-cache"] == "miss", other  # another conversation: the model
+        assert "x-meshd-cache-similarity" not in got.headers
+    assert chat(python).headers["x-meshd-cache"] == "exact"
+
+
 def test_the_bound_holds_and_entries_survive_a_restart(mesh: dict[str, Any]) -> None:
     s1 = sock(mesh, "c1")
     warm(s1)
