@@ -46,9 +46,9 @@ def test_engine_batching_switch(tmp_path: Path, text: str, want: bool) -> None:
     ('[engine]\nbatching = "no"\n', "[engine].batching must be true or false"),
     ("[engine]\nbatching = 0\n", "[engine].batching must be true or false"),
     ("[engine]\nworkers = 0\n", "[engine] workers must be >= 1"),
-    ('[cache]\nverifier = "maybe"\n', "[cache] verifier must be one of pair, words, off"),
-    ("[cache]\nverifier_min_p = 1.5\n", "[cache] verifier_min_p must be in [0, 1)"),
-    ("[cache]\nthreshold = -0.1\n", "[cache] threshold must be in [0, 1]"),
+    ("[cache]\nmax_error = 1.0\n", "[cache] max_error must be in [0, 1)"),
+    ("[cache]\nmax_error = -0.01\n", "[cache] max_error must be in [0, 1)"),
+    ("[cache]\nthreshold = 0.9\n", "(known keys: embed_precision, enabled, max_entries, max_error,"),
 ])
 def test_engine_and_cache_keys_are_checked(tmp_path: Path, text: str, message: str) -> None:
     from meshd.errors import ConfigError
@@ -60,9 +60,8 @@ def test_engine_and_cache_keys_are_checked(tmp_path: Path, text: str, message: s
     assert "\n" not in str(err.value) and str(f) in str(err.value)
 
 
-def test_cache_verifier_defaults(tmp_path: Path) -> None:
+def test_cache_max_error_default(tmp_path: Path) -> None:
     f = tmp_path / "meshd.toml"
-    f.write_text('[cache]\nverifier = "words"\nthreshold = 0.9\n')
-    c = load_config(f).cache
-    assert (c.verifier, c.threshold, c.verifier_min_p) == ("words", 0.9, 0.0)
-    assert (Config().cache.verifier, Config().cache.threshold) == ("pair", 0.0)
+    f.write_text("[cache]\nmax_error = 0\n")
+    assert load_config(f).cache.max_error == 0.0  # exact repeats only
+    assert Config().cache.max_error == 0.01
