@@ -38,7 +38,8 @@ def load_engine_model(cfg: Config, path: Path, layers: tuple[int, int] | None) -
     providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
     return engine.load_model(path, providers=providers, layers=layers,
                              threads=cfg.engine.threads or None,
-                             max_concurrent_runs=cfg.engine.workers)
+                             max_concurrent_runs=cfg.engine.workers,
+                             prefix_cache_bytes=cfg.engine.prefix_cache_mb << 20)
 
 
 class EngineModel:
@@ -111,6 +112,11 @@ class EngineModel:
 
     def generate(self, prompt: list[int], cfg: Any) -> Any:
         return self.model.generate(prompt, cfg)
+
+    def prefix_cache_statistics(self) -> dict[str, Any] | None:
+        """The model's KV prefix cache ([engine] prefix_cache_mb; None: it keeps none)."""
+        cache = self.model.prefix_cache
+        return None if cache is None else dict(cache.statistics())
 
     @property
     def manifest(self) -> Any:

@@ -121,7 +121,13 @@ class Served:
             "ttft_ms": round(self.ttft_ms, 1),
             "service_rate_rps": round(self.service_rate_rps(), 3),
             **({"batch": batcher.statistics()} if (batcher := self.batcher()) is not None else {}),
+            **({"prefix_cache": px} if (px := self.prefix_cache()) is not None else {}),
         }
+
+    def prefix_cache(self) -> dict[str, Any] | None:
+        """The model's KV prefix cache figures (None: it keeps none, or is not an engine model)."""
+        f = getattr(self.model, "prefix_cache_statistics", None)
+        return f() if f is not None else None
 
     def batcher(self) -> Any:
         """The model's running batch scheduler (None: not batched here)."""
