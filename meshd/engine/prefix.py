@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from meshd.engine import graph as g
-from meshd.engine.prefix_cache import PrefixCache, block_hashes
+from meshd.engine.prefix_cache import PrefixCache, block_hashes, layer_space
 from meshd.errors import ModelError
 
 # The token axis of a key buffer and of a value buffer, per KV layout (graph.KV_LAYOUT).
@@ -41,7 +41,7 @@ class StagePrefixes:
     def __init__(self, cache: PrefixCache, identity: str, start: int, end: int) -> None:
         self.cache = cache
         self.identity = identity
-        self.space = f"{start}-{end}"
+        self.space = layer_space(start, end)
         self.block = cache.block_tokens
 
     def names(self, ids: Sequence[int]) -> list[bytes]:

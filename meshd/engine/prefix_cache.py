@@ -1,8 +1,12 @@
 """The KV prefix cache's index: blocks of tokens, named by chained hashes, kept LRU under a budget.
 
-A prompt is cut into blocks of ``BLOCK_TOKENS`` tokens; block ``i`` is named by a hash chained
-over the model's identity and every token of blocks ``0..i`` (``block_hashes``), so equal names
-mean equal prefixes, and a block's name says nothing without the blocks before it. The KV of a
+A prompt is cut into blocks of ``BLOCK_TOKENS`` (32) tokens; block ``i`` is named by a hash
+chained over the model's identity and every token of blocks ``0..i`` (``block_hashes``, in
+``meshd.core.prefix_names``: the entry node names a request's blocks the same way), so equal
+names mean equal prefixes, and a block's name says nothing without the blocks before it. The
+size: small enough that a prompt reuses most of a shared prefix, large enough that a 2,048-token
+prompt is 64 blocks to look up and copy, and a divisor of every prefill chunk (multiples of 16
+from 32 on, 128), so that a reuse cut to whole chunks loses no block. The KV of a
 block depends on the layers that computed it too, so a block is stored under its name *and* the
 stage's layer range (``space``): each stage of a pipeline keeps its own layers' KV of a prefix.
 
@@ -17,32 +21,19 @@ servers and single-stream generations of one model share it from worker threads.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-# Tokens per block: small enough that a prompt reuses most of a shared prefix (at most 31 of its
-# tokens are prefilled again), large enough that a 2,048-token prompt is 64 blocks to look up
-# and copy. A multiple of 16, so prefill chunks (multiples of 16) after a reused prefix start
-# where they would have without it.
-BLOCK_TOKENS = 32
-HASH_BYTES = 16
+from meshd.core.prefix_names import BLOCK_TOKENS, block_hashes, summary
+
+__all__ = ["BLOCK_TOKENS", "PrefixCache", "block_hashes", "layer_space"]
 
 
-def block_hashes(ids: Sequence[int], identity: str, block: int = BLOCK_TOKENS) -> list[bytes]:
-    """The chained name of each full block of ``ids`` for the model ``identity`` (its content
-    hash): name ``i`` = H(name ``i-1`` + block ``i``'s tokens), name ``-1`` = H(identity)."""
-    h = hashlib.blake2b(identity.encode(), digest_size=HASH_BYTES).digest()
-    out: list[bytes] = []
-    for i in range(len(ids) // block):
-        part = struct.pack(f"<{block}I", *ids[i * block:(i + 1) * block])
-        h = hashlib.blake2b(h + part, digest_size=HASH_BYTES).digest()
-        out.append(h)
-    return out
-
+def layer_space(start: int, end: int) -> str:
+    """The key a stage's blocks are stored under beside their names: its layer range."""
+    return f"{start}-{end}"
 
 class PrefixCache:
     """Stored blocks ``(space, name) -> (payload, bytes)``, LRU under ``budget_bytes``."""
@@ -52,7 +43,8 @@ class PrefixCache:
             raise ValueError("budget_bytes must be >= 0")
         self.budget_bytes = budget_bytes
         self.block_tokens = block_tokens
-        self._blocks: OrderedDict[tuple[str, bytes], tuple[Any, int]] = OrderedDict()
+        # (space, name) -> (payload, bytes, depth: 1 for a prompt's first block)
+        self._blocks: OrderedDict[tuple[str, bytes], tuple[Any, int, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.stats = {"lookups": 0, "hits": 0, "reused_tokens": 0, "stored_blocks": 0,
@@ -92,13 +84,13 @@ class PrefixCache:
                 key = (space, names[i])
                 if key in self._blocks or size > self.budget_bytes:
                     continue
-                self._blocks[key] = (payload, size)
+                self._blocks[key] = (payload, size, i + 1)
                 self._bytes += size
                 self.stats["stored_blocks"] += 1
             self._touch(space, names)
             evicted = 0
             while self._bytes > self.budget_bytes and self._blocks:
-                _, (_, size) = self._blocks.popitem(last=False)
+                _, (_, size, _) = self._blocks.popitem(last=False)
                 self._bytes -= size
                 evicted += 1
             self.stats["evicted_blocks"] += evicted
@@ -109,6 +101,13 @@ class PrefixCache:
             key = (space, name)
             if key in self._blocks:
                 self._blocks.move_to_end(key)
+
+    def summary(self, space: str) -> tuple[bytes, ...]:
+        """What a node advertises of the prefixes ``space`` holds (``prefix_names.summary``):
+        short names of blocks at depths 4, 8, 16, ..., most recently used first."""
+        with self._lock:
+            held = [(name, e[2]) for (sp, name), e in reversed(self._blocks.items()) if sp == space]
+        return summary(held)
 
     def __contains__(self, key: tuple[str, bytes]) -> bool:
         with self._lock:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from meshd.core.modelid import of_manifest
 from meshd.engine import graph as g
 from meshd.engine import planning
 from meshd.engine.generation import TokenEvent
@@ -337,7 +338,13 @@ class Model:
 
     def prefixes(self, start: int, end: int) -> StagePrefixes | None:
         """The prefix cache as the stage ``[start, end)`` uses it (None: none kept)."""
-        return stage_prefixes(self.prefix_cache, self.manifest.content_hash, start, end)
+        return stage_prefixes(self.prefix_cache, self.model_identity, start, end)
+
+    @property
+    def model_identity(self) -> str:
+        """What the model is (``meshd.core.modelid``, as adverts carry it): the identity its
+        prefix blocks are named with, so an entry node names a request's blocks the same way."""
+        return of_manifest(self.manifest.source or {}, self.manifest.content_hash)
 
     @property
     def num_layers(self) -> int:

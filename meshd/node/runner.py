@@ -263,6 +263,13 @@ class Runner:
             return ""
         return self.tokenizer_identity(model)
 
+    def prefix_summary(self, model: str) -> tuple[bytes, ...]:
+        """What the advert says of the prefixes this node's KV prefix cache holds for the model
+        (meshd.core.prefix_names.summary; empty: none, or no cache)."""
+        s = self.models.get(model)
+        f = getattr(s.model, "prefix_summary", None) if s is not None else None
+        return tuple(f(s.layer_start, s.layer_end)) if f is not None and s is not None else ()
+
     def model_identity(self, model: str) -> str:
         """What the model really is (meshd.core.modelid; "" when unknown)."""
         s = self.models.get(model)
