@@ -49,6 +49,11 @@ def kv_bytes_per_token(n: NodeView, model: str) -> int:
     return s.kv_bytes_per_token if s is not None else 0
 
 
+def _prefixes(n: NodeView, model: str) -> tuple[str, frozenset[bytes]]:
+    s = n.serves(model)
+    return ("", frozenset()) if s is None else (s.model_id, frozenset(s.prefixes))
+
+
 def _nonneg(x: float) -> float:
     """A finite non-negative number (adverts are validated, but never trust a float): NaN and
     negatives count as 0, infinity as 1e18."""
@@ -77,7 +82,7 @@ class ModelIndex:
     __slots__ = (
         "nodes", "ids", "pos", "rtt", "adv", "sent", "c", "rate", "inv_pf", "inv_dc", "age",
         "cph", "kv", "local", "local_at", "queued", "max_queue", "residency_memo", "_cols", "rr",
-        "pw", "has_power",
+        "pw", "has_power", "px",
     )  # fmt: skip
 
     def __init__(self, nodes: tuple[NodeView, ...], model: str = "") -> None:
@@ -119,6 +124,11 @@ class ModelIndex:
                 p if p is not None and 0.0 <= p <= 1e9 else -1.0 for p in (n.power_w for n in nodes)
             ]
         self.has_power = any(p >= 0.0 for p in self.pw)
+        # per node the model's identity and the prefixes its advert lists (meshd.core.
+        # prefix_names); empty when no node lists any (the usual case without a prefix cache)
+        self.px: list[tuple[str, frozenset[bytes]]] = []
+        if any(s.prefixes for n in nodes for s in n.serving):
+            self.px = [_prefixes(n, model) for n in nodes]
         self.local: list[bool] = list(local)
         self.pos = {pid: i for i, pid in enumerate(self.ids)}
         self.local_at = self.local.index(True) if True in self.local else -1

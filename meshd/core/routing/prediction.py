@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshd.core.energy import joules_per_token
+from meshd.core.predict import uncached_tokens
+from meshd.core.prefix_names import block_hashes, matched_tokens
 from meshd.core.routing.index import Floats, Ints, ModelIndex, Positions, Vec, _Fixed
 from meshd.core.snapshot import Policy, RouteRequest
 
@@ -41,6 +43,28 @@ class _Predictions:
     # joules per generated token from measured power (meshd.core.energy; NaN: not measured);
     # None when no candidate measures its power
     energy: Vec | None = None
+    # prompt tokens each holds in its KV prefix cache (None: none advertised, or ids unknown)
+    cached: list[int] | None = None
+
+
+def _cached(req: RouteRequest, idx: ModelIndex, e: Positions) -> list[int] | None:
+    """Prompt tokens of ``req`` each node ``e`` holds in its KV prefix cache, from the prefix
+    summaries of the adverts (meshd.core.prefix_names; the request's block names computed
+    once per model identity). None when no node lists a prefix or the ids are unknown."""
+    if not req.prompt_ids or not idx.px:
+        return None
+    names: dict[str, list[bytes]] = {}
+    out: list[int] = []
+    for i in (e.tolist() if isinstance(e, np.ndarray) else e):
+        mid, held = idx.px[i]
+        if not held:
+            out.append(0)
+            continue
+        got = names.get(mid)
+        if got is None:
+            got = names[mid] = block_hashes(req.prompt_ids, mid)
+        out.append(matched_tokens(got, held))
+    return out if any(out) else None
 
 
 def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -> _Predictions:
@@ -56,7 +80,12 @@ def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -
     rtt, advs, sent, cs, rates, ipf, idc, ages, cph = (
         idx.rtt, idx.adv, idx.sent, idx.c, idx.rate, idx.inv_pf, idx.inv_dc, idx.age, idx.cph,
     )  # fmt: skip
-    prefill = [p * ipf[i] for i in e]
+    cached = _cached(req, idx, e)
+    if cached is None:
+        prefill = [p * ipf[i] for i in e]
+    else:
+        n = max(req.prompt_tokens, 0)
+        prefill = [float(uncached_tokens(n, m)) * ipf[i] for m, i in zip(cached, e, strict=True)]
     svc = [max(pre + o * idc[i], 1e-3) for pre, i in zip(prefill, e, strict=True)]
     rate = [rates[i] if rates[i] > 0.0 else cs[i] * 1000.0 / s for i, s in zip(e, svc, strict=True)]
     age = [ages[i] for i in e]
@@ -85,7 +114,7 @@ def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -
             is None else j
             for k, i in enumerate(e)
         ]
-    return _Predictions(e, rate, wait, prefill, ttft, cost, age, None, energy)
+    return _Predictions(e, rate, wait, prefill, ttft, cost, age, None, energy, cached)
 
 
 def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) -> _Predictions:
@@ -100,7 +129,12 @@ def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) ->
     o = float(max(req.max_tokens - 1, 0))
     f = policy.stale_relax_factor
     c = part.c
-    prefill = p * part.inv_pf
+    cached = _cached(req, idx, ix)
+    if cached is None:
+        prefill = p * part.inv_pf
+    else:
+        n = max(req.prompt_tokens, 0)
+        prefill = np.array([float(uncached_tokens(n, m)) for m in cached]) * part.inv_pf
     svc = o * part.inv_dc
     svc += prefill
     np.maximum(svc, 1e-3, out=svc)
@@ -112,7 +146,7 @@ def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) ->
         fx = part.fixed(f if f > 0.0 else 0.0)
         ttft = fx.rtt_wait + prefill
         return _Predictions(ix, part.rate, fx.wait, prefill, ttft, cost, part.age, fx,
-                            _energy_np(req, idx, ix, svc, c))
+                            _energy_np(req, idx, ix, svc, c), cached)
     if part.measured.any():
         rate = np.where(part.measured, part.rate, part.c1000 / svc)
     else:
@@ -137,7 +171,7 @@ def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) ->
     ttft = part.rtt + wait
     ttft += prefill
     return _Predictions(ix, rate, wait, prefill, ttft, cost, part.age, None,
-                        _energy_np(req, idx, ix, svc, c))
+                        _energy_np(req, idx, ix, svc, c), cached)
 
 
 def _energy_np(req: RouteRequest, idx: ModelIndex, ix: Ints, svc: Floats, c: Floats) -> Floats | None:
