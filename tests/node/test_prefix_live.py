@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from meshd.testnet.drive import cli as meshd
-from meshd.testnet.drive import stream
+from meshd.testnet.drive import peers_of, stream, wait_for
 from meshd.testnet.launcher import NodeSpec, down, up
 
 pytestmark = pytest.mark.slow
@@ -23,9 +23,9 @@ SYSTEM = ("You are the keeper of the mesh. Answer in the words of the King James
           "briefly, and never name a node that is not in the mesh. ") * 3
 
 
-def _serve(sock: str, prompt: str) -> list[int]:
+def _serve(sock: str, prompt: str, rid: str = "") -> list[int]:
     fields = {"prompt": prompt, "max_tokens": 12, "temperature": 0.0, "cache": False,
-              "rid": os.urandom(6).hex()}
+              "rid": rid or os.urandom(6).hex()}
     got: dict[str, Any] = trio.run(stream, sock, fields)
     assert got["served"] and got["ids"]
     return list(got["ids"])
@@ -60,3 +60,33 @@ def test_a_repeated_prefix_is_reused_with_the_same_tokens_and_status_states_it(
     assert px["lookups"] == 2 and px["evicted_blocks"] == 0
     assert f"prefix cache {px['bytes'] / 2**20:.1f} of {budget_mb} MiB" in text
     assert "1 of 2 lookups hit" in text
+
+
+def test_the_advert_lists_the_prefix_and_the_entry_credits_it_in_explain(tmp_path: Path) -> None:
+    """n1 serves tiny-en with a prefix cache, e serves nothing: after a request, n1's advert
+    lists its prompt's prefix; the same prompt entering at e (tokenized there with n1's
+    tokenizer) is predicted with n1's prefill credit, and `meshd explain` states it."""
+    index = up(tmp_path / "net", [NodeSpec(name="n1", extra={"engine": {"prefix_cache_mb": 16}}),
+                                  NodeSpec(name="e", models=[])], advert_interval_s=1.0)
+    try:
+        n1, e = index["nodes"]
+        prompt = SYSTEM + "Who built the first node?"
+        wait_for(lambda: any(m["name"] == "tiny-en" for p in peers_of(e["socket"])
+                             for m in p["models"]), 60, "e to hear n1's advert")
+        first = _serve(e["socket"], prompt)
+
+        def listed() -> int:
+            return max((m.get("prefixes", 0) for p in peers_of(e["socket"]) for m in p["models"]
+                        if m["name"] == "tiny-en"), default=0)
+
+        wait_for(listed, 30, "n1's advert to list the prompt's prefix")
+        rid = os.urandom(6).hex()
+        assert _serve(e["socket"], prompt, rid) == first
+        record = json.loads(meshd("explain", rid, "--json", "--socket", e["socket"]).stdout)
+        text = meshd("explain", rid, "--socket", e["socket"]).stdout
+    finally:
+        down(tmp_path / "net")
+    cands = record["decision"]["candidates"]
+    c = next(c for c in cands if c["name"] == "n1")
+    assert c["prefix_tokens"] == 128 and c["prefix_credit_ms"] > 0
+    assert "128 prompt tokens cached there" in text
