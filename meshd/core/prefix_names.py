@@ -32,13 +32,24 @@ FIRST_SUMMARY_DEPTH = 4  # blocks: 128 tokens, the engine's prefill chunk
 def block_hashes(ids: Sequence[int], identity: str, block: int = BLOCK_TOKENS) -> list[bytes]:
     """The chained name of each full block of ``ids`` for the model ``identity``: name ``i`` =
     H(name ``i-1`` + block ``i``'s tokens as little-endian uint32), name ``-1`` = H(identity)."""
-    h = hashlib.blake2b(identity.encode(), digest_size=HASH_BYTES).digest()
+    blake, pack = hashlib.blake2b, struct.Struct(f"<{block}I").pack
+    h = blake(identity.encode(), digest_size=HASH_BYTES).digest()
     out: list[bytes] = []
-    for i in range(len(ids) // block):
-        part = struct.pack(f"<{block}I", *ids[i * block:(i + 1) * block])
-        h = hashlib.blake2b(h + part, digest_size=HASH_BYTES).digest()
+    for i in range(0, len(ids) // block * block, block):
+        h = blake(h + pack(*ids[i:i + block]), digest_size=HASH_BYTES).digest()
         out.append(h)
     return out
+
+
+def summary_span(tokens: int, block: int = BLOCK_TOKENS) -> int:
+    """The prompt tokens whose names a summary lookup needs: up to the deepest summary depth
+    the prompt reaches (4, 8, 16, ... blocks); 0 when it reaches none."""
+    depth = FIRST_SUMMARY_DEPTH
+    if tokens < depth * block:
+        return 0
+    while depth * 2 * block <= tokens:
+        depth *= 2
+    return depth * block
 
 
 def summary_depth(depth: int) -> bool:
@@ -63,17 +74,20 @@ def summary(names_by_recency: Iterable[tuple[bytes, int]],
     return tuple(out)
 
 
+def summary_probes(names: Sequence[bytes], block: int = BLOCK_TOKENS) -> list[tuple[int, bytes]]:
+    """A request's prefixes as a summary may list them: (tokens, short name) at depths 4, 8,
+    16, ... blocks of its ``names``, shallowest first."""
+    out: list[tuple[int, bytes]] = []
+    depth = FIRST_SUMMARY_DEPTH
+    while depth <= len(names):
+        out.append((depth * block, names[depth - 1][:SUMMARY_NAME_BYTES]))
+        depth *= 2
+    return out
+
+
 def matched_tokens(names: Sequence[bytes], advertised: Iterable[bytes],
                    block: int = BLOCK_TOKENS) -> int:
     """Tokens of a request's prompt (its block ``names``) that a node advertising ``advertised``
     holds: the deepest summary depth whose name it lists (0: none)."""
     held = set(advertised)
-    if not held:
-        return 0
-    best = 0
-    depth = FIRST_SUMMARY_DEPTH
-    while depth <= len(names):
-        if names[depth - 1][:SUMMARY_NAME_BYTES] in held:
-            best = depth
-        depth *= 2
-    return best * block
+    return max((t for t, short in summary_probes(names, block) if short in held), default=0)

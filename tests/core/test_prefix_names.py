@@ -12,6 +12,7 @@ from meshd.core.prefix_names import (
     matched_tokens,
     summary,
     summary_depth,
+    summary_span,
 )
 
 
@@ -56,3 +57,9 @@ def test_matched_tokens_is_the_deepest_listed_prefix(request_blocks: int, held_d
     assert matched_tokens(names, advertised) == want_tokens
     other = block_hashes([i + 1 for i in ids], "meshd:x")  # another prompt: no match
     assert matched_tokens(other, advertised) == 0
+
+
+@pytest.mark.parametrize(("tokens", "span"), [(0, 0), (127, 0), (128, 128), (255, 128),
+                                              (256, 256), (647, 512), (5000, 4096)])
+def test_the_names_a_lookup_needs_end_at_the_deepest_summary_depth(tokens: int, span: int) -> None:
+    assert summary_span(tokens) == span

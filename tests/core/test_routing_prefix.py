@@ -68,13 +68,14 @@ def test_a_node_holding_the_prefix_is_credited_its_prefill(blocks: int, credit_t
         c["b1"].predicted_ttft_ms - credit_tokens * ms_per_token)
 
 
-def test_no_credit_without_the_ids_another_prompt_or_another_model() -> None:
-    nodes = [node("a0", held(20)), node("b1", held(20), mid="gguf:other")]
+def test_no_credit_without_the_ids_or_for_another_prompt_and_names_per_model_identity() -> None:
+    other = block_hashes(IDS, "gguf:other")  # b1 serves m with other weights: its own names
+    nodes = [node("a0", held(20)), node("b1", (other[3][:8],), mid="gguf:other"), node("c2")]
     for r in (req(ids=()), req(ids=tuple(i + 1 for i in IDS))):
         _, c = candidates(nodes, r)
         assert c["a0"].prefix_tokens == 0 and c["a0"].prefill_ms == pytest.approx(len(IDS))
     _, c = candidates(nodes, req())
-    assert c["a0"].prefix_tokens == 512 and c["b1"].prefix_tokens == 0  # named for its model
+    assert (c["a0"].prefix_tokens, c["b1"].prefix_tokens, c["c2"].prefix_tokens) == (512, 128, 0)
 
 
 def test_the_prefix_holder_wins_until_its_queue_costs_more_than_the_prefill_it_saves() -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from meshd.core.energy import joules_per_token
 from meshd.core.predict import uncached_tokens
-from meshd.core.prefix_names import block_hashes, matched_tokens
+from meshd.core.prefix_names import block_hashes, summary_probes, summary_span
 from meshd.core.routing.index import Floats, Ints, ModelIndex, Positions, Vec, _Fixed
 from meshd.core.snapshot import Policy, RouteRequest
 
@@ -44,26 +44,34 @@ class _Predictions:
     # None when no candidate measures its power
     energy: Vec | None = None
     # prompt tokens each holds in its KV prefix cache (None: none advertised, or ids unknown)
-    cached: list[int] | None = None
+    cached: list[int] | Ints | None = None
 
 
-def _cached(req: RouteRequest, idx: ModelIndex, e: Positions) -> list[int] | None:
+def _cached(req: RouteRequest, idx: ModelIndex, e: Positions) -> list[int] | Ints | None:
     """Prompt tokens of ``req`` each node ``e`` holds in its KV prefix cache, from the prefix
-    summaries of the adverts (meshd.core.prefix_names; the request's block names computed
-    once per model identity). None when no node lists a prefix or the ids are unknown."""
-    if not req.prompt_ids or not idx.px:
+    summaries of the adverts (``prefix_names.matched_tokens``, as a lookup of the request's
+    few summary-depth names in the index's map: the block names are computed once per model
+    identity, and the cost grows with the nodes listing a match, not with the candidates).
+    None when no node lists a prefix of it or the ids are unknown."""
+    if not req.prompt_ids or not idx.px_at:
         return None
-    names: dict[str, list[bytes]] = {}
-    out: list[int] = []
-    for i in (e.tolist() if isinstance(e, np.ndarray) else e):
-        mid, held = idx.px[i]
-        if not held:
-            out.append(0)
-            continue
-        got = names.get(mid)
-        if got is None:
-            got = names[mid] = block_hashes(req.prompt_ids, mid)
-        out.append(matched_tokens(got, held))
+    # the probes go from shallow to deep: the deepest listed prefix of a node stays
+    span = req.prompt_ids[:summary_span(len(req.prompt_ids))]
+    probes = [p for mid in idx.px_models for p in summary_probes(block_hashes(span, mid))]
+    if isinstance(e, np.ndarray):
+        at = idx.px_arrays()
+        full = np.zeros(len(idx.nodes), dtype=np.intp)
+        for tokens, short in probes:
+            pos = at.get(short)
+            if pos is not None:
+                full[pos] = tokens
+        got: Ints = full[e]
+        return got if got.any() else None
+    held: dict[int, int] = {}
+    for tokens, short in probes:
+        for i in idx.px_at.get(short, ()):
+            held[i] = tokens
+    out = [held.get(i, 0) for i in e]
     return out if any(out) else None
 
 
@@ -130,11 +138,10 @@ def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) ->
     f = policy.stale_relax_factor
     c = part.c
     cached = _cached(req, idx, ix)
-    if cached is None:
+    if cached is None or p <= 0.0:
         prefill = p * part.inv_pf
-    else:
-        n = max(req.prompt_tokens, 0)
-        prefill = np.array([float(uncached_tokens(n, m)) for m in cached]) * part.inv_pf
+    else:  # predict.uncached_tokens as a vector: the rest of the prompt, and its last token
+        prefill = (p - np.minimum(cached, p - 1.0)) * part.inv_pf
     svc = o * part.inv_dc
     svc += prefill
     np.maximum(svc, 1e-3, out=svc)

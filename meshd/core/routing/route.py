@@ -135,7 +135,7 @@ def _candidates(
         else [None] * len(ks)
     )
     if pr.cached is not None:  # nodes holding a prefix of the prompt: what it saves them
-        held = [pr.cached[k] for k in ks]
+        held = [int(pr.cached[k]) for k in ks]
         inv = [idx.inv_pf[i] for i in (pr.e[at].tolist() if isinstance(pr.e, np.ndarray)
                                         else [pr.e[k] for k in ks])]
         return [
