@@ -155,6 +155,10 @@ class EngineConfig:
     # float32 for a 139.5 M-parameter model); false: chunks run between decode steps, and the
     # running streams stall for a chunk each (docs/engine.md). Turn off where memory is short
     fused_prefill: bool = True
+    # KV prefix cache budget per model (docs/engine.md, "Prefix cache"): finished requests' KV
+    # blocks of 32 tokens are kept, least recently used evicted past this, and a new request
+    # reuses its longest cached block prefix; 0 keeps none
+    prefix_cache_mb: int = 256
 
 
 @dataclass(frozen=True)
@@ -394,6 +398,8 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[engine] workers", "must be >= 1")
     if cfg.engine.threads < 0:
         raise bad("[engine] threads", "must be >= 0 (0 = onnxruntime chooses)")
+    if cfg.engine.prefix_cache_mb < 0:
+        raise bad("[engine] prefix_cache_mb", "must be >= 0 (0 = no prefix cache)")
     c = cfg.cache
     if c.max_entries < 1 or c.max_size_mb <= 0 or c.ttl_s <= 0:
         raise bad("[cache]", "max_entries must be >= 1, max_size_mb and ttl_s > 0")

@@ -31,6 +31,14 @@ def test_every_section_reads_from_a_file(tmp_path: Path) -> None:
             assert getattr(cfg, name) == _SECTIONS[name]()
 
 
+@pytest.mark.parametrize(("text", "want"), [("", 256), ("[engine]\nprefix_cache_mb = 0\n", 0),
+                                            ("[engine]\nprefix_cache_mb = 1024\n", 1024)])
+def test_engine_prefix_cache_budget(tmp_path: Path, text: str, want: int) -> None:
+    f = tmp_path / "meshd.toml"
+    f.write_text(text)
+    assert load_config(f).engine.prefix_cache_mb == want
+
+
 @pytest.mark.parametrize(("text", "want"), [
     ("", True),  # on by default
     ("[engine]\nbatching = false\n", False),
@@ -49,6 +57,8 @@ def test_engine_batching_switch(tmp_path: Path, text: str, want: bool) -> None:
     ("[cache]\nmax_error = 1.0\n", "[cache] max_error must be in [0, 1)"),
     ("[cache]\nmax_error = -0.01\n", "[cache] max_error must be in [0, 1)"),
     ("[cache]\nthreshold = 0.9\n", "(known keys: embed_precision, enabled, max_entries, max_error,"),
+    ("[engine]\nprefix_cache_mb = -1\n", "[engine] prefix_cache_mb must be >= 0"),
+    ("[engine]\nprefix_cache = 64\n", "unknown key 'prefix_cache'"),
 ])
 def test_engine_and_cache_keys_are_checked(tmp_path: Path, text: str, message: str) -> None:
     from meshd.errors import ConfigError

@@ -277,7 +277,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
 
     ``fused`` (whole models only) adds a second group of inputs, one prompt chunk
     (``chunk_ids`` [1, T'], ``chunk_positions``, ``chunk.past_key.i`` / ``chunk.past_value.i``
-    against its own cache; outputs ``chunk.new_key.i`` / ``chunk.new_value.i``): the weight
+    against its own cache; outputs ``chunk.present_key.i`` / ``chunk.present_value.i``): the weight
     products run over the decoding rows and the chunk's rows together, attention runs per group,
     and ``logit_rows`` index the B*T decoding rows followed by the chunk's T' rows."""
     check_range(arch.num_layers, start, end)

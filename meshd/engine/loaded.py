@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import onnxruntime as ort
 
 from meshd.engine.manifest import Manifest
+from meshd.engine.prefix import StagePrefixes
 from meshd.engine.protocols import StageSessionLike
 from meshd.engine.tokenizer import Tokenizer
 
@@ -76,3 +77,5 @@ class LoadedModel(Protocol):
     def stage(self, start: int, end: int, *, fused: bool = False) -> CompiledStage: ...
 
     def encode_prompt(self, prompt: str | list[int], *, chat: bool = False) -> list[int]: ...
+
+    def prefixes(self, start: int, end: int) -> StagePrefixes | None: ...  # the prefix cache

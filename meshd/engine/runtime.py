@@ -21,12 +21,15 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from meshd.core.modelid import of_manifest
 from meshd.engine import graph as g
 from meshd.engine import planning
 from meshd.engine.generation import TokenEvent
 from meshd.engine.kvbind import bind_cache
 from meshd.engine.manifest import Manifest, StageEntry, read_manifest
 from meshd.engine.planning import StageMemory, check_range, stage_memory, stage_tensor_names
+from meshd.engine.prefix import StagePrefixes, stage_prefixes
+from meshd.engine.prefix_cache import PrefixCache
 from meshd.engine.run import generate_async, generate_sync
 from meshd.engine.sampling import GenerationConfig
 from meshd.engine.scheduler import Batcher
@@ -191,6 +194,24 @@ class StageSession:
     def freed(self) -> bool:
         return self._freed
 
+    def cache(self) -> list[np.ndarray]:
+        """Per layer the key and value buffers of this session (views, a batch of one)."""
+        return [a for kv in zip(self._keys, self._values, strict=True) for a in kv]
+
+    def reserve(self, need: int) -> None:
+        """Grow the cache now to hold ``need`` tokens (before restoring a cached prefix)."""
+        if need > self.max_tokens:
+            raise LocalError(f"session is full: {need} tokens > max_tokens={self.max_tokens}")
+        self._ensure_capacity(need)
+
+    def restored(self, n: int) -> None:
+        """The first ``n`` tokens' keys and values were written through ``cache()`` (a
+        reused prefix): the next step starts at position ``n``."""
+        if self.length or not 0 <= n <= self._capacity:
+            raise LocalError(f"cannot restore {n} tokens into a session holding {self.length} "
+                             f"of {self._capacity}")
+        self.length = n
+
     def free(self) -> None:
         """Drop the cache; the session cannot be used afterwards."""
         self._keys, self._values = [], []
@@ -272,7 +293,12 @@ class StageSession:
         if need <= self._capacity:
             return
         grown = max(need, self._capacity + max(CACHE_CHUNK_TOKENS, self._capacity // 8))
-        cap = min(self.max_tokens, -(-grown // CACHE_CHUNK_TOKENS) * CACHE_CHUNK_TOKENS)
+        # a whole number of chunks even past max_tokens: attention's arithmetic over the cache
+        # depended in its last bits on the slot count (KV layout 3, SmolLM2 Q4_1: 151 slots and
+        # 192 give other keys from layer 2 on), so a capacity cut to max_tokens would make a
+        # quantized model's tokens depend on the max_tokens asked for, and a reused prefix's
+        # keys differ from the ones the prompt computes
+        cap = -(-grown // CACHE_CHUNK_TOKENS) * CACHE_CHUNK_TOKENS
         kvh, d = self._shape
         keep = self.length
         keys, values = [], []
@@ -295,7 +321,7 @@ class Model:
 
     def __init__(self, path: Path, manifest: Manifest, tokenizer: Tokenizer,
                  providers: list[str], layers: tuple[int, int], threads: int | None,
-                 max_concurrent_runs: int) -> None:
+                 max_concurrent_runs: int, prefix_cache_bytes: int = 0) -> None:
         self.path = path
         self.manifest = manifest
         self.tokenizer = tokenizer
@@ -307,6 +333,25 @@ class Model:
         self._lock = threading.Lock()
         self._limiter: Any = None
         self._batcher: Batcher | None = None
+        self.prefix_cache: PrefixCache | None = None
+        self.set_prefix_budget(prefix_cache_bytes)
+
+    def set_prefix_budget(self, budget_bytes: int) -> None:
+        """Keep finished requests' KV blocks under ``budget_bytes`` (0: keep none); a new
+        budget starts an empty cache (docs/engine.md, "Prefix cache")."""
+        if budget_bytes < 0:
+            raise LocalError("the prefix cache budget must be >= 0 bytes")
+        self.prefix_cache = PrefixCache(budget_bytes) if budget_bytes else None
+
+    def prefixes(self, start: int, end: int) -> StagePrefixes | None:
+        """The prefix cache as the stage ``[start, end)`` uses it (None: none kept)."""
+        return stage_prefixes(self.prefix_cache, self.model_identity, start, end)
+
+    @property
+    def model_identity(self) -> str:
+        """What the model is (``meshd.core.modelid``, as adverts carry it): the identity its
+        prefix blocks are named with, so an entry node names a request's blocks the same way."""
+        return of_manifest(self.manifest.source or {}, self.manifest.content_hash)
 
     @property
     def num_layers(self) -> int:
@@ -373,7 +418,9 @@ class Model:
         return {"model": self.manifest.name, "version": self.manifest.version,
                 "content_sha256": self.manifest.content_hash, "layers": list(self.layers),
                 "stages": stages,
-                "batch": self._batcher.statistics() if self._batcher is not None else None}
+                "batch": self._batcher.statistics() if self._batcher is not None else None,
+                "prefix_cache": (self.prefix_cache.statistics()
+                                 if self.prefix_cache is not None else None)}
 
     def close(self) -> None:
         """Drop every built stage session (open stage sessions must not be used afterwards)."""
@@ -466,11 +513,14 @@ def _prebuilt(stages: tuple[StageEntry, ...], start: int, end: int) -> StageEntr
 
 def load_model(path: str | Path, *, providers: list[str] | tuple[str, ...] | None = None,
                layers: tuple[int, int] | None = None, threads: int | None = None,
-               max_concurrent_runs: int = 1, verify: bool = True, fused: bool = False) -> Model:
+               max_concurrent_runs: int = 1, verify: bool = True, fused: bool = False,
+               prefix_cache_bytes: int = 0) -> Model:
     """Load a meshd model directory, checking the hashes of the weights it needs (unless
     ``verify`` is false; the file size is always checked), and build the session of ``layers``
     (half open; default: every layer). ``fused`` (whole models): build the fused graph, which
-    the batch scheduler needs and which serves plain runs too, as the model's only session."""
+    the batch scheduler needs and which serves plain runs too, as the model's only session.
+    ``prefix_cache_bytes``: the budget of the model's KV prefix cache (0: none;
+    docs/engine.md, "Prefix cache")."""
     t0 = time.perf_counter()
     path = Path(path)
     manifest = read_manifest(path)
@@ -490,7 +540,7 @@ def load_model(path: str | Path, *, providers: list[str] | tuple[str, ...] | Non
         raise ModelError(f"{tok_path}: hash mismatch (not this model's tokenizer)")
     tokenizer = Tokenizer(tok_path, manifest.tokenizer)
     model = Model(path, manifest, tokenizer, choose_providers(providers), span, threads,
-                  max_concurrent_runs)
+                  max_concurrent_runs, prefix_cache_bytes)
     stage = model.stage(*span, fused=fused and span == (0, n))
     log.info("model loaded name=%s layers=%d-%d provider=%s load_ms=%.1f", manifest.name,
              span[0], span[1], stage.provider, (time.perf_counter() - t0) * 1e3)
