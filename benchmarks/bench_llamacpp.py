@@ -370,7 +370,8 @@ def run_daemon(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
     spec = launcher.NodeSpec(name="bench1", models=[{"path": str(model_dir),
                                                      "max_concurrency": p["streams"],
                                                      "max_queue": 64}],
-                             extra={"engine": {"threads": p["threads"]}})
+                             # no prompt reuse, as llama-server's --cache-ram 0
+                             extra={"engine": {"threads": p["threads"], "prefix_cache_mb": 0}})
     out: dict[str, Any] = {}
     t_start = time.perf_counter()
     try:
