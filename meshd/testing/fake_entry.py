@@ -67,6 +67,10 @@ class FakeChain:
             out.append([x / n for x in v])
         return "fake-embed", out, sum(len(t.split()) for t in texts)
 
+    async def chat_template(self, model: str) -> str | None:
+        m = self.models_served.get(model)
+        return str(m.facts.get("chat_template") or "") or None if m is not None else None
+
     def models(self) -> list[dict[str, Any]]:
         return [{**m.facts, "id": m.name, "nodes": m.nodes, "context_length": m.context_length}
                 for m in self.models_served.values()]
