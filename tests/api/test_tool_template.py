@@ -2,9 +2,8 @@
 prompt rendered byte for byte as Hugging Face's ``apply_chat_template`` renders it, the grammar
 of the template's call syntax and its reply parsed back into OpenAI's ``tool_calls``.
 
-The expected prompts were rendered once with ``transformers`` 5.24
-(``render_jinja_template(conversations=[...], tools=[WEATHER, TIME], chat_template=QWEN25,
-add_generation_prompt=True)``, arguments as objects as Hugging Face takes them), not by meshd.
+The expected prompts (tests/engine/chat_templates.py) were rendered once with ``transformers``,
+not by meshd.
 """
 
 from __future__ import annotations
@@ -25,92 +24,8 @@ from meshd.engine.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
-from chat_templates import QWEN25  # noqa: E402
+from chat_templates import FIRST_PROMPT, LOOP, LOOP_PROMPT, QUESTION, QWEN25, TIME, WEATHER  # noqa: E402
 from hf_fixtures import CHAT_TEMPLATE, make_tokenizer  # noqa: E402
-
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city, in °C & <rounded>",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string"}}}}}
-QUESTION = {"role": "user", "content": "Weather and time in Paris?"}
-# the second turn as the openai client sends it: arguments as JSON text, content None
-LOOP = [{"role": "system", "content": "Be brief."}, QUESTION,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
-            {"id": "call_2", "type": "function",
-             "function": {"name": "get_time", "arguments": "{\"zone\":\"Europe/Paris\"}"}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "18 °C and sunny"},
-        {"role": "tool", "tool_call_id": "call_2", "content": "14:05"}]
-
-FIRST_PROMPT = (
-    "<|im_start|>system\n"
-    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n"
-    "\n"
-    "# Tools\n"
-    "\n"
-    "You may call one or more functions to assist with the user query.\n"
-    "\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n"
-    "<tools>\n"
-    '{"type": "function", "function": {"name": "get_weather", "description": "The weather in a'
-    ' city, in °C & <rounded>", "parameters": {"type": "object", "properties": {"city": {"type'
-    '": "string"}}, "required": ["city"]}}}\n'
-    '{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "p'
-    'roperties": {"zone": {"type": "string"}}}}}\n'
-    "</tools>\n"
-    "\n"
-    "For each function call, return a json object with function name and arguments within <too"
-    "l_call></tool_call> XML tags:\n"
-    "<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n'
-    "</tool_call><|im_end|>\n"
-    "<|im_start|>user\n"
-    "Weather and time in Paris?<|im_end|>\n"
-    "<|im_start|>assistant\n"
-)
-LOOP_PROMPT = (
-    "<|im_start|>system\n"
-    "Be brief.\n"
-    "\n"
-    "# Tools\n"
-    "\n"
-    "You may call one or more functions to assist with the user query.\n"
-    "\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n"
-    "<tools>\n"
-    '{"type": "function", "function": {"name": "get_weather", "description": "The weather in a'
-    ' city, in °C & <rounded>", "parameters": {"type": "object", "properties": {"city": {"type'
-    '": "string"}}, "required": ["city"]}}}\n'
-    '{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "p'
-    'roperties": {"zone": {"type": "string"}}}}}\n'
-    "</tools>\n"
-    "\n"
-    "For each function call, return a json object with function name and arguments within <too"
-    "l_call></tool_call> XML tags:\n"
-    "<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n'
-    "</tool_call><|im_end|>\n"
-    "<|im_start|>user\n"
-    "Weather and time in Paris?<|im_end|>\n"
-    "<|im_start|>assistant\n"
-    "<tool_call>\n"
-    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-    "</tool_call>\n"
-    "<tool_call>\n"
-    '{"name": "get_time", "arguments": {"zone": "Europe/Paris"}}\n'
-    "</tool_call><|im_end|>\n"
-    "<|im_start|>user\n"
-    "<tool_response>\n"
-    "18 °C and sunny\n"
-    "</tool_response>\n"
-    "<tool_response>\n"
-    "14:05\n"
-    "</tool_response><|im_end|>\n"
-    "<|im_start|>assistant\n"
-)
 
 SMOLLM2 = (  # SmolLM2-135M-Instruct's template: no tool syntax
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -209,7 +124,8 @@ TWO = ONE + '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n
     ("required", False, TWO, False),  # one call only
     ("required", True, "It is sunny.", False),
     ("required", True, ONE.replace('": "', '":"'), False),  # spaced as tojson writes it
-    ("required", True, ONE.replace("Paris", "Paris\", \"x\": \"1"), False),  # closed arguments
+    ("required", True, ONE.replace('"Paris"}', '"Paris", "x": 1}'), False),  # closed arguments
+    ("required", True, ONE.replace("Paris", "Oslo"), False),  # the parameters' enum
     ("required", True, ONE.replace("get_weather", "get_wind"), False),
     ({"type": "function", "function": {"name": "get_time"}}, True, ONE, False),
     ("auto", True, "It is sunny.", True),

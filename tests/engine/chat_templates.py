@@ -5,6 +5,8 @@
 </tool_call>``, tool results as ``<tool_response>`` in a user turn.
 """
 
+from __future__ import annotations
+
 QWEN25 = (
     "{%- if tools %}\n"
     "    {{- '<|im_start|>system\\n' }}\n"
@@ -65,4 +67,92 @@ QWEN25 = (
     "{%- if add_generation_prompt %}\n"
     "    {{- '<|im_start|>assistant\\n' }}\n"
     "{%- endif %}\n"
+)
+
+# A conversation with tools (bounded arguments: a random model fills a free string to the cap)
+# and what Hugging Face renders of it with QWEN25: ``transformers`` 5.24's
+# ``render_jinja_template(conversations=[...], tools=[WEATHER, TIME], chat_template=QWEN25,
+# add_generation_prompt=True)``, arguments as objects as Hugging Face takes them.
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city, in °C & <rounded>",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Lyon"]}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]}}}}}
+QUESTION = {"role": "user", "content": "Weather and time in Paris?"}
+# the second turn as the openai client sends it: arguments as JSON text, content None
+LOOP = [{"role": "system", "content": "Be brief."}, QUESTION,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+            {"id": "call_2", "type": "function",
+             "function": {"name": "get_time", "arguments": "{\"zone\":\"CET\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 °C and sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "14:05"}]
+
+FIRST_PROMPT = (
+    "<|im_start|>system\n"
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n"
+    "\n"
+    "# Tools\n"
+    "\n"
+    "You may call one or more functions to assist with the user query.\n"
+    "\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n"
+    '{"type": "function", "function": {"name": "get_weather", "description": "The weather in a'
+    ' city, in °C & <rounded>", "parameters": {"type": "object", "properties": {"city": {"type'
+    '": "string", "enum": ["Paris", "Lyon"]}}, "required": ["city"]}}}\n'
+    '{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "p'
+    'roperties": {"zone": {"enum": ["CET", "UTC"]}}}}}\n'
+    "</tools>\n"
+    "\n"
+    "For each function call, return a json object with function name and arguments within <too"
+    "l_call></tool_call> XML tags:\n"
+    "<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "Weather and time in Paris?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+LOOP_PROMPT = (
+    "<|im_start|>system\n"
+    "Be brief.\n"
+    "\n"
+    "# Tools\n"
+    "\n"
+    "You may call one or more functions to assist with the user query.\n"
+    "\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>\n"
+    '{"type": "function", "function": {"name": "get_weather", "description": "The weather in a'
+    ' city, in °C & <rounded>", "parameters": {"type": "object", "properties": {"city": {"type'
+    '": "string", "enum": ["Paris", "Lyon"]}}, "required": ["city"]}}}\n'
+    '{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "p'
+    'roperties": {"zone": {"enum": ["CET", "UTC"]}}}}}\n'
+    "</tools>\n"
+    "\n"
+    "For each function call, return a json object with function name and arguments within <too"
+    "l_call></tool_call> XML tags:\n"
+    "<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "Weather and time in Paris?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+    "<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+    "</tool_call>\n"
+    "<tool_call>\n"
+    '{"name": "get_time", "arguments": {"zone": "CET"}}\n'
+    "</tool_call><|im_end|>\n"
+    "<|im_start|>user\n"
+    "<tool_response>\n"
+    "18 °C and sunny\n"
+    "</tool_response>\n"
+    "<tool_response>\n"
+    "14:05\n"
+    "</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n"
 )
