@@ -111,15 +111,40 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], choice: str | None, *, para
     return grammar
 
 
+SAFE_INTEGER = 2**53 - 1  # JSON's safe integers (what a JavaScript client can hold)
+
+
+def bounded(schema: Any) -> Any:
+    """``schema`` with every integer kept within +-``SAFE_INTEGER`` on the sides it leaves
+    open: 16 digits at most, where a small model greedy-decoding ``"minutes": 1000...`` otherwise writes
+    zeros until max_tokens and the call does not parse. Every document valid against the
+    result is valid against ``schema``."""
+    if isinstance(schema, list):
+        return [bounded(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: bounded(v) if k not in ("const", "enum", "default", "examples") else v
+           for k, v in schema.items()}
+    if out.get("type") in ("integer", ["integer"]):
+        low = out.get("minimum", out.get("exclusiveMinimum"))
+        high = out.get("maximum", out.get("exclusiveMaximum"))
+        if high is None and not (isinstance(low, int | float) and low > SAFE_INTEGER):
+            out["maximum"] = SAFE_INTEGER
+        if low is None and not (isinstance(high, int | float) and high < -SAFE_INTEGER):
+            out["minimum"] = -SAFE_INTEGER
+    return out
+
+
 def call_schemas(tools: Sequence[Mapping[str, Any]], choice: str | None, args_key: str
                  ) -> list[dict[str, Any]]:
     """One JSON schema per tool that may be called (only ``choice`` when it names one):
-    ``{"name": <the name>, <args_key>: <arguments valid against its parameters, closed>}``."""
+    ``{"name": <the name>, <args_key>: <arguments valid against its parameters, closed and
+    bounded>}``."""
     calls = []
     for fn in tools:
         if choice is not None and fn["name"] != choice:
             continue
-        params = closed(fn.get("parameters") or {"type": "object", "properties": {}})
+        params = bounded(closed(fn.get("parameters") or {"type": "object", "properties": {}}))
         calls.append({"type": "object", "properties": {
             "name": {"const": fn["name"]}, args_key: params},
             "required": ["name", args_key], "additionalProperties": False})

@@ -157,3 +157,37 @@ def test_a_hermes_reply_becomes_tool_calls() -> None:
     assert (fmt.starts_call(""), fmt.starts_call(" \n"), fmt.starts_call("<"),
             fmt.starts_call("It")) == (None, None, True, False)
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize(("schema", "expected"), [
+    ({"type": "integer"}, {"type": "integer", "minimum": -(2**53 - 1), "maximum": 2**53 - 1}),
+    ({"type": "integer", "minimum": 0}, {"type": "integer", "minimum": 0, "maximum": 2**53 - 1}),
+    ({"type": "integer", "exclusiveMaximum": 5},
+     {"type": "integer", "exclusiveMaximum": 5, "minimum": -(2**53 - 1)}),
+    ({"type": "integer", "minimum": 2**60}, {"type": "integer", "minimum": 2**60}),
+    ({"type": "number"}, {"type": "number"}),
+    ({"enum": [1, 2]}, {"enum": [1, 2]}),
+    ({"type": "object", "properties": {"n": {"type": "integer"}, "e": {"const": {"type": "integer"}}}},
+     {"type": "object", "properties": {"n": {"type": "integer", "minimum": -(2**53 - 1),
+                                             "maximum": 2**53 - 1},
+                                       "e": {"const": {"type": "integer"}}}}),
+])
+def test_tool_arguments_keep_integers_to_16_digits(schema: Any, expected: Any) -> None:
+    from meshd.engine.constrain import bounded
+
+    assert bounded(schema) == expected
+
+
+def test_a_runaway_integer_cannot_fill_the_budget(qwen_tokenizer: Tokenizer) -> None:
+    """SmolLM2 greedy writes "minutes": 1000... until max_tokens: the grammar stops it."""
+    timer = {"type": "function", "function": {"name": "set_timer", "parameters": {
+        "type": "object", "properties": {"minutes": {"type": "integer"}}}}}
+    for template in (QWEN25, None):
+        grammar = chat_call({"model": "m", "messages": [QUESTION], "tools": [timer],
+                             "tool_choice": "required"}, template).fields["grammar"]
+        for digits, ok in ((16, True), (17, False)):
+            n = "1" + "0" * (digits - 1)
+            reply = (f'<tool_call>\n{{"name": "set_timer", "arguments": {{"minutes": {n}}}}}'
+                     f'\n</tool_call>' if template else
+                     f'{{"tool_calls":[{{"name":"set_timer","arguments":{{"minutes":{n}}}}}]}}')
+            assert _matcher_accepts(grammar, reply, qwen_tokenizer) is ok
