@@ -342,9 +342,7 @@ class ApiApp:
                     if len(calls) > sent:
                         ends += chunks.tool_calls_event(calls[sent:], i, sent)
                     finish = "tool_calls"
-                elif sent:  # calls went out, then the reply was cut short (max_tokens)
-                    pass
-                elif text:
+                elif text and not sent:  # (calls that went out, then a cut: the rest is dropped)
                     ends += chunks.delta_event(text, i, held_lp.pop(i, None)
                                                if call.logprobs else None)
             ends += chunks.last_event(finish, i)

@@ -42,7 +42,7 @@ def qwen_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
     return Tokenizer(path, TokenizerInfo("tokenizer.json", "", 0, (1,), "<s>", "</s>", QWEN25))
 
 
-def body(messages: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+def body_of(messages: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
     return {"model": "qwen", "messages": messages, "tools": [WEATHER, TIME], **kw}
 
 
@@ -63,7 +63,7 @@ def test_detect_reads_the_template_source(template: str | None, family: str | No
 
 
 def test_the_first_turn_renders_as_hugging_face_renders_it(qwen_tokenizer: Tokenizer) -> None:
-    call = chat_call(body([QUESTION], tool_choice="required"), QWEN25)
+    call = chat_call(body_of([QUESTION], tool_choice="required"), QWEN25)
     assert call.tool_format.name == "hermes" and call.tools is not None
     req = parse_submit(call.fields, lambda: "r1")
     assert req.tools == (WEATHER, TIME)
@@ -76,7 +76,7 @@ def test_the_first_turn_renders_as_hugging_face_renders_it(qwen_tokenizer: Token
 def test_the_tool_loop_renders_as_hugging_face_renders_it(qwen_tokenizer: Tokenizer) -> None:
     """The assistant's calls (arguments sent as JSON text) and both tool results in the
     template's own markup, byte for byte."""
-    call = chat_call(body(LOOP, tool_choice="auto"), QWEN25)
+    call = chat_call(body_of(LOOP, tool_choice="auto"), QWEN25)
     req = parse_submit(call.fields, lambda: "r2")
     assert qwen_tokenizer.apply_chat_template(list(req.messages or ()), tools=req.tools) == \
         LOOP_PROMPT
@@ -85,24 +85,24 @@ def test_the_tool_loop_renders_as_hugging_face_renders_it(qwen_tokenizer: Tokeni
 
 def test_without_a_tool_template_the_generic_format_serves() -> None:
     for template in (SMOLLM2, None):
-        call = chat_call(body(LOOP, tool_choice="auto"), template)
+        call = chat_call(body_of(LOOP, tool_choice="auto"), template)
         assert call.tool_format is GENERIC and "tools" not in call.fields
         assert all(set(m) == {"role", "content"} for m in call.fields["messages"])
         assert '"tool_calls"' in call.fields["messages"][0]["content"]  # the generic preamble
 
 
 def test_tool_choice_none_renders_the_loop_without_tools() -> None:
-    call = chat_call(body(LOOP, tool_choice="none"), QWEN25)
+    call = chat_call(body_of(LOOP, tool_choice="none"), QWEN25)
     assert call.tools is None and "grammar" not in call.fields and "tools" not in call.fields
     assert call.fields["messages"][2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert call.fields["cache"] is False  # the cache's key would not hold the calls
 
 
 def test_wants_template_only_for_tools_and_a_named_model() -> None:
-    assert wants_template(body([QUESTION])) == "qwen"
+    assert wants_template(body_of([QUESTION])) == "qwen"
     assert wants_template({"model": "qwen", "messages": LOOP}) == "qwen"
     assert wants_template({"model": "qwen", "messages": [QUESTION]}) is None
-    assert wants_template(body([QUESTION], model="auto")) is None
+    assert wants_template(body_of([QUESTION], model="auto")) is None
     assert wants_template("junk") is None
 
 
@@ -135,7 +135,7 @@ TWO = ONE + '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n
 ])
 def test_the_hermes_grammar(qwen_tokenizer: Tokenizer, choice: Any, parallel: bool, reply: str,
                             ok: bool) -> None:
-    call = chat_call(body([QUESTION], tool_choice=choice, parallel_tool_calls=parallel), QWEN25)
+    call = chat_call(body_of([QUESTION], tool_choice=choice, parallel_tool_calls=parallel), QWEN25)
     assert _matcher_accepts(call.fields["grammar"], reply, qwen_tokenizer) is ok
 
 
@@ -191,3 +191,38 @@ def test_a_runaway_integer_cannot_fill_the_budget(qwen_tokenizer: Tokenizer) -> 
                      f'\n</tool_call>' if template else
                      f'{{"tool_calls":[{{"name":"set_timer","arguments":{{"minutes":{n}}}}}]}}')
             assert _matcher_accepts(grammar, reply, qwen_tokenizer) is ok
+
+
+def test_a_stream_sends_each_call_once_its_tag_closes(tmp_path: Path) -> None:
+    """On a fake node whose model carries QWEN25 and answers two hermes calls token by token:
+    the first call's delta goes out before the second call's text has come."""
+    import httpx
+
+    from meshd.testing.fake_entry import FakeChain, FakeModel, FakeNode
+
+    from .helpers import run
+
+    pieces = tuple(ONE) + ("\n",) + tuple(TWO[len(ONE) + 1:])
+    model = FakeModel("qwen", context_length=4096, facts={"chat_template": QWEN25}, reply=pieces)
+    node = FakeNode(FakeChain(models_served={"qwen": model}))
+    seen: list[tuple[int, list[Any]]] = []
+
+    async def body(c: httpx.AsyncClient, key: str) -> None:
+        req = {**body_of([QUESTION]), "stream": True, "max_tokens": 400}
+        async with c.stream("POST", "/v1/chat/completions", json=req,
+                            headers={"authorization": f"Bearer {key}"}) as r:
+            assert r.headers["x-meshd-tool-format"] == "hermes"
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    ch = json.loads(line[6:])
+                    for choice in ch["choices"]:
+                        calls = choice["delta"].get("tool_calls")
+                        if calls or choice["finish_reason"]:
+                            seen.append((node.entry.steps, calls or choice["finish_reason"]))
+
+    run(tmp_path, node, body)
+    (first_at, first), (second_at, second), (_, finish) = seen
+    assert [c["index"] for c in first] == [0] and [c["index"] for c in second] == [1]
+    assert first[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert second[0]["function"]["name"] == "get_time" and finish == "tool_calls"
+    assert first_at < len(pieces) == second_at  # the first went out before the reply ended
