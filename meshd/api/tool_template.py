@@ -1,8 +1,8 @@
 """Tool calling through the model's own chat template. Pure: no I/O.
 
-A chat template with tool syntax (Qwen2.5's, Qwen3's, Hermes 2 Pro's: the *hermes* family)
-renders the request's ``tools`` itself and has its own call syntax, which the model was trained
-on; meshd then uses it instead of its generic format (meshd.api.tools, docs/api.md "Tools"):
+A chat template with tool syntax (Qwen2.5's, Qwen3's, others in the Hermes style: the *hermes*
+family) renders the request's ``tools`` itself and has its own call syntax, which the model was
+trained on; meshd then uses it instead of its generic format (meshd.api.tools, docs/api.md "Tools"):
 
 - detection (``detect``): the template's source uses the ``tools`` variable inside a Jinja tag
   (``{% if tools %}``, ``{{ tools ... }}``) and writes a family's call markup (``<tool_call>``
