@@ -1,7 +1,8 @@
 """The HTTP API as a bare ASGI app (no framework): OpenAI's endpoints, health, metrics.
 
 Routes: ``GET /healthz``, ``GET /readyz``, ``GET /metrics`` (no key needed), ``GET /v1/models``,
-``POST /v1/chat/completions``, ``POST /v1/completions`` (a bearer key, unless ``auth = "none"``).
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
+``POST /v1/cache/feedback`` (a bearer key, unless ``auth = "none"``).
 A generation request becomes an ``EntryRequest`` through ``parse_submit`` and goes to
 ``node.entry.submit``, the same entry path as `meshd submit`; a client that goes away cancels it.
 """
@@ -56,6 +57,7 @@ class ApiApp:
             ("POST", "/v1/chat/completions"): self.chat,
             ("POST", "/v1/completions"): self.completions,
             ("POST", "/v1/embeddings"): self.embeddings,
+            ("POST", "/v1/cache/feedback"): self.cache_feedback,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -147,6 +149,30 @@ class ApiApp:
             "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         })
+
+    async def cache_feedback(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """``{"request_id": ID, "verdict": "right" | "wrong"}`` on an answer (ID: its
+        ``x-request-id``, or the response id ``chatcmpl-ID``); a wrong one's cache entry is
+        removed (docs/cache.md)."""
+        self.client_of(scope)
+        body = await read_body(scope, receive, self.max_body_bytes)
+        try:
+            obj = json.loads(body)
+        except ValueError as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        rid = obj.get("request_id") if isinstance(obj, dict) else None
+        if not isinstance(rid, str) or not rid:
+            raise ApiError(400, "request_id must be the answer's x-request-id",
+                           param="request_id")
+        verdict = obj.get("verdict")
+        if verdict not in ("right", "wrong"):
+            raise ApiError(400, 'verdict must be "right" or "wrong"', param="verdict")
+        rid = rid.removeprefix("chatcmpl-").removeprefix("cmpl-")
+        try:
+            out = await self.node.entry.cache_feedback(rid, verdict)
+        except MeshdError as e:
+            raise from_meshd(e, params={"rid": "request_id"}) from None
+        return await send_json(send, 200, out)
 
     # ------------------------------------------------------------------ generation
 
@@ -394,8 +420,12 @@ def route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]:
     names = route.get("route")
     if names:
         out.append((b"x-meshd-route", ",".join(str(n) for n in names).encode()))
-    if route.get("cached"):
-        out.append((b"x-meshd-cache", b"hit"))  # answered from the entry node's semantic cache
+    # how the entry node's cache answered: exact, semantic (with the cosine similarity), or miss
+    cache = route.get("cache") if route.get("cached") else None
+    kind = str(cache.get("kind")) if isinstance(cache, dict) else "miss"
+    out.append((b"x-meshd-cache", kind.encode()))
+    if kind == "semantic" and isinstance(cache, dict) and cache.get("similarity") is not None:
+        out.append((b"x-meshd-cache-similarity", f"{float(cache['similarity']):.4f}".encode()))
     return out
 
 

@@ -53,6 +53,12 @@ class EntryChain(Protocol):
         vectors, tokens read). Raises ``MeshdError`` (``unsupported``) when it has none."""
         ...
 
+    async def cache_feedback(self, rid: str, verdict: str) -> dict[str, Any]:
+        """The answer of request ``rid`` was ``right`` or ``wrong`` (docs/cache.md): a wrong
+        one's cache entry is removed. Raises ``MeshdError`` (``malformed``) for a request the
+        cache does not know."""
+        ...
+
 
 class ApiNode(Protocol):
     """The node as the API sees it."""

@@ -34,7 +34,8 @@ MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
 _SAMPLING = ("temperature", "top_p", "seed")
 # extensions other OpenAI-compatible servers (vLLM) accept too, and meshd's own
 _EXTENSIONS = ("top_k", "repetition_penalty", "strategy", "residency", "pipeline", "cache",
-               "rag", "allow_lower_tier")  # rag: a retrieval collection (docs/rag.md)
+               "rag", "allow_lower_tier",  # rag: a retrieval collection (docs/rag.md)
+               "cache_max_error")  # the cache's error bound for this request (docs/cache.md)
 # accepted, and not used: they cannot change the answer ("user" is an end-user id for abuse
 # monitoring at OpenAI)
 _INERT = ("user",)

@@ -33,6 +33,11 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 STRATEGIES = ("meshd", "lwsq", "least_queue", "latency_only", "round_robin", "random",
               "round_robin_lockstep")
 PIPELINE_MODES = ("auto", "never", "always")
+# Fields that shape the answer beyond the prompt: the tools a request offers and the schema it
+# asks the answer to follow. Whatever else reads them, the semantic cache keys on them
+# (``EntryRequest.shape``): an answer is only ever served to a request offering the same.
+SHAPE_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format",
+                "format", "json_schema", "grammar")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +75,9 @@ class Sampling:
 
     @property
     def shapes_output(self) -> bool:
-        """Settings the semantic cache's key does not hold: a grammar, several choices, log
-        probabilities, OpenAI's penalties or a logit bias. Such a request skips the cache."""
+        """Settings beyond the basic ones that shape the output: a grammar, several choices,
+        log probabilities, OpenAI's penalties or a logit bias. (The answer cache keys on the
+        grammar, the penalties and the bias, and skips n > 1 and logprobs: meshd.cache.keys.)"""
         return (self.grammar is not None or self.n != 1 or self.logprobs is not None
                 or bool(self.presence_penalty) or bool(self.frequency_penalty)
                 or bool(self.logit_bias))
@@ -106,6 +112,8 @@ class EntryRequest:
     allow_lower_tier: bool = False  # model "auto": a lower tier may serve it (docs/tiers.md)
     origin: str = "control"  # "control" or "http": where the request came in
     tools: tuple[Mapping[str, Any], ...] | None = None  # rendered by the model's chat template
+    cache_max_error: float | None = None  # the cache's error bound for it (None: the node's)
+    shape: str = ""  # the SHAPE_FIELDS it carries, canonical JSON ("" for none)
 
     @property
     def wanted_tokens(self) -> int:
@@ -217,6 +225,10 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
     allow_lower = fields.get("allow_lower_tier", False)
     if not isinstance(allow_lower, bool):
         raise ProtocolError("allow_lower_tier must be true or false")
+    max_error = _num_or_none(fields, "cache_max_error")
+    if max_error is not None and not 0 <= max_error < 1:
+        raise ProtocolError(f"cache_max_error={max_error!r} must be in [0, 1) (0: exact repeats "
+                            "only)")
     return EntryRequest(
         request_id=rid,
         prompt=prompt if messages is None else None,
@@ -234,7 +246,21 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
         allow_lower_tier=allow_lower,
         origin=str(fields.get("origin") or "control"),
         tools=_tools(fields.get("tools"), messages),
+        cache_max_error=max_error,
+        shape=answer_shape(fields),
     )
+
+
+def answer_shape(fields: Mapping[str, Any]) -> str:
+    """The ``SHAPE_FIELDS`` that ``fields`` carries, as canonical JSON; "" when none (a
+    ``response_format`` of plain text is no shape)."""
+    shape = {k: fields[k] for k in SHAPE_FIELDS if fields.get(k) is not None}
+    if shape.get("response_format") == {"type": "text"}:
+        del shape["response_format"]
+    if not shape:
+        return ""
+    return json.dumps(shape, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                      default=repr)
 
 
 def _with_defaults(s: Sampling) -> dict[str, Any]:

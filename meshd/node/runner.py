@@ -121,7 +121,13 @@ class Served:
             "ttft_ms": round(self.ttft_ms, 1),
             "service_rate_rps": round(self.service_rate_rps(), 3),
             **({"batch": batcher.statistics()} if (batcher := self.batcher()) is not None else {}),
+            **({"prefix_cache": px} if (px := self.prefix_cache()) is not None else {}),
         }
+
+    def prefix_cache(self) -> dict[str, Any] | None:
+        """The model's KV prefix cache figures (None: it keeps none, or is not an engine model)."""
+        f = getattr(self.model, "prefix_cache_statistics", None)
+        return f() if f is not None else None
 
     def batcher(self) -> Any:
         """The model's running batch scheduler (None: not batched here)."""
@@ -260,6 +266,13 @@ class Runner:
         if s is None or not getattr(s.model, "tokenizer_shareable", True):
             return ""
         return self.tokenizer_identity(model)
+
+    def prefix_summary(self, model: str) -> tuple[bytes, ...]:
+        """What the advert says of the prefixes this node's KV prefix cache holds for the model
+        (meshd.core.prefix_names.summary; empty: none, or no cache)."""
+        s = self.models.get(model)
+        f = getattr(s.model, "prefix_summary", None) if s is not None else None
+        return tuple(f(s.layer_start, s.layer_end)) if f is not None and s is not None else ()
 
     def model_identity(self, model: str) -> str:
         """What the model really is (meshd.core.modelid; "" when unknown)."""

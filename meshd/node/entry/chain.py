@@ -158,6 +158,12 @@ class EntryChain:
                               ErrorCode.UNSUPPORTED)
         return await self.cache.embed(texts)
 
+    async def cache_feedback(self, rid: str, verdict: str) -> dict[str, Any]:
+        """The answer of ``rid`` was right or wrong (``EdgeCache.feedback``)."""
+        if self.cache is None:
+            raise RemoteError("this node runs no answer cache", ErrorCode.UNSUPPORTED)
+        return await self.cache.feedback(rid, verdict)
+
     def statistics(self) -> dict[str, Any]:
         return {**self.stats, "in_flight": len(self.in_flight),
                 "client_in_flight": dict(self.client_in_flight)}
