@@ -43,6 +43,11 @@ class EntryChain(Protocol):
 
     def new_request_id(self) -> str: ...
 
+    async def chat_template(self, model: str) -> str | None:
+        """The chat template this node renders ``model``'s chat messages with, None when it
+        knows none (meshd.api.tool_template reads its tool syntax)."""
+        ...
+
     async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
         """Sentence embeddings of ``texts`` with this node's model: (model name, L2-normalised
         vectors, tokens read). Raises ``MeshdError`` (``unsupported``) when it has none."""

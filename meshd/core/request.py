@@ -91,14 +91,15 @@ class Sampling:
 @dataclass(frozen=True, slots=True)
 class EntryRequest:
     """One request as the entry node accepted it. ``prompt`` is text; ``messages`` (chat, from
-    the API) is rendered with the model's chat template; ``chat`` renders ``prompt`` as one user
-    message. ``max_tokens`` None means DEFAULT_MAX_TOKENS (the entry chain clamps it to the
-    model's limits once the model is known)."""
+    the API) is rendered with the model's chat template, with ``tools`` (OpenAI function tools,
+    for a template with tool syntax: meshd.api.tool_template) when given; ``chat`` renders
+    ``prompt`` as one user message. ``max_tokens`` None means DEFAULT_MAX_TOKENS (the entry
+    chain clamps it to the model's limits once the model is known)."""
 
     request_id: str
     prompt: str | None
     client: str = "local"
-    messages: tuple[Mapping[str, str], ...] | None = None
+    messages: tuple[Mapping[str, Any], ...] | None = None
     chat: bool = False
     model: str | None = None
     max_tokens: int | None = None
@@ -110,6 +111,7 @@ class EntryRequest:
     rag: str | None = None  # a collection to retrieve context from
     allow_lower_tier: bool = False  # model "auto": a lower tier may serve it (docs/tiers.md)
     origin: str = "control"  # "control" or "http": where the request came in
+    tools: tuple[Mapping[str, Any], ...] | None = None  # rendered by the model's chat template
     cache_max_error: float | None = None  # the cache's error bound for it (None: the node's)
     shape: str = ""  # the SHAPE_FIELDS it carries, canonical JSON ("" for none)
 
@@ -243,6 +245,7 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
         rag=_text(fields, "rag", MAX_NAME_CHARS),
         allow_lower_tier=allow_lower,
         origin=str(fields.get("origin") or "control"),
+        tools=_tools(fields.get("tools"), messages),
         cache_max_error=max_error,
         shape=answer_shape(fields),
     )
@@ -271,23 +274,61 @@ def _with_defaults(s: Sampling) -> dict[str, Any]:
     return out
 
 
-def _messages(raw: Any) -> tuple[Mapping[str, str], ...] | None:
+def _messages(raw: Any) -> tuple[Mapping[str, Any], ...] | None:
+    """Chat messages: role and text content; an assistant message may carry ``tool_calls``
+    (``[{"id", "type", "function": {"name", "arguments"}}]``, arguments as an object) and a tool
+    message ``tool_call_id`` and ``name``, for a template that renders them."""
     if raw is None:
         return None
     if not isinstance(raw, list | tuple) or not raw or len(raw) > MAX_MESSAGES:
         raise ProtocolError(f"messages must be a list of 1 to {MAX_MESSAGES} messages")
     total = 0
-    out = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(raw):
         if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise ProtocolError(f"messages[{i}] must have a role ({', '.join(ROLES)}) and text content")
         total += len(m["content"])
-        out.append({"role": m["role"], "content": m["content"]})
+        msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                if not isinstance(m[key], str) or len(m[key]) > MAX_NAME_CHARS:
+                    raise ProtocolError(f"messages[{i}].{key} must be a string of at most "
+                                        f"{MAX_NAME_CHARS} characters")
+                msg[key] = m[key]
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if m["role"] != "assistant" or not _calls_ok(calls):
+                raise ProtocolError(f"messages[{i}].tool_calls must be an assistant's list of "
+                                    f"{{id, type, function: {{name, arguments}}}}")
+            msg["tool_calls"] = calls
+            total += len(json.dumps(calls))
+        out.append(msg)
     if total > MAX_PROMPT_CHARS:
         raise ProtocolError(f"messages hold {total} characters; the limit is {MAX_PROMPT_CHARS}")
     if not any(m["content"].strip() for m in out):
         raise ProtocolError("messages must contain some text")
     return tuple(out)
+
+
+def _calls_ok(calls: Any) -> bool:
+    return isinstance(calls, list | tuple) and all(
+        isinstance(c, Mapping) and isinstance(c.get("function"), Mapping)
+        and isinstance(c["function"].get("name"), str) for c in calls)
+
+
+def _tools(raw: Any, messages: Any) -> tuple[Mapping[str, Any], ...] | None:
+    """OpenAI function tools for the chat template (``{"type": "function", "function": {...}}``),
+    only with messages."""
+    if raw is None:
+        return None
+    if messages is None:
+        raise ProtocolError("tools need chat messages")
+    if not isinstance(raw, list | tuple) or not raw or not all(
+            isinstance(t, Mapping) and isinstance(t.get("function"), Mapping) for t in raw):
+        raise ProtocolError("tools must be a non-empty list of {type: function, function: {...}}")
+    if len(json.dumps(raw)) > MAX_PROMPT_CHARS:
+        raise ProtocolError(f"tools hold over {MAX_PROMPT_CHARS} characters")
+    return tuple(raw)
 
 
 def _text(fields: Mapping[str, Any], key: str, limit: int) -> str | None:

@@ -83,8 +83,8 @@ class EngineModel:
     def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
         return list(self.model.encode_prompt(text, chat=chat))
 
-    def encode_messages(self, messages: list[Any]) -> list[int]:
-        return list(self.model.tokenizer.encode_chat(messages))
+    def encode_messages(self, messages: list[Any], *, tools: list[Any] | None = None) -> list[int]:
+        return list(self.model.tokenizer.encode_chat(messages, tools=tools))
 
     @property
     def weight_format(self) -> str:

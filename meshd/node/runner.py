@@ -214,12 +214,13 @@ class Runner:
         ids: list[int] = await f(text, chat=chat)
         return ids
 
-    async def aencode_messages(self, model: str, messages: list[Any]) -> list[int]:
+    async def aencode_messages(self, model: str, messages: list[Any], *,
+                               tools: list[Any] | None = None) -> list[int]:
         s = self.models.get(model)
         f = getattr(s.model, "aencode_messages", None) if s is not None else None
         if f is None:
-            return self.encode_messages(model, messages)
-        ids: list[int] = await f(messages)
+            return self.encode_messages(model, messages, tools=tools)
+        ids: list[int] = await f(messages, tools=tools) if tools else await f(messages)
         return ids
 
     def tokenizes_here(self, model: str) -> bool:
@@ -234,12 +235,15 @@ class Runner:
         s = self.models.get(model)
         return s is not None and bool(getattr(s.model, "ready", True))
 
-    def encode_messages(self, model: str, messages: list[Any]) -> list[int]:
-        """Token ids of chat ``messages`` through the model's chat template."""
+    def encode_messages(self, model: str, messages: list[Any], *,
+                        tools: list[Any] | None = None) -> list[int]:
+        """Token ids of chat ``messages`` through the model's chat template (with ``tools``: a
+        template with tool syntax renders them, meshd.api.tool_template)."""
         s = self.models.get(model)
         if s is None:
             raise ModelError(f"this node does not serve model {model!r}")
-        ids: list[int] = s.model.encode_messages(messages)
+        ids: list[int] = (s.model.encode_messages(messages, tools=tools) if tools
+                          else s.model.encode_messages(messages))
         return ids
 
     def vocab_size(self, model: str) -> int | None:

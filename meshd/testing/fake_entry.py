@@ -36,6 +36,7 @@ class FakeModel:
     route: tuple[str, ...] = ("fake1",)
     # what meshd.node.model_facts would know of it (format, architecture, parameters, ...)
     facts: dict[str, Any] = field(default_factory=dict)
+    reply: tuple[str, ...] = ()  # the text pieces it answers, one per token (else " w0 w1 ...")
 
 
 @dataclass
@@ -69,6 +70,10 @@ class FakeChain:
             n = sum(x * x for x in v) ** 0.5
             out.append([x / n for x in v])
         return "fake-embed", out, sum(len(t.split()) for t in texts)
+
+    async def chat_template(self, model: str) -> str | None:
+        m = self.models_served.get(model)
+        return str(m.facts.get("chat_template") or "") or None if m is not None else None
 
     def models(self) -> list[dict[str, Any]]:
         return [{**m.facts, "id": m.name, "nodes": m.nodes, "context_length": m.context_length}
@@ -146,7 +151,7 @@ class FakeChain:
             ids: list[int] = []
             pieces: list[str] = []
             for i in itertools.count():
-                if i >= req.wanted_tokens:
+                if i >= req.wanted_tokens or (model.reply and i >= len(model.reply)):
                     break
                 if self.fail_after_tokens is not None and i >= self.fail_after_tokens:
                     from meshd.errors import PeerGoneError
@@ -156,7 +161,7 @@ class FakeChain:
                     await emit("route", {"served_by": "fake2", "route": ["fake2"]})
                 await trio.sleep(self.step_s)
                 self.steps += 1
-                piece = f" w{i}"
+                piece = model.reply[i] if model.reply else f" w{i}"
                 if any(s in "".join(pieces) + piece for s in req.sampling.stop):
                     break
                 ids.append(100 + i)
