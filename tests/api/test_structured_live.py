@@ -23,9 +23,16 @@ from meshd.paths import models_home
 from meshd.testnet.drive import wait_for
 from meshd.testnet.launcher import NodeSpec, down, up
 
+from .openai_client import client as _client
+from .openai_client import listed_models
+
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
+
+
+def client(url: str, key: str) -> openai.OpenAI:
+    return _client(url, key, timeout=120)  # the real model answers slower than the tiny ones
 
 
 def _model_dir() -> Path | None:
@@ -61,21 +68,12 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         index["key"] = Path(index["api_key_file"]).read_text().strip()
         url = index["nodes"][0]["api_url"]
-        wait_for(lambda: MODEL in _models(url, index["key"]), 60, "n1 to hear of the model")
+        wait_for(lambda: MODEL in listed_models(url, index["key"]), 60, "n1 to hear of the model")
         yield index
     finally:
         down(root / "net")
 
 
-def _models(url: str, key: str) -> list[str]:
-    try:
-        return [m.id for m in client(url, key).models.list()]
-    except openai.APIError:
-        return []
-
-
-def client(url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=120)
 
 
 @pytest.fixture()

@@ -34,6 +34,8 @@ from meshd.engine import import_hf  # noqa: E402
 from meshd.engine.manifest import TokenizerInfo  # noqa: E402
 from meshd.engine.tokenizer import Tokenizer  # noqa: E402
 
+from .openai_client import client, listed_models
+
 pytestmark = pytest.mark.slow
 
 FAR = "qwen-far"
@@ -55,21 +57,12 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         index["tokenizer"] = Tokenizer(root / "hf" / "tokenizer.json", TokenizerInfo(
             "tokenizer.json", "", 0, (1,), "<s>", "</s>", QWEN25))
         url = index["nodes"][0]["api_url"]
-        wait_for(lambda: FAR in _models(url, index["key"]), 30, "n1 to hear of qwen-far")
+        wait_for(lambda: FAR in listed_models(url, index["key"]), 30, "n1 to hear of qwen-far")
         yield index
     finally:
         down(root / "net")
 
 
-def _models(url: str, key: str) -> list[str]:
-    try:
-        return [m.id for m in client(url, key).models.list()]
-    except openai.APIError:
-        return []
-
-
-def client(url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
 
 
 @pytest.fixture()
