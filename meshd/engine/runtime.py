@@ -438,9 +438,9 @@ class Model:
 
     def _build_session(self, start: int, end: int, fused: bool = False) -> ort.InferenceSession:
         so = self._session_options(start, end)
-        prebuilt = None if fused else _prebuilt(self.manifest.stages, start, end)
+        prebuilt = _prebuilt(self.manifest.stages, start, end)
         source: str | bytes
-        if prebuilt is not None:
+        if prebuilt is not None:  # checked even when the fused graph is built instead of it
             path = self.path / prebuilt.file
             try:
                 data = path.read_bytes()
@@ -449,7 +449,9 @@ class Model:
             if hashlib.sha256(data).hexdigest() != prebuilt.sha256:
                 raise ModelError(f"{path}: hash mismatch (corrupt stage graph)")
             source = str(path)
-            if _graph_layout(data) != g.KV_LAYOUT:
+            if fused:
+                prebuilt = None
+            elif _graph_layout(data) != g.KV_LAYOUT:
                 log.warning("stage graph rebuilt file=%s reason=%s", prebuilt.file,
                             "built for another KV-cache layout by an older meshd")
                 prebuilt = None

@@ -16,7 +16,8 @@ from meshd.testnet.drive import cli as meshd
 from meshd.testnet.drive import peers_of, stream, wait_for
 from meshd.testnet.launcher import NodeSpec, down, up
 
-pytestmark = pytest.mark.slow
+# the shipped tiny-en (whose tokenizer SYSTEM is sized for), not a session fixture's model
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shipped_model")]
 
 # about 190 tokens of the shipped model's tokenizer: several blocks, under its 256 context
 SYSTEM = ("You are the keeper of the mesh. Answer in the words of the King James Bible, "
