@@ -84,7 +84,7 @@ async def _reach(ctx: EntryContext, chain: EntryChain) -> None:
 
 async def _execute(ctx: EntryContext, chain: EntryChain) -> None:
     async def run() -> None:
-        await execute(ctx, chain.node, chain.client_in_flight)
+        await execute(ctx, chain.node, chain.client_in_flight, chain.next_rr)
 
     if chain.cache is None:
         await run()
