@@ -18,10 +18,11 @@ The rules, one for both:
   runs on is dropped without counting; a wait refusal (below) costs a round trip, not an
   attempt. A failure past ``timeout_s`` after the request arrived ends it too.
 - **After a failure.** First the copy that lost a hedge race, if any (it did nothing wrong),
-  then the next peer of the decision's order that was not tried and is not known dead; when
-  the order is spent, or the failed attempt was a pipeline, decide again (``Redecide``) with
+  then the next peer of the decision's order that was not tried and is not known dead, then
+  (the order spent) the soonest peer that only refused for its wait bound, unbounded; when
+  nothing is left, or the failed attempt was a pipeline, decide again (``Redecide``) with
   every peer tried so far (and every stage blamed) excluded: the new decision may be one node
-  or a pipeline, whatever the first one was. A resumed attempt carries the tokens streamed so
+  or a pipeline, whatever the first one was; none fails the request with ``no_route``. A resumed attempt carries the tokens streamed so
   far (the driver's business), so greedy output is identical whoever serves it.
 - **Wait refusals** (``meshd.core.admission``): an attempt sent with a wait bound that the
   server cannot meet is answered busy with its wait; the request goes on to the next peer of
