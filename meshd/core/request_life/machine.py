@@ -118,10 +118,6 @@ class RequestLife(Generic[P]):
         a = self.live.get(attempt)
         return a.bound if a is not None else None
 
-    def copy_of(self, attempt: int) -> int:
-        a = self.live.get(attempt)
-        return a.copy if a is not None else 0
-
     # ------------------------------------------------------------------------------ events
 
     def handle(self, ev: object, now: float) -> list[Action]:
