@@ -95,11 +95,15 @@ class ModelConfig:
     # serve the model by forwarding to an OpenAI-compatible server (vLLM, llama-server, TGI,
     # Ollama, another meshd) instead of a local ONNX model: its base URL ("http://HOST:PORT/v1"),
     # the model name it knows, a file holding its API key (if it wants one), and the context
-    # length to advertise (0: unknown, the upstream checks). `name` is required with upstream.
+    # length to advertise (0: what the server says; else the smaller of the two). `name` is
+    # required with upstream. upstream_tokenizer: "auto" (llama-server: the GGUF's tokenizer when
+    # its file is readable here, else the server's /tokenize; vLLM: its /tokenize; others:
+    # packed text), "server" (never the GGUF file) or "text" (always packed text); docs/upstream.md
     upstream: str = ""
     upstream_model: str = ""
     upstream_key_file: str = ""
     upstream_timeout_s: float = 30.0  # connect and first-token deadline of one upstream call
+    upstream_tokenizer: str = "auto"
     context_length: int = 0
     # the model's tier for model = "auto" requests (docs/tiers.md): "micro", "small" or "large";
     # "" takes the manifest's (if any); quality: its relative quality figure (0: the manifest's)
@@ -451,6 +455,8 @@ def _validate_upstream(m: ModelConfig, where: str, bad: Any) -> None:
         raise bad(where, "upstream serves the whole model: leave path and layers out")
     if m.upstream_timeout_s <= 0:
         raise bad(f"{where}.upstream_timeout_s", "must be > 0")
+    if m.upstream_tokenizer not in ("auto", "server", "text"):
+        raise bad(f"{where}.upstream_tokenizer", 'must be "auto", "server" or "text"')
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

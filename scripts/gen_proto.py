@@ -47,6 +47,13 @@ GOLDEN = {
         "embed_ms": 9.5, "search_ms": 0.4}),
     "sync_req_fresh": (MessageType.SYNC_REQ, {"n": 8, "fresh": True}),
     "summary": (MessageType.SUMMARY, {"body": b"\x81\xa1v\x01", "sig": bytes(64), "cert": b"cert"}),
+    "req_v4": (MessageType.REQ, {"rid": "r3", "model": "smollm2-135m-instruct", "prompt_ids": [5, 6],
+                                 "deadline_ms": 30000, "hops": 1, "temperature": 0.7, "seed": 7,
+                                 "presence_penalty": 0.5, "frequency_penalty": 0.25,
+                                 "logit_bias": [[42, -100]], "logprobs": 2, "n": 2,
+                                 "grammar": '{ "grammars": [{ "json_schema": {"type":"object"} }] }'}),
+    "tokens_v4": (MessageType.TOKENS, {"rid": "r3", "ids": [7], "text": "{", "idx": 1,
+                                       "lp": [["{", -0.01, [["{", -0.01], ["[", -4.6]]]]}),
 }
 
 

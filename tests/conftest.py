@@ -10,7 +10,8 @@ Hypothesis runs without its per-example deadline (200 ms by default): on a 2-cor
 with daemons an example can take longer for reasons that have nothing to do with the code, and a
 deadline there fails the suite at random. What a property test checks is its assertions.
 
-Tests that need something of the machine (markers ``docker`` and ``netns``, ``NEEDS`` below)
+Tests that need something of the machine (markers ``docker``, ``netns`` and ``llamacpp``,
+``NEEDS`` below)
 skip where it is missing; the closing summary then says, per group, that it did NOT RUN and
 why, or that it ran. With ``$MESHD_TEST_GROUPS_FILE`` set, the same lines are written to that
 file (``.ci/run`` prints them after the suite).
@@ -31,6 +32,9 @@ settings.load_profile("meshd")
 NEEDS = {
     "docker": "the docker compose testnet (tests/compose, needs a Docker daemon)",
     "netns": "the network-namespace testnet tests (need root, `ip` and /dev/net/tun)",
+    "llamacpp": "the live tests against a real llama-server (tests/upstream/test_llamacpp_live.py, "
+                "need scripts/build_llama_cpp.sh's build and the SmolLM2 GGUF)",
+    "browser": "the web console's browser tests (need chromium and chromium-driver)",
 }
 
 

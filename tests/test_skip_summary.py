@@ -10,6 +10,9 @@ import pytest
 pytest_plugins = ["pytester"]
 
 CONFTEST = Path(__file__).with_name("conftest.py")
+BROWSER = "the web console's browser tests (need chromium and chromium-driver)"
+LLAMACPP = ("the live tests against a real llama-server (tests/upstream/test_llamacpp_live.py, need "
+            "scripts/build_llama_cpp.sh's build and the SmolLM2 GGUF)")
 INI = """
 [pytest]
 addopts = -ra --strict-markers
@@ -85,7 +88,8 @@ def test_skipped_groups_are_named_with_their_reason_at_the_end(
         "skipped because no tun",
         "    test_machine.py::test_emulated_b",
     ]
-    assert report.read_text().splitlines() == said
+    assert report.read_text().splitlines() == [*said, f"not selected: {LLAMACPP}",
+                                               f"not selected: {BROWSER}"]
 
 
 def test_a_group_skipped_whole_is_not_run_and_an_unselected_one_only_in_the_file(
@@ -101,6 +105,8 @@ def test_a_group_skipped_whole_is_not_run_and_an_unselected_one_only_in_the_file
         "skipped because network namespaces unavailable: need root",
         "    test_machine.py::test_emulated_a",
         "    test_machine.py::test_emulated_b",
+        f"not selected: {LLAMACPP}",
+        f"not selected: {BROWSER}",
     ]
     result.stdout.fnmatch_lines(["*tests that need the machine*", "NOT RUN: the network-namespace*"])
 
@@ -116,4 +122,6 @@ def test_nothing_selected_that_needs_the_machine_prints_no_block(
     assert report.read_text().splitlines() == [
         "not selected: the docker compose testnet (tests/compose, needs a Docker daemon)",
         "not selected: the network-namespace testnet tests (need root, `ip` and /dev/net/tun)",
+        f"not selected: {LLAMACPP}",
+        f"not selected: {BROWSER}",
     ]

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from meshd.api import replies, sse
+from meshd.api import replies, sse, tools
 from meshd.api.auth import KeyFile, bearer_token
 from meshd.api.errors import ApiError, from_meshd
 from meshd.api.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -45,6 +45,8 @@ class ApiApp:
         self.keys = keys
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        # PREFIX -> an ASGI app answering PREFIX and everything under it (the console at /ui)
+        self.mounts: dict[str, Callable[[Scope, Receive, Send], Awaitable[None]]] = {}
         self.started = int(time.time())
         self.routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[int]]] = {
             ("GET", "/healthz"): self.healthz,
@@ -61,6 +63,11 @@ class ApiApp:
             await _lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        mounted = next((app for prefix, app in self.mounts.items()
+                        if scope["path"] == prefix or scope["path"].startswith(prefix + "/")), None)
+        if mounted is not None:
+            await mounted(scope, receive, send)
             return
         path = scope["path"].rstrip("/") or "/"
         handler = self.routes.get((scope["method"], path))
@@ -179,7 +186,7 @@ class ApiApp:
             if kind == "route":
                 route.update(payload)
 
-        stats, error = await self._submit(req, emit, receive)
+        stats, error = await self.submit(req, emit, receive)
         if stats is None and error is None:
             return 0  # the client went away
         rid = req.request_id
@@ -190,11 +197,13 @@ class ApiApp:
         assert stats is not None
         model = req.model or str(stats.get("model"))
         build = replies.chat_completion if call.kind == "chat" else replies.text_completion
-        return await send_json(send, 200, build(rid, int(time.time()), model, stats),
-                               _route_headers(rid, stats or route))
+        answer = build(rid, int(time.time()), model, stats, tools=call.tools is not None,
+                       logprobs=call.logprobs)
+        return await send_json(send, 200, answer,
+                               route_headers(rid, stats or route) + _call_headers(call))
 
-    async def _submit(self, req: EntryRequest, emit: Any, receive: Receive
-                      ) -> tuple[dict[str, Any] | None, MeshdError | None]:
+    async def submit(self, req: EntryRequest, emit: Any, receive: Receive
+                     ) -> tuple[dict[str, Any] | None, MeshdError | None]:
         """Run the request through the entry chain while watching for the client to go away;
         (stats, None), (None, error), or (None, None) when the client went away and the
         request was cancelled."""
@@ -222,16 +231,41 @@ class ApiApp:
         started = False
         route: dict[str, Any] = {}
         sent_text: list[str] = []
+        # per choice: text held back while it may still be a tool call (the call goes out whole
+        # at the end), and whether it is one (None: not known yet)
+        held: dict[int, list[str]] = {}
+        held_lp: dict[int, list[Any]] = {}
+        is_call: dict[int, bool | None] = {}
 
         async def start(data: bytes) -> None:
-            """The headers, then the role chunk and ``data`` in one write."""
+            """The headers, then the role chunk(s) and ``data`` in one write."""
             nonlocal started
             started = True
             headers = [(b"content-type", sse.CONTENT_TYPE), (b"cache-control", b"no-cache"),
-                       *_route_headers(rid, route)]
+                       *route_headers(rid, route), *_call_headers(call)]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            first = chunks.first()
-            await _body(send, (sse.event(first) if first is not None else b"") + data)
+            await _body(send, chunks.firsts(call.n) + data)
+
+        async def out(data: bytes) -> None:
+            if started:
+                await _body(send, data)
+            else:
+                await start(data)
+
+        def delta(i: int, text: str, lp: list[Any] | None) -> bytes:
+            """The chunk for a choice's text, or nothing while it is held (tools)."""
+            if call.tools is None:
+                return chunks.delta_event(text, i, lp)
+            held.setdefault(i, []).append(text)
+            if lp is not None:
+                held_lp.setdefault(i, []).extend(lp)
+            if is_call.get(i) is None:
+                is_call[i] = True if call.tools.forced else tools.starts_call("".join(held[i]))
+            if is_call[i] is False:  # text: what was held goes out now
+                data = chunks.delta_event("".join(held.pop(i)), i, held_lp.pop(i, None)
+                                          if call.logprobs else None)
+                return data
+            return b""
 
         async def emit(kind: str, payload: dict[str, Any]) -> None:
             if kind == "route":
@@ -242,15 +276,15 @@ class ApiApp:
                     await _body(send, sse.comment(f"route served_by={payload.get('served_by')} "
                                                   f"route={names}"))
                 return
-            if kind == "tokens" and payload.get("text"):
-                sent_text.append(payload["text"])
-                data = chunks.text_event(payload["text"])
-                if started:
-                    await _body(send, data)
-                else:
-                    await start(data)
+            if kind == "tokens" and (payload.get("text") or payload.get("lp")):
+                i = int(payload.get("idx") or 0)
+                if i == 0:
+                    sent_text.append(payload.get("text") or "")
+                data = delta(i, payload.get("text") or "", payload.get("lp"))
+                if data or not started:
+                    await out(data)
 
-        stats, error = await self._submit(req, emit, receive)
+        stats, error = await self.submit(req, emit, receive)
         if stats is None and error is None:
             return 0
         if error is not None:
@@ -264,12 +298,29 @@ class ApiApp:
         if not started:
             route.update({k: stats[k] for k in ("served_by", "route") if stats.get(k)})
             await start(b"")
-        text = str(stats.get("text") or "")
-        said = "".join(sent_text)
-        tail = chunks.text_event(text[len(said):]) if len(text) > len(said) and text.startswith(said) else b""
+        tail = b""
+        if call.n == 1 and call.tools is None:  # text the stream did not carry (a cache hit)
+            text = str(stats.get("text") or "")
+            said = "".join(sent_text)
+            if len(text) > len(said) and text.startswith(said):
+                tail = chunks.text_event(text[len(said):])
+        ends = b""
+        for c in replies.choices_of(stats):
+            i = int(c["index"])
+            finish = str(c.get("finish_reason") or replies.finish_reason(stats))
+            if call.tools is not None and (held.get(i) or is_call.get(i)):
+                text = "".join(held.pop(i, []))
+                calls = tools.parse_reply(text, rid, i) if is_call.get(i) else None
+                if calls:
+                    ends += chunks.tool_calls_event(calls, i)
+                    finish = "tool_calls"
+                elif text:
+                    ends += chunks.delta_event(text, i, held_lp.pop(i, None)
+                                               if call.logprobs else None)
+            ends += chunks.last_event(finish, i)
         usage = chunks.usage(stats)
-        await _body(send, tail + sse.event(chunks.last(stats))
-                    + (sse.event(usage) if usage is not None else b"") + sse.DONE, more=False)
+        await _body(send, tail + ends + (sse.event(usage) if usage is not None else b"")
+                    + sse.DONE, more=False)
         return 200
 
 
@@ -298,7 +349,13 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def _route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]:
+def _call_headers(call: ApiCall) -> list[tuple[bytes, bytes]]:
+    """``x-meshd-tool-format: generic`` when the tools were rendered in meshd's generic format
+    (docs/api.md, "Tools")."""
+    return [(b"x-meshd-tool-format", tools.FORMAT.encode())] if call.tools is not None else []
+
+
+def route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]:
     out = [(b"x-request-id", rid.encode())]
     served_by = route.get("served_by")
     if served_by:

@@ -18,7 +18,8 @@ from meshd.core.request import EntryRequest
 # failover; ("tokens", {"ids": [int], "text": str}) as tokens come
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 # called once at the end of every request with its final stats, "outcome" ("ok" or the error
-# code) and "origin" ("control" or "http")
+# code), "origin" ("control" or "http"), and what the cache lookup and the tier step decided
+# ("cache_lookup", "tier": meshd.node.entry.record.decisions)
 Observer = Callable[[dict[str, Any]], None]
 
 
@@ -35,7 +36,9 @@ class EntryChain(Protocol):
         ...
 
     def models(self) -> list[dict[str, Any]]:
-        """Every model the mesh serves (gossiped view): {"id", "nodes", "context_length"}."""
+        """Every model the mesh serves (gossiped view): {"id", "nodes", "context_length"}, and
+        what else is known of it (``meshd.node.model_facts``; each key only when known: format,
+        architecture, parameters, size_bytes, digest, layers, hidden_size, chat_template)."""
         ...
 
     def new_request_id(self) -> str: ...

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meshd.api import sse
+from meshd.api.tools import parse_reply
 
 
 def usage(stats: Mapping[str, Any]) -> dict[str, int]:
@@ -31,19 +32,56 @@ def response_id(kind: str, rid: str) -> str:
     return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{rid}"
 
 
-def chat_completion(rid: str, created: int, model: str, stats: Mapping[str, Any]) -> dict[str, Any]:
+def choices_of(stats: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The answer's choices: ``stats["choices"]`` (n > 1 or logprobs), else the one answer."""
+    got = stats.get("choices")
+    if got:
+        return [dict(c) for c in got]
+    return [{"index": 0, "text": stats.get("text", ""), "finish_reason": finish_reason(stats)}]
+
+
+def chat_logprobs(entries: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs`` from the engine's [token, log probability, top] entries."""
+    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
+                         "top_logprobs": [{"token": a, "logprob": b, "bytes": list(a.encode())}
+                                          for a, b in top]}
+                        for t, lp, top in entries], "refusal": None}
+
+
+def completion_logprobs(entries: Sequence[Sequence[Any]], offset: int = 0) -> dict[str, Any]:
+    """OpenAI's legacy completions ``logprobs`` (tokens, token_logprobs, top_logprobs,
+    text_offset), offsets counted from ``offset``."""
+    offsets = []
+    for t, _, _ in entries:
+        offsets.append(offset)
+        offset += len(t)
+    return {"tokens": [e[0] for e in entries], "token_logprobs": [e[1] for e in entries],
+            "top_logprobs": [{a: b for a, b in e[2]} for e in entries], "text_offset": offsets}
+
+
+def chat_completion(rid: str, created: int, model: str, stats: Mapping[str, Any], *,
+                    tools: bool = False, logprobs: bool = False) -> dict[str, Any]:
+    """``chat.completion``; with ``tools`` a reply in the generic tool format becomes
+    ``tool_calls`` (finish_reason ``tool_calls``)."""
+    choices = []
+    for c in choices_of(stats):
+        i, text = int(c["index"]), str(c.get("text", ""))
+        calls = parse_reply(text, rid, i) if tools else None
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        finish = c.get("finish_reason") or finish_reason(stats)
+        if calls:
+            message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}
+            finish = "tool_calls"
+        choices.append({"index": i, "message": message,
+                        "logprobs": chat_logprobs(c.get("logprobs") or []) if logprobs else None,
+                        "finish_reason": finish})
     return {
         "id": response_id("chat", rid),
         "object": "chat.completion",
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": stats.get("text", ""), "refusal": None},
-            "logprobs": None,
-            "finish_reason": finish_reason(stats),
-        }],
+        "choices": choices,
         "usage": usage(stats),
         **retrieval(stats),
     }
@@ -55,15 +93,18 @@ def retrieval(stats: Mapping[str, Any]) -> dict[str, Any]:
     return {k: stats[k] for k in ("sources", "rag") if k in stats}
 
 
-def text_completion(rid: str, created: int, model: str, stats: Mapping[str, Any]) -> dict[str, Any]:
+def text_completion(rid: str, created: int, model: str, stats: Mapping[str, Any], *,
+                    tools: bool = False, logprobs: bool = False) -> dict[str, Any]:
     return {
         "id": response_id("completion", rid),
         "object": "text_completion",
         "created": created,
         "model": model,
         "system_fingerprint": None,
-        "choices": [{"text": stats.get("text", ""), "index": 0, "logprobs": None,
-                     "finish_reason": finish_reason(stats)}],
+        "choices": [{"text": c.get("text", ""), "index": int(c["index"]),
+                     "logprobs": completion_logprobs(c.get("logprobs") or []) if logprobs else None,
+                     "finish_reason": c.get("finish_reason") or finish_reason(stats)}
+                    for c in choices_of(stats)],
         "usage": usage(stats),
         **retrieval(stats),
     }
@@ -79,6 +120,7 @@ class Chunks:
         self.kind = kind
         self.include_usage = include_usage
         self._template: tuple[bytes, bytes] | None = None
+        self._offsets: dict[int, int] = {}  # completions' logprobs: text offset per choice
         self.base: dict[str, Any] = {
             "id": response_id(kind, rid),
             "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
@@ -93,18 +135,49 @@ class Chunks:
             out["usage"] = None
         return out
 
-    def _choice(self, text: str | None, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+    def _choice(self, text: str | None, finish: str | None, *, role: bool = False,
+                index: int = 0, lp: Sequence[Any] | None = None) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
+            return {"index": index, "delta": delta,
+                    "logprobs": chat_logprobs(lp) if lp is not None else None,
+                    "finish_reason": finish}
+        return {"text": text or "", "index": index,
+                "logprobs": completion_logprobs(lp, self._offsets.get(index, 0))
+                if lp is not None else None, "finish_reason": finish}
 
     def first(self) -> dict[str, Any] | None:
         return self._chunk(self._choice("", None, role=True)) if self.kind == "chat" else None
+
+    def firsts(self, n: int) -> bytes:
+        """The role chunk of each of ``n`` choices (chat; nothing for completions)."""
+        if self.kind != "chat":
+            return b""
+        return b"".join(sse.event(self._chunk(self._choice("", None, role=True, index=i)))
+                        for i in range(n))
+
+    def delta_event(self, text: str, index: int = 0, lp: Sequence[Any] | None = None) -> bytes:
+        """The chunk of a choice's next text (and its tokens' log probabilities)."""
+        if index == 0 and lp is None:
+            return self.text_event(text)
+        out = sse.event(self._chunk(self._choice(text, None, index=index, lp=lp)))
+        if lp is not None and self.kind != "chat":
+            self._offsets[index] = self._offsets.get(index, 0) + sum(len(e[0]) for e in lp)
+        return out
+
+    def tool_calls_event(self, calls: Sequence[Mapping[str, Any]], index: int = 0) -> bytes:
+        """One chunk with a choice's tool calls whole (OpenAI's deltas: index, id, type,
+        function name and arguments)."""
+        delta = {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
+        return sse.event(self._chunk({"index": index, "delta": delta, "logprobs": None,
+                                      "finish_reason": None}))
+
+    def last_event(self, finish: str, index: int = 0) -> bytes:
+        return sse.event(self._chunk(self._choice(None, finish, index=index)))
 
     def text(self, text: str) -> dict[str, Any]:
         return self._chunk(self._choice(text, None))
@@ -131,9 +204,16 @@ class Chunks:
 
 
 def model_list(models: Sequence[Mapping[str, Any]], created: int) -> dict[str, Any]:
-    """``GET /v1/models``: OpenAI's list of model objects; ``meshd`` holds how many nodes serve
-    each and its context length, when the adverts tell it."""
-    data = [{"id": m["id"], "object": "model", "created": created, "owned_by": "meshd",
-             "meshd": {"nodes": m.get("nodes"), "context_length": m.get("context_length")}}
-            for m in sorted(models, key=lambda m: str(m["id"]))]
+    """``GET /v1/models``: OpenAI's list of model objects, ``auto`` first (the mesh picks a
+    model by the prompt: docs/tiers.md); ``meshd`` holds how many nodes serve each, its context
+    length, tier and weight format, when the adverts tell them (``auto``: the tiers served)."""
+    ordered = sorted(models, key=lambda m: str(m["id"]))
+    tiers = sorted({str(m["tier"]) for m in ordered if m.get("tier")})
+    data = [{"id": "auto", "object": "model", "created": created, "owned_by": "meshd",
+             "meshd": {"nodes": sum(int(m.get("nodes") or 0) for m in ordered),
+                       "tiers": tiers, "auto": True}}]
+    data += [{"id": m["id"], "object": "model", "created": created, "owned_by": "meshd",
+              "meshd": {"nodes": m.get("nodes"), "context_length": m.get("context_length"),
+                        "tier": m.get("tier"), "format": m.get("format")}}
+             for m in ordered]
     return {"object": "list", "data": data}

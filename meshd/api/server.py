@@ -16,8 +16,10 @@ import trio
 
 from meshd.api.app import ApiApp
 from meshd.api.auth import KeyFile
+from meshd.api.console import PREFIX, ConsoleApp, ConsoleSource
 from meshd.api.h11server import H11Server
 from meshd.api.metrics import Metrics
+from meshd.api.ollama.handlers import OllamaApi
 from meshd.api.protocols import ServedNode
 from meshd.config import Config, parse_listen
 from meshd.errors import LocalError
@@ -47,22 +49,30 @@ def base_url(sock: socket.socket) -> str:
     return f"http://{shown}:{port}/v1"
 
 
-def build_app(node: ServedNode, cfg: Config) -> ApiApp:
+def build_app(node: ServedNode, cfg: Config, console: ConsoleSource | None = None) -> ApiApp:
     keys = KeyFile(cfg.path(cfg.api.keys_file), open_access=cfg.api.auth == "none",
                    check_interval_s=KEYS_CHECK_INTERVAL_S)
     metrics = Metrics(node)
     node.entry.observers.append(metrics.requests.observe)
-    return ApiApp(node, keys, metrics, max_body_bytes=cfg.api.max_body_bytes)
+    app = ApiApp(node, keys, metrics, max_body_bytes=cfg.api.max_body_bytes)
+    app.routes.update(OllamaApi(app).routes())  # Ollama's API beside OpenAI's (docs/ollama.md)
+    if console is not None:  # the web console at /ui (docs/console.md)
+        ui = ConsoleApp(console, node.status, app.client_of, metrics.render,
+                        advert_interval_s=cfg.gossip.advert_interval_s)
+        node.entry.observers.append(ui.requests.observe)
+        app.mounts[PREFIX] = ui
+    return app
 
 
-async def serve_api(node: ServedNode, cfg: Config, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_api(node: ServedNode, cfg: Config, console: ConsoleSource | None = None, *,
+                    task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Serve the API of ``node`` until cancelled; ``started`` with the base URL
     (``http://HOST:PORT/v1``). With ``[api] listen = ""`` the API is off: started with None at
-    once."""
+    once. With ``console``, the web console too, at ``/ui``."""
     if not cfg.api.listen:
         task_status.started(None)
         return
-    app = build_app(node, cfg)
+    app = build_app(node, cfg, console)
     sock = bind_socket(cfg.api.listen)
     url = base_url(sock)
     if cfg.api.auth == "none":

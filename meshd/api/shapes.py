@@ -1,10 +1,15 @@
 """OpenAI request bodies as SUBMIT fields. Pure: no I/O.
 
 ``chat_call`` and ``completion_call`` check the OpenAI-only parts of a request (``stream``,
-``stream_options``, ``n``, ``logprobs``, ...) and turn the rest into the SUBMIT-shaped fields that
-``meshd.core.request.parse_submit`` checks, exactly as for `meshd submit`. A field meshd cannot
-honour is a 400 naming it (``errors.unsupported``), never silently ignored; a field that asks for
-OpenAI's neutral value (``n = 1``, ``logprobs = false``, ``presence_penalty = 0``) is accepted.
+``stream_options``, ``logprobs``, ``response_format``, ``tools``, ...) and turn the rest into the
+SUBMIT-shaped fields that ``meshd.core.request.parse_submit`` checks, exactly as for `meshd
+submit`. A field meshd cannot honour is a 400 naming it (``errors.unsupported``), never silently
+ignored; a field that asks for OpenAI's neutral value (``store = false``) is accepted.
+
+``response_format`` (json_object, json_schema) and ``tools`` become a grammar
+(``meshd.engine.constrain``), checked and compiled here once; it travels with the request as its
+``grammar`` field, and the serving node masks every token that would leave it. Tools are
+rendered in meshd's generic format (``meshd.api.tools``).
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshd.api.errors import bad_request, unsupported
+from meshd.api.errors import ApiError, bad_request, unsupported
+from meshd.api.tools import ToolSpec, parse_tools, render_messages
+from meshd.core.request import MAX_N, MAX_TOP_LOGPROBS
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_STOP = 4  # OpenAI's limit
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
 
 # fields every endpoint passes on to SUBMIT under the same name
 _SAMPLING = ("temperature", "top_p", "seed")
@@ -36,7 +45,7 @@ def _neutral(body: Mapping[str, Any], key: str, *values: Any) -> None:
     raise unsupported(key, f"{v!r} is not supported by meshd (only {values[0]!r} is)")
 
 
-def _penalties(body: Mapping[str, Any]) -> None:
+def _penalties(body: Mapping[str, Any], fields: dict[str, Any]) -> None:
     for key in ("presence_penalty", "frequency_penalty"):
         v = body.get(key)
         if v is None:
@@ -44,8 +53,36 @@ def _penalties(body: Mapping[str, Any]) -> None:
         if not isinstance(v, int | float) or isinstance(v, bool) or not -2 <= v <= 2:
             raise bad_request(f"{key} must be a number in [-2, 2]", key)
         if v != 0:
-            raise unsupported(key, "meshd's engine has no presence or frequency penalty (only "
-                              "0 is accepted); use repetition_penalty instead")
+            fields[key] = float(v)
+
+
+def _logit_bias(body: Mapping[str, Any], fields: dict[str, Any]) -> None:
+    bias = body.get("logit_bias")
+    if bias is None or bias == {}:
+        return
+    if not isinstance(bias, dict):
+        raise bad_request("logit_bias must map token ids to biases", "logit_bias")
+    pairs = []
+    for k, v in bias.items():
+        if not (isinstance(k, str) and k.isdigit()) or not isinstance(v, int | float) or \
+                isinstance(v, bool) or not -100 <= v <= 100:
+            raise bad_request("logit_bias must map token ids (as strings of digits) to numbers "
+                              "in [-100, 100]", "logit_bias")
+        pairs.append([int(k), float(v)])
+    fields["logit_bias"] = pairs
+
+
+def _n(body: Mapping[str, Any], fields: dict[str, Any]) -> int:
+    n = body.get("n")
+    if n is None:
+        return 1
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise bad_request("n must be an integer >= 1", "n")
+    if n > MAX_N:
+        raise unsupported("n", f"at most {MAX_N} choices per request in meshd")
+    if n > 1:
+        fields["n"] = n
+    return n
 
 
 @dataclass(frozen=True)
@@ -58,9 +95,13 @@ class ApiCall:
     include_usage: bool = False
     # SUBMIT field name -> the name the client used, for the ``param`` of an error
     params: dict[str, str] = field(default_factory=dict)
+    n: int = 1
+    logprobs: bool = False  # the answer carries log probabilities
+    tools: ToolSpec | None = None  # active tools: the reply may be (or must be) tool calls
+    structured: bool = False  # response_format json_object or json_schema
 
 
-def _common(body: Any, allowed: frozenset[str]) -> tuple[dict[str, Any], bool, bool]:
+def _common(body: Any, allowed: frozenset[str]) -> tuple[dict[str, Any], bool, bool, int]:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     for key in body:
@@ -91,43 +132,60 @@ def _common(body: Any, allowed: frozenset[str]) -> tuple[dict[str, Any], bool, b
     if isinstance(temperature, int | float) and not isinstance(temperature, bool) and (
             not math.isfinite(temperature) or temperature > MAX_TEMPERATURE):
         raise bad_request(f"temperature must be in [0, {MAX_TEMPERATURE:g}]", "temperature")
-    _neutral(body, "n", 1)
-    logit_bias = body.get("logit_bias")
-    if logit_bias not in (None, {}):
-        raise unsupported("logit_bias", "not supported by meshd")
-    _penalties(body)
     fields: dict[str, Any] = {"model": model, "origin": "http"}
+    n = _n(body, fields)
+    _logit_bias(body, fields)
+    _penalties(body, fields)
     for key in (*_SAMPLING, *_EXTENSIONS):
         if body.get(key) is not None:
             fields[key] = body[key]
     stop = body.get("stop")
     if stop is not None:
-        fields["stop"] = [stop] if isinstance(stop, str) else stop
-    return fields, bool(stream), include_usage
+        stop = [stop] if isinstance(stop, str) else stop
+        if isinstance(stop, list) and len(stop) > MAX_STOP:
+            raise bad_request(f"stop takes at most {MAX_STOP} strings", "stop")
+        fields["stop"] = stop
+    return fields, bool(stream), include_usage, n
 
 
 _CHAT_FIELDS = frozenset({
     "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty", "n",
     "logprobs", "top_logprobs", "logit_bias", "response_format", "modalities", "store",
-    *_EXTENSIONS, *_INERT,
+    "tools", "tool_choice", "parallel_tool_calls", *_EXTENSIONS, *_INERT,
 })
 
 
 def chat_call(body: Any) -> ApiCall:
     """``POST /v1/chat/completions``: raises ``ApiError`` (400) naming the first bad field."""
-    fields, stream, include_usage = _common(body, _CHAT_FIELDS)
-    _neutral(body, "logprobs", False)
-    if body.get("top_logprobs") is not None:
-        raise unsupported("top_logprobs", "log probabilities are not supported by meshd")
+    fields, stream, include_usage, n = _common(body, _CHAT_FIELDS)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise bad_request("logprobs must be true or false", "logprobs")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]",
+                              "top_logprobs")
+        if not logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    if logprobs:
+        fields["logprobs"] = top or 0
     _neutral(body, "store", False)
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise unsupported("response_format", "only {\"type\": \"text\"} is supported by meshd")
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise unsupported("modalities", "only [\"text\"] is supported by meshd")
-    fields["messages"] = _messages(body.get("messages"))
+    tools = parse_tools(body)
+    grammar = _response_format(body.get("response_format"))
+    if tools is not None and tools.active:
+        if grammar is not None:
+            raise unsupported("response_format", "a JSON response_format together with tools "
+                              "is not supported by meshd; use one or the other")
+        grammar = _tool_grammar(tools)
+    structured = grammar is not None and not (tools is not None and tools.active)
+    if grammar is not None:
+        fields["grammar"] = grammar
+    fields["messages"] = render_messages(_messages(body.get("messages")), tools)
     max_tokens = body.get("max_completion_tokens")
     legacy = body.get("max_tokens")
     if max_tokens is not None and legacy is not None and max_tokens != legacy:
@@ -139,7 +197,55 @@ def chat_call(body: Any) -> ApiCall:
         fields["max_tokens"] = max_tokens
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
     params = {**_identity(), "max_tokens": name, "prompt": "messages", "messages": "messages"}
-    return ApiCall("chat", fields, stream, include_usage, params)
+    return ApiCall("chat", fields, stream, include_usage, params, n=n, logprobs=bool(logprobs),
+                   tools=tools if tools is not None and tools.active else None,
+                   structured=structured)
+
+
+def _response_format(fmt: Any) -> str | None:
+    """The grammar of ``response_format`` (None for text), compiled and checked: a 400 names
+    the schema keyword meshd cannot enforce."""
+    from meshd.engine.constrain import GrammarError, json_object_grammar, schema_grammar
+
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad_request("response_format must be {\"type\": \"text\"}, "
+                          "{\"type\": \"json_object\"} or {\"type\": \"json_schema\", "
+                          "\"json_schema\": {...}}", "response_format")
+    kind = fmt["type"]
+    if kind == "text":
+        return None
+    try:
+        if kind == "json_object":
+            return json_object_grammar()
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise bad_request("response_format.json_schema must be an object with a name and "
+                              "a schema", "response_format.json_schema")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise bad_request("response_format.json_schema.strict must be true or false",
+                              "response_format.json_schema.strict")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, dict):
+            raise bad_request("response_format.json_schema.schema must be a JSON schema object",
+                              "response_format.json_schema.schema")
+        return schema_grammar(schema)  # strict or not, the output follows the schema
+    except GrammarError as e:
+        param = "response_format.json_schema.schema" if kind == "json_schema" else "response_format"
+        raise ApiError(400, f"{param}: {e}", param=param, code="unsupported_schema") from None
+
+
+def _tool_grammar(tools: ToolSpec) -> str:
+    from meshd.engine.constrain import GrammarError, tool_grammar
+
+    try:
+        return tool_grammar(tools.functions, tools.named, parallel=tools.parallel,
+                            text=not tools.forced)
+    except GrammarError as e:
+        raise ApiError(400, f"tools: a function's parameters: {e}", param="tools",
+                       code="unsupported_schema") from None
 
 
 def _messages(raw: Any) -> list[dict[str, Any]]:
@@ -151,16 +257,44 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
         if not isinstance(m, dict):
             raise bad_request(f"{where} must be an object with role and content", where)
         for key in m:
-            if key not in ("role", "content"):
-                raise unsupported(f"{where}.{key}", "not supported by meshd (no tools, no names)")
+            if key not in ("role", "content", "tool_calls", "tool_call_id", "refusal") and not (
+                    key == "name" and m.get("role") == "tool"):
+                raise unsupported(f"{where}.{key}", "not supported by meshd (participant names)")
         content = m.get("content")
         if isinstance(content, list):
             content = _text_parts(content, f"{where}.content")
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if m.get("role") != "assistant":
+                raise bad_request(f"{where}.tool_calls: only assistant messages call tools",
+                                  f"{where}.tool_calls")
+            _tool_calls(calls, f"{where}.tool_calls")
+            content = content or ""
         if not isinstance(content, str):
             raise bad_request(f"{where}.content must be a string or a list of text parts",
                               f"{where}.content")
-        out.append({"role": m.get("role"), "content": content})
+        msg: dict[str, Any] = {"role": m.get("role"), "content": content}
+        if calls:
+            msg["tool_calls"] = calls
+        if m.get("role") == "tool":
+            if not isinstance(m.get("tool_call_id"), str):
+                raise bad_request(f"{where}.tool_call_id is required in a tool message",
+                                  f"{where}.tool_call_id")
+            msg["tool_call_id"] = m["tool_call_id"]
+        if isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        out.append(msg)
     return out
+
+
+def _tool_calls(calls: Any, where: str) -> None:
+    if not isinstance(calls, list):
+        raise bad_request(f"{where} must be a list", where)
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{where}[{j}] must be {{id, type: function, function: {{name, "
+                              f"arguments}}}}", f"{where}[{j}]")
 
 
 def _text_parts(parts: list[Any], where: str) -> str:
@@ -182,11 +316,18 @@ _COMPLETION_FIELDS = frozenset({
 
 def completion_call(body: Any) -> ApiCall:
     """``POST /v1/completions`` (legacy text completions)."""
-    fields, stream, include_usage = _common(body, _COMPLETION_FIELDS)
-    _neutral(body, "best_of", 1)
+    fields, stream, include_usage, n = _common(body, _COMPLETION_FIELDS)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise unsupported("best_of", f"{best_of!r} is not supported by meshd (only n, {n}, is)")
     _neutral(body, "echo", False)
-    if body.get("logprobs") is not None:
-        raise unsupported("logprobs", "log probabilities are not supported by meshd")
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        if not isinstance(logprobs, int) or isinstance(logprobs, bool) or \
+                not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise bad_request(f"logprobs must be an integer in [0, {MAX_COMPLETION_LOGPROBS}]",
+                              "logprobs")
+        fields["logprobs"] = logprobs
     if body.get("suffix") is not None:
         raise unsupported("suffix", "insertion (suffix) is not supported by meshd")
     prompt = body.get("prompt")
@@ -200,9 +341,12 @@ def completion_call(body: Any) -> ApiCall:
     fields["prompt"] = prompt
     max_tokens = body.get("max_tokens")
     fields["max_tokens"] = COMPLETIONS_DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
-    return ApiCall("completion", fields, stream, include_usage, _identity())
+    return ApiCall("completion", fields, stream, include_usage, _identity(), n=n,
+                   logprobs=logprobs is not None)
 
 
 def _identity() -> dict[str, str]:
-    return {k: k for k in (*_SAMPLING, *_EXTENSIONS, "stop", "model", "max_tokens", "prompt")}
+    return {k: k for k in (*_SAMPLING, *_EXTENSIONS, "stop", "model", "max_tokens", "prompt",
+                           "presence_penalty", "frequency_penalty", "logit_bias", "n",
+                           "logprobs")} | {"grammar": "response_format"}
 

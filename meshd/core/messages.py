@@ -16,7 +16,8 @@ from typing import Any
 
 from meshd.errors import ProtocolError
 
-PROTOCOL_VERSION = 3  # 2: tokenizer identities, packed prompt ids, TOK_REQ/TOK_PART; 3: cells
+PROTOCOL_VERSION = 4  # 2: tokenizer identities, packed prompt ids, TOK_REQ/TOK_PART; 3: cells;
+# 4: the sampling surface (OpenAI penalties, logit_bias, logprobs, n, grammar)
 
 # libp2p protocol ids and the gossip topics.
 REQUEST_PROTOCOL = "/meshd/req/1.0.0"
@@ -161,6 +162,14 @@ _GEN = (
     _opt("repetition_penalty", F.NUM),
     _opt("seed", F.INT),
     _opt("stop", F.STRS),
+    # Since version 4 (docs/api.md): OpenAI's sampling settings and constrained decoding; the
+    # serving node (or a pipeline's last stage) applies them, so failover and hedging keep them.
+    Field("presence_penalty", F.NUM, required=False, nullable=True, since=4),
+    Field("frequency_penalty", F.NUM, required=False, nullable=True, since=4),
+    Field("logit_bias", F.LIST, required=False, nullable=True, since=4),  # [[token id, bias]]
+    Field("logprobs", F.INT, required=False, nullable=True, since=4),  # top alternatives, 0-20
+    Field("n", F.INT, required=False, nullable=True, since=4),  # choices, one batch
+    Field("grammar", F.STR, required=False, nullable=True, since=4),  # llguidance grammar
 )
 
 SPECS: tuple[MessageSpec, ...] = (
@@ -196,6 +205,10 @@ SPECS: tuple[MessageSpec, ...] = (
         Field("rid", F.STR),
         Field("ids", F.INTS),
         _opt("text", F.STR),
+        # since version 4: the choice these tokens belong to (n > 1; absent: 0), and per token
+        # [text, log probability, [[text, log probability], ...]] when logprobs were asked for
+        Field("idx", F.INT, required=False, since=4),
+        Field("lp", F.LIST, required=False, since=4),
     ),
     _m(MessageType.DONE, "a request ended well", Field("rid", F.STR), _opt("stats", F.MAP)),
     _m(
@@ -301,6 +314,7 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("stats", F.MAP),
         _opt("text", F.STR),
         _opt("finish", F.STR),
+        Field("lp", F.LIST, required=False, since=4),  # as TOKENS' lp
     ),
     _m(
         MessageType.STAGE_READY,

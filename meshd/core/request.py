@@ -23,6 +23,10 @@ MAX_NAME_CHARS = 256  # model, strategy, residency, pipeline mode, collection na
 MAX_PROMPT_CHARS = 512 * 1024  # fits the control socket's 1 MiB frame with room for the rest
 MAX_STOP_STRINGS = 8
 MAX_STOP_CHARS = 256
+MAX_N = 8  # choices of one request (decoded as rows of one batch)
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
+MAX_GRAMMAR_CHARS = 256 * 1024  # a compiled response_format or tool grammar
 MAX_MESSAGES = 256
 ROLES = ("system", "user", "assistant", "tool", "developer")
 STRATEGIES = ("meshd", "lwsq", "least_queue", "latency_only", "round_robin", "random",
@@ -40,17 +44,36 @@ class Sampling:
     repetition_penalty: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    logprobs: int | None = None  # None: none; k: the chosen token's and the k likeliest
+    n: int = 1  # choices, decoded together after one prefill
+    grammar: str | None = None  # llguidance grammar: response_format or tools (engine.constrain)
 
     def fields(self) -> dict[str, Any]:
         """The settings that are set, as SUBMIT/REQ wire fields."""
         out: dict[str, Any] = {}
-        for k in ("temperature", "top_k", "top_p", "repetition_penalty", "seed"):
+        for k in ("temperature", "top_k", "top_p", "repetition_penalty", "seed",
+                  "presence_penalty", "frequency_penalty", "logprobs", "grammar"):
             v = getattr(self, k)
             if v is not None:
                 out[k] = v
         if self.stop:
             out["stop"] = list(self.stop)
+        if self.logit_bias:
+            out["logit_bias"] = [[t, b] for t, b in self.logit_bias]
+        if self.n != 1:
+            out["n"] = self.n
         return out
+
+    @property
+    def shapes_output(self) -> bool:
+        """Settings the semantic cache's key does not hold: a grammar, several choices, log
+        probabilities, OpenAI's penalties or a logit bias. Such a request skips the cache."""
+        return (self.grammar is not None or self.n != 1 or self.logprobs is not None
+                or bool(self.presence_penalty) or bool(self.frequency_penalty)
+                or bool(self.logit_bias))
 
     @property
     def greedy(self) -> bool:
@@ -88,7 +111,8 @@ class EntryRequest:
 
 def sampling_problem(
     *, max_tokens: Any = 1, temperature: Any = 0.0, top_k: Any = 0, top_p: Any = 1.0,
-    repetition_penalty: Any = 1.0, seed: Any = None, stop: Any = (),
+    repetition_penalty: Any = 1.0, seed: Any = None, stop: Any = (), presence_penalty: Any = 0.0,
+    frequency_penalty: Any = 0.0, logit_bias: Any = (), logprobs: Any = None, n: Any = 1,
 ) -> str | None:
     """What is wrong with these sampling settings, in one line, or None. The engine's
     ``GenerationConfig`` and the entry node's ``parse_submit`` both apply this rule."""
@@ -106,6 +130,18 @@ def sampling_problem(
         return f"seed={seed!r} must be an integer in [0, 2**63)"
     if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
         return "stop must be a list of non-empty strings"
+    for name, v in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+        if not _is_num(v) or not -2 <= v <= 2:
+            return f"{name}={v!r} must be a number in [-2, 2]"
+    if not isinstance(logit_bias, list | tuple) or len(logit_bias) > MAX_LOGIT_BIAS or any(
+            not isinstance(e, list | tuple) or len(e) != 2 or not _is_int(e[0]) or e[0] < 0
+            or not _is_num(e[1]) or not -100 <= e[1] <= 100 for e in logit_bias):
+        return (f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids (integers >= 0) to "
+                f"biases in [-100, 100]")
+    if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        return f"logprobs={logprobs!r} must be an integer in [0, {MAX_TOP_LOGPROBS}]"
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        return f"n={n!r} must be an integer in [1, {MAX_N}]"
     return None
 
 
@@ -133,6 +169,14 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
         raise ProtocolError(f"stop must be a list of at most {MAX_STOP_STRINGS} strings")
     if any(isinstance(s, str) and len(s) > MAX_STOP_CHARS for s in stop):
         raise ProtocolError(f"each stop string is at most {MAX_STOP_CHARS} characters")
+    grammar = fields.get("grammar")
+    if grammar is not None and (not isinstance(grammar, str) or not grammar
+                                or len(grammar) > MAX_GRAMMAR_CHARS):
+        raise ProtocolError(f"grammar must be a non-empty string of at most {MAX_GRAMMAR_CHARS} "
+                            f"characters")
+    bias = fields.get("logit_bias") or ()
+    if not isinstance(bias, list | tuple):
+        raise ProtocolError("logit_bias must be a list of [token id, bias] pairs")
     sampling = Sampling(
         temperature=_num_or_none(fields, "temperature"),
         top_k=fields.get("top_k"),
@@ -140,6 +184,13 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
         repetition_penalty=_num_or_none(fields, "repetition_penalty"),
         seed=fields.get("seed"),
         stop=tuple(stop),
+        presence_penalty=_num_or_none(fields, "presence_penalty"),
+        frequency_penalty=_num_or_none(fields, "frequency_penalty"),
+        logit_bias=tuple((e[0], float(e[1])) if isinstance(e, list | tuple) and len(e) == 2
+                         and _is_num(e[1]) else e for e in bias),
+        logprobs=fields.get("logprobs"),
+        n=fields.get("n", 1),
+        grammar=grammar,
     )
     problem = sampling_problem(**_with_defaults(sampling))
     if problem is not None:
@@ -150,6 +201,10 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
     pipeline = _text(fields, "pipeline", MAX_NAME_CHARS)
     if pipeline is not None and pipeline not in PIPELINE_MODES:
         raise ProtocolError(f"pipeline must be one of {', '.join(PIPELINE_MODES)}, not {pipeline!r}")
+    if sampling.n > 1:  # the choices share one node's batch; a pipeline decodes one sequence
+        if pipeline == "always":
+            raise ProtocolError("n > 1 cannot run as a pipeline (pipeline = \"always\")")
+        pipeline = "never"
     cache = fields.get("cache")
     if cache is not None and not isinstance(cache, bool):
         raise ProtocolError("cache must be true or false")
@@ -179,8 +234,10 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
 
 
 def _with_defaults(s: Sampling) -> dict[str, Any]:
-    out: dict[str, Any] = {"stop": s.stop, "seed": s.seed}
-    for k in ("temperature", "top_k", "top_p", "repetition_penalty"):
+    out: dict[str, Any] = {"stop": s.stop, "seed": s.seed, "logit_bias": s.logit_bias,
+                           "logprobs": s.logprobs, "n": s.n}
+    for k in ("temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
+              "frequency_penalty"):
         v = getattr(s, k)
         if v is not None:
             out[k] = v

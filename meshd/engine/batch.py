@@ -222,9 +222,10 @@ class BatchStage:
         self._next_done += done
         return done
 
-    def adopt(self, src: BatchStage, slot: Slot) -> Slot:
+    def adopt(self, src: BatchStage, slot: Slot, *, keep: bool = False) -> Slot:
         """Move a sequence's cache from another ``BatchStage`` (its prompt's own row) into a
-        new row here; ``slot`` is closed in ``src``. Returns its slot here."""
+        new row here; ``slot`` is closed in ``src`` unless ``keep`` (a prompt shared by several
+        choices is copied once for each). Returns its slot here."""
         mine = self.open(slot.max_tokens)
         self._ensure(slot.length + 1)
         n = slot.length
@@ -232,7 +233,8 @@ class BatchStage:
             self._keys[j][mine.row, ..., :n] = src._keys[j][slot.row, ..., :n]
             self._values[j][mine.row, :, :n] = src._values[j][slot.row, :, :n]
         mine.length = n
-        src.close(slot)
+        if not keep:
+            src.close(slot)
         return mine
 
     def _contiguous(self, slots: list[Slot]) -> int:

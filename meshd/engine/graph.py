@@ -35,7 +35,7 @@ a stage graph file built for another layout is rebuilt from the weights at load.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -157,11 +157,9 @@ class GraphBuilder:
         n, kb, blob = entry.shape
         bits = 4 if entry.dtype == "q4" else 8
         block = blob * 8 // bits
-        q, _ = self.raw(name)
-        scales, _ = self.raw(name + ".scales")
-        zp, _ = self.raw(name + ".zero_points")
+        q, scales, zp = (self._stored(name + part) for part in ("", ".scales", ".zero_points"))
         mins = name + ".mins"
-        has_mins = mins in self.tensors
+        has_mins = mins in self.tensors or mins in self.fp32
         self.count += 1
         y = out if out is not None and not has_mins else f"matmulnbits_{self.count}_0"
         ins = [x, q, scales, zp] + (["", bias] if bias else [])
@@ -170,8 +168,44 @@ class GraphBuilder:
             K=kb * block, N=n, bits=bits, block_size=block, accuracy_level=ACCURACY_LEVEL))
         if not has_mins:
             return y
-        return self.op("Add", [y, self.op("Gemm", [self._block_sums(x, kb, block),
-                                                   self.weight(mins)], transB=1)], out=out)
+        # y + sums @ mins.T in one Gemm (its C input)
+        return self.op("Gemm", [self._block_sums(x, kb, block), self._stored(mins), y], out=out,
+                       transB=1)
+
+    def _stored(self, name: str) -> str:
+        """A stored tensor (external data), or the Concat that joins several
+        (``matmuls``)."""
+        if name in self.fp32 and "+" in name:
+            return self.fp32[name]
+        return self.raw(name)[0]
+
+    def matmuls(self, x: str, names: list[str], biases: list[str | None]) -> list[str]:
+        """``x @ W.T (+ bias)`` for several weights read from the same ``x`` (q, k and v; gate
+        and up). Matrices stored as blocks of one kind run as one MatMulNBits over their rows
+        joined (onnxruntime folds the Concat of initializers when the session is built), whose
+        output is split: fewer, larger kernels per layer."""
+        entries = [self.tensors[n] for n in names]
+        kinds = {(e.dtype, e.shape[1:], n + ".mins" in self.tensors)
+                 for e, n in zip(entries, names, strict=True)}
+        if len(names) < 2 or not all(self.quantized(n) for n in names) or len(kinds) != 1 \
+                or (any(biases) and not all(biases)):
+            return [self.matmul(x, n, b) for n, b in zip(names, biases, strict=True)]
+        joined = "+".join(names)
+        if joined not in self.tensors:
+            e0 = entries[0]
+            rows = sum(e.shape[0] for e in entries)
+            for part in ("", ".scales", ".zero_points", ".mins"):
+                if names[0] + part not in self.tensors:
+                    continue
+                parts = [self.raw(n + part)[0] for n in names]
+                self.fp32[joined + part] = self.op("Concat", parts, axis=0)
+            self.tensors = {**self.tensors, joined: replace(e0, name=joined,
+                                                            shape=(rows, *e0.shape[1:]))}
+        bias = self.op("Concat", [b for b in biases if b], axis=0) if biases[0] else None
+        y = self.matmul(x, joined, bias)
+        sizes = self.const("rows_" + "_".join(str(e.shape[0]) for e in entries),
+                           np.array([e.shape[0] for e in entries], np.int64))
+        return self.ops("Split", [y, sizes], len(names), axis=-1)
 
     def _block_sums(self, x: str, kb: int, block: int) -> str:
         """[N, K] -> [N, K / block]: the sum of each block of x's values (shared by every
@@ -410,10 +444,15 @@ def _rope_tables(b: GraphBuilder, inv: str, pos_f: str, rope_shape: str, d: int
 
 
 def _rms_norm(b: GraphBuilder, x: str, w: str, eps: float) -> str:
-    sq = b.op("Pow", [x, b.const("two_f", np.array(2.0, np.float32))])
-    ms = b.op("ReduceMean", [sq], axes=[-1], keepdims=1)
-    r = b.op("Sqrt", [b.op("Add", [ms, b.const(f"eps_{eps!r}", np.array(eps, np.float32))])])
-    return b.op("Mul", [b.op("Div", [x, r]), w])
+    """RMSNorm over the last axis, as onnxruntime's SimplifiedLayerNormalization (a contrib
+    operator of the default domain): one node, where Pow/ReduceMean/Sqrt/Div/Mul was five that
+    onnxruntime fused only where the normed value had one consumer."""
+    return b.op("SimplifiedLayerNormalization", [x, w], axis=-1, epsilon=float(eps))
+
+
+def _linears(b: GraphBuilder, x: str, prefixes: list[str], bias: bool) -> list[str]:
+    return b.matmuls(x, [p + ".weight" for p in prefixes],
+                     [b.weight(p + ".bias") if bias else None for p in prefixes])
 
 
 def _linear(b: GraphBuilder, x: str, prefix: str, bias: bool) -> str:
@@ -433,9 +472,8 @@ def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group],
     p = f"model.layers.{i}."
     eps = arch.rms_norm_eps
     h = _rms_norm(b, x, b.weight(p + "input_layernorm.weight"), eps)
-    q = _linear(b, h, p + "self_attn.q_proj", arch.qkv_bias)
-    k = _linear(b, h, p + "self_attn.k_proj", arch.qkv_bias)
-    v = _linear(b, h, p + "self_attn.v_proj", arch.qkv_bias)
+    q, k, v = _linears(b, h, [p + "self_attn." + n for n in ("q_proj", "k_proj", "v_proj")],
+                       arch.qkv_bias)
     if arch.qk_norm:
         q = _head_norm(b, q, b.weight(p + "self_attn.q_norm.weight"), arch.head_dim, eps)
         k = _head_norm(b, k, b.weight(p + "self_attn.k_norm.weight"), arch.head_dim, eps)
@@ -454,8 +492,7 @@ def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group],
     else:
         x = b.op("Add", [x, o])
         h = _rms_norm(b, x, b.weight(p + "post_attention_layernorm.weight"), eps)
-    gate = _linear(b, h, p + "mlp.gate_proj", arch.mlp_bias)
-    up = _linear(b, h, p + "mlp.up_proj", arch.mlp_bias)
+    gate, up = _linears(b, h, [p + "mlp.gate_proj", p + "mlp.up_proj"], arch.mlp_bias)
     act = b.op("Mul", [_activation(b, gate, arch.act), up])
     m = _linear(b, act, p + "mlp.down_proj", arch.mlp_bias)
     if arch.sandwich_norm:

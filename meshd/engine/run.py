@@ -48,6 +48,8 @@ def check_prompt(model: LoadedModel, prompt: str | list[int], cfg: GenerationCon
 def _prepare(model: LoadedModel, prompt: str | list[int], cfg: GenerationConfig | None,
              chat: bool) -> tuple[list[int], Generation, StageSessionLike]:
     cfg = cfg or GenerationConfig()
+    if cfg.n > 1:
+        raise LocalError("n > 1 decodes the choices as one batch: it needs [engine] batching")
     ids, max_new = check_prompt(model, prompt, cfg, chat)
     session = model.stage(0, model.num_layers).open_session(max_tokens=len(ids) + max_new)
     return ids, Generation(ids, cfg, model.tokenizer, max_new_tokens=max_new), session

@@ -13,6 +13,12 @@ steps).
 ``Batcher`` is the trio side: one scheduler task per model (``run``) that calls ``step()`` in a
 worker thread under the model's limiter while there is work, and hands each sequence's tokens to
 its consumer (``generate``) through a memory channel.
+
+Constrained rows (a request with a grammar: ``meshd.engine.constrain``) get their next-token
+masks computed together, in one parallel llguidance call per step, before each row is sampled;
+the time it takes is kept per step (``mask_trace``). A request with ``n`` > 1 choices is one
+prompt, prefilled once: when its last chunk is done, each choice samples its first token from
+the same logits and joins the decoding rows with its own copy of the prompt's cache.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ class BatchSequence:
     last: int = -1  # the token to feed at the next decode step
     events: list[TokenEvent] = field(default_factory=list)  # made by the current step
     channel: Any = None  # trio send channel (the Batcher's)
+    forks: list[BatchSequence] = field(default_factory=list)  # choices 1.. (n > 1), same channel
 
     @property
     def decoding(self) -> bool:
@@ -97,6 +104,8 @@ class BatchScheduler:
         self.last_chunk = 0
         # the last steps: (start, ms, what ran: decode / chunk / fused, +prepare, +join)
         self.trace: deque[tuple[float, float, str]] = deque(maxlen=TRACE_STEPS)
+        # the last steps with constrained rows: (rows masked, ms computing their masks)
+        self.mask_trace: deque[tuple[int, float]] = deque(maxlen=TRACE_STEPS)
 
     def add(self, seq: BatchSequence) -> None:
         self.waiting.append(seq)
@@ -252,25 +261,30 @@ class BatchScheduler:
             seq.prefilled += len(chunk)
             if final and first is not None:
                 self.waiting.popleft()
-                ev = seq.gen.feed(first)
-                seq.events.append(ev)
-                out.append(seq)
-                if ev.finish_reason is None:  # joins the decoding rows (a copy of its cache)
-                    seq.slot = self.stage.adopt(self.pre, seq.slot)
+                members = [seq, *seq.forks]  # every choice samples from the prompt's logits
+                src = seq.slot
+                for m, allowed in zip(members, self._masks(members), strict=True):
+                    ev = m.gen.feed(first, allowed)
+                    m.events.append(ev)
+                    out.append(m)
+                    m.slot = None
+                    if ev.finish_reason is None:  # joins the decoding rows (a copy of its cache)
+                        m.slot = self.stage.adopt(self.pre, src, keep=True)
+                        m.last = ev.token_id
+                        self.running.append(m)
+                    else:
+                        self.stats["left"] += 1
+                self.pre.close(src)
+                if any(m.slot is not None for m in members):
                     what.append("join")
-                    seq.last = ev.token_id
-                    self.running.append(seq)
-                else:
-                    self.pre.close(seq.slot)
-                    seq.slot = None
-                    self.stats["left"] += 1
             elif batch:  # the rows' buffers for the join, spread over the chunks left
                 left = -(-(len(seq.ids) - seq.prefilled) // max(self.chunk(), 1)) - 1
-                if self.stage.prepare(len(seq.ids) + 1, steps=left):
+                if self.stage.prepare(len(seq.ids) + 1, steps=left, extra_rows=1 + len(seq.forks)):
                     what.append("prepare")
         if logits is not None:
+            masks = self._masks(batch)
             for row, s in enumerate(batch):
-                ev = s.gen.feed(logits[row])
+                ev = s.gen.feed(logits[row], masks[row])
                 s.events.append(ev)
                 s.last = ev.token_id
                 out.append(s)
@@ -279,6 +293,20 @@ class BatchScheduler:
         self.stats["steps"] += 1
         self.stats["tokens"] += len(out)
         self.trace.append((start, (time.perf_counter() - start) * 1000, "+".join(what)))
+        return out
+
+    def _masks(self, seqs: list[BatchSequence]) -> list[np.ndarray | None]:
+        """The grammar masks of the constrained ``seqs`` (None for the others), in one call."""
+        rows = [i for i, s in enumerate(seqs) if s.gen.constrained]
+        out: list[np.ndarray | None] = [None] * len(seqs)
+        if rows:
+            from meshd.engine.constrain import fill_masks
+
+            t0 = time.perf_counter()
+            masks = fill_masks([seqs[i].gen.matcher() for i in rows])
+            self.mask_trace.append((len(rows), (time.perf_counter() - t0) * 1000))
+            for i, m in zip(rows, masks, strict=True):
+                out[i] = m
         return out
 
     def statistics(self) -> dict[str, Any]:
@@ -300,7 +328,18 @@ def prepare(model: LoadedModel, prompt: str | list[int], cfg: GenerationConfig |
     cfg = cfg or GenerationConfig()
     ids, max_new = check_prompt(model, prompt, cfg, chat)
     gen = Generation(ids, cfg, model.tokenizer, max_new_tokens=max_new)
-    return BatchSequence(ids=ids, gen=gen, max_tokens=len(ids) + max_new)
+    seq = BatchSequence(ids=ids, gen=gen, max_tokens=len(ids) + max_new)
+    seq.forks = [BatchSequence(ids=ids, gen=Generation(ids, cfg, model.tokenizer,
+                                                       max_new_tokens=max_new, choice=i),
+                               max_tokens=len(ids) + max_new) for i in range(1, cfg.n)]
+    return seq
+
+
+def warm_grammar(model: LoadedModel) -> None:
+    """Build llguidance's view of the model's vocabulary now (about 1.5 s for 49k tokens)."""
+    from meshd.engine.constrain import grammar_tokenizer
+
+    grammar_tokenizer(model.tokenizer)
 
 
 class Batcher:
@@ -336,6 +375,11 @@ class Batcher:
                         limiter=limiter)
                 except Exception as err:  # the first request will report a model that cannot run
                     log.warning("batch calibration failed model=%s error=%s",
+                                self.model.manifest.name, err)
+                try:  # llguidance's view of the vocabulary, so no request waits for it
+                    await trio.to_thread.run_sync(warm_grammar, self.model, limiter=limiter)
+                except Exception as err:  # constrained requests will fail with the reason
+                    log.warning("grammar engine unavailable model=%s error=%s",
                                 self.model.manifest.name, err)
             while True:
                 self._apply()
@@ -384,8 +428,11 @@ class Batcher:
         seq = prepare(self.model, prompt, cfg, chat)
         send, recv = trio.open_memory_channel[Any](math.inf)
         seq.channel = send
+        for f in seq.forks:
+            f.channel = send
         self._joins.append(seq)
         self._wake.set()
+        open_choices = 1 + len(seq.forks)
         try:
             async with recv:
                 async for item in recv:
@@ -394,10 +441,12 @@ class Batcher:
                     for ev in item:
                         yield ev
                         if ev.finish_reason is not None:
-                            return
+                            open_choices -= 1
+                            if not open_choices:
+                                return
         finally:
             if seq in self._joins:
                 self._joins.remove(seq)
             else:
-                self._leaves.append(seq)
+                self._leaves.extend([seq, *seq.forks])
                 self._wake.set()

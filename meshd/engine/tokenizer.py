@@ -47,6 +47,14 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self.info.chat_template)
 
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (llguidance builds its own view from it)."""
+        return str(self._tok.to_str())
+
+    def token_text(self, token_id: int) -> str:
+        """One token's own text, special tokens included (for log probabilities)."""
+        return str(self._tok.decode([token_id], skip_special_tokens=False))
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; special tokens (such as BOS) as the tokenizer's own
         post-processor adds them."""

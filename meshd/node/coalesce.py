@@ -89,8 +89,10 @@ class FrameBatcher:
         self._framed = framed
         self._interval = interval_s
         self._max_batch = max_batch_tokens
-        self._ids: dict[str, list[int]] = {}  # rid -> token ids not yet written
-        self._text: dict[str, list[str]] = {}
+        # (rid, choice) -> token ids not yet written, their text, their log probabilities
+        self._ids: dict[tuple[str, int], list[int]] = {}
+        self._text: dict[tuple[str, int], list[str]] = {}
+        self._lp: dict[tuple[str, int], list[Any]] = {}
         self._final: dict[str, bytes] = {}  # rid -> its DONE/ERROR frame, written after its tokens
         self._started: set[str] = set()  # requests whose first tokens were written
         self._news = False  # something waits to be written
@@ -104,17 +106,22 @@ class FrameBatcher:
         for k in ("token_writes", "token_frames", "tokens_sent"):
             self.stats.setdefault(k, 0)
 
-    def token(self, rid: str, token_id: int, text: str) -> None:
-        """Queue one token of ``rid``; never blocks. Raises ``PeerGoneError`` once the stream
-        has failed, so that the request stops generating for nobody."""
+    def token(self, rid: str, token_id: int, text: str, *, idx: int = 0,
+              lp: list[Any] | None = None) -> None:
+        """Queue one token of ``rid`` (of its choice ``idx``, with its log probabilities
+        ``lp``); never blocks. Raises ``PeerGoneError`` once the stream has failed, so that the
+        request stops generating for nobody."""
         if self._closed:
             raise PeerGoneError("request stream failed")
-        buf = self._ids.get(rid)
+        key = (rid, idx)
+        buf = self._ids.get(key)
         if buf is None:
-            buf = self._ids[rid] = []
-            self._text[rid] = []
+            buf = self._ids[key] = []
+            self._text[key] = []
         buf.append(token_id)
-        self._text[rid].append(text)
+        self._text[key].append(text)
+        if lp is not None:
+            self._lp.setdefault(key, []).append(lp)
         if not self._news:
             self._news = True
             self._wake.set()
@@ -139,19 +146,27 @@ class FrameBatcher:
     def _take(self) -> bytes:
         parts: list[bytes] = []
         ntok = 0
-        for rid, ids in self._ids.items():
+        for key, ids in self._ids.items():
             if ids:
-                text = "".join(self._text[rid])
-                parts.append(frame(MessageType.TOKENS, {"rid": rid, "ids": ids, "text": text}))
+                rid, idx = key
+                fields: dict[str, Any] = {"rid": rid, "ids": ids, "text": "".join(self._text[key])}
+                if idx:
+                    fields["idx"] = idx
+                lp = self._lp.pop(key, None)
+                if lp is not None:
+                    fields["lp"] = lp
+                parts.append(frame(MessageType.TOKENS, fields))
                 ntok += len(ids)
                 self._started.add(rid)
-                self._ids[rid] = []
-                self._text[rid] = []
+                self._ids[key] = []
+                self._text[key] = []
         for rid, data in self._final.items():
             parts.append(data)
             self._started.discard(rid)
-            self._ids.pop(rid, None)
-            self._text.pop(rid, None)
+            for key in [k for k in self._ids if k[0] == rid]:
+                self._ids.pop(key, None)
+                self._text.pop(key, None)
+                self._lp.pop(key, None)
         self._final.clear()
         self.stats["token_frames"] += len(parts)
         self.stats["tokens_sent"] += ntok

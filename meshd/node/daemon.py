@@ -27,6 +27,7 @@ from meshd.net.listen import (
 )
 from meshd.node.audit import record_start, store_sink
 from meshd.node.autoplace import initial_range
+from meshd.node.console import ConsoleFacts
 from meshd.node.engine_model import EngineModel, default_model_dir, load_engine_model
 from meshd.node.hwmon import HardwareMonitor, build_monitor, host_source, kv_memory_of
 from meshd.node.node import Node
@@ -154,6 +155,7 @@ def open_store(path: Path) -> AsyncStore:
 
 async def run_daemon(node: Node) -> None:
     store = node.store
+    console = ConsoleFacts(node)  # the web console's view: remembers peers from the first advert
     async with trio.open_nursery() as nursery:
         if store is not None:
             await nursery.start(store.run)
@@ -161,7 +163,7 @@ async def run_daemon(node: Node) -> None:
         await nursery.start(node.run)
         ensure_listening(node.host, parse_listen(node.config.node.listen))
         # the HTTP API and /metrics (meshd/api); None when [api] listen = ""
-        node.api_url = await nursery.start(serve_api, node, node.config)
+        node.api_url = await nursery.start(serve_api, node, node.config, console)
         notify("READY=1")
         print(f"meshd: node {node.node_name} ready, peer id {node.peer_id}", flush=True)
         print(f"meshd: listening on {', '.join(node.addrs)}", flush=True)

@@ -84,6 +84,11 @@ class EngineModel:
         return list(self.model.tokenizer.encode_chat(messages))
 
     @property
+    def weight_format(self) -> str:
+        """How the weights are stored (the manifest's dtype: fp32, fp16, int4, int8)."""
+        return str(self.model.manifest.dtype)
+
+    @property
     def kv_bytes_per_layer_token(self) -> int:
         """KV cache bytes per token per layer: float32 keys and values of every KV head."""
         arch = self.model.manifest.arch
@@ -106,3 +111,9 @@ class EngineModel:
 
     def generate(self, prompt: list[int], cfg: Any) -> Any:
         return self.model.generate(prompt, cfg)
+
+    @property
+    def manifest(self) -> Any:
+        """The loaded model's manifest (docs/model-format.md), which ``meshd.node.model_facts``
+        describes the model from."""
+        return self.model.manifest

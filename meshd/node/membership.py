@@ -187,7 +187,7 @@ class Membership:
 
     def local_advert(self) -> Advert:
         runner, stages = self.runner, self.stages
-        served = list(runner.models.values())
+        served = [s for s in runner.models.values() if runner.ready(s.name)]
         models = []
         for s in served:
             speed = stages.speed(s.name)
@@ -205,13 +205,15 @@ class Membership:
                     prefill_ms_per_layer_token=round(speed.prefill_ms_per_layer_token, 4),
                     decode_ms_per_layer=round(speed.decode_ms_per_layer, 4),
                     context_length=runner.context_length(s.name) or 0,
-                    tokenizer=runner.tokenizer_identity(s.name),
+                    tokenizer=runner.advertised_tokenizer(s.name),
                     tier=s.tier,
                     quality=s.quality,
                     kv_bytes_per_token=kv_bytes_per_layer_token(s.model) * (s.layer_end - s.layer_start),
                     batch_max=batch_max,
                     batch_tps=batch_tps,
                     weight_format=weight_format(s.model),
+                    model_id=runner.model_identity(s.name),
+                    ttft_ms=round(s.ttft_ms, 1),
                 )
             )
         prefill = max((s.prefill_tps for s in served), default=0.0)
@@ -542,11 +544,15 @@ class Membership:
 
 
 def weight_format(model: object) -> str:
-    """How a served model's weights are stored, for the advert: its manifest's dtype, or
-    "upstream" for a model an upstream server runs ("" when unknown)."""
-    manifest = getattr(model, "manifest", None)
+    """How a served model's weights are stored, for the advert: its manifest's dtype (an
+    engine model's ``weight_format``, or the manifest of what it holds), or "upstream" for a
+    model an upstream server runs ("" when unknown)."""
+    fmt = getattr(model, "weight_format", None)
+    if isinstance(fmt, str):
+        return fmt
+    manifest = getattr(model, "manifest", None) or getattr(getattr(model, "model", None), "manifest", None)
     if manifest is not None:
-        return str(getattr(manifest, "dtype", ""))
+        return str(manifest.dtype)
     return "upstream" if getattr(model, "base_url", None) else ""
 
 

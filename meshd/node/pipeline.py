@@ -166,7 +166,10 @@ async def run_plan(req: PipelineRequest, p: Plan, attempt: int, resume: list[int
                 continue
             ids = [int(i) for i in m["ids"]]
             run.tokens.extend(ids)
-            await chan.send(("tokens", {"ids": ids, "text": m.get("text") or ""}))
+            payload: dict[str, Any] = {"ids": ids, "text": m.get("text") or ""}
+            if m.get("lp") is not None:
+                payload["lp"] = m["lp"]
+            await chan.send(("tokens", payload))
             if m.get("finish") or run.remaining <= 0:
                 await chan.send(("done", {"stats": {}}))
                 return
@@ -201,6 +204,8 @@ async def _open_all(run: _Pass, hops: Any, sids: list[str], opened: list[int]) -
             fields["max_tokens"] = total
         if i == len(hops) - 1:
             fields["gen"] = {**gen_fields(req.msg), "max_tokens": run.remaining}
+            if run.tokens:  # a replan: penalties, grammar and seed go on after these
+                fields["gen"]["after"] = list(run.tokens)
             if history and _takes_packed(req, h.peer_id):
                 dtype, data = pack_ids(history, vocab_bound(history, req.vocab_size))
                 fields.update(prompt_packed=data, prompt_dtype=dtype)

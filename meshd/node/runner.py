@@ -27,10 +27,13 @@ EWMA = 0.3
 
 @dataclass(slots=True)
 class Token:
-    """One generated token: its id and the text it adds."""
+    """One generated token: its id and the text it adds; with logprobs asked for, ``lp`` (the
+    engine's ``TokenEvent.logprob``); ``choice`` is its choice's index (n > 1)."""
 
     id: int
     text: str
+    lp: list[Any] | None = None
+    choice: int = 0
 
 
 class ModelLike(Protocol):
@@ -63,6 +66,7 @@ class Served:
     busy_refusals: int = 0
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
+    ttft_ms: float = 0.0  # EWMA of the time from taking a slot to the first token
     max_decode_tps: float = 0.0  # config's max_decode_tokens_per_s: per-request pacing, 0 = none
     hold_s: float = 0.0  # EWMA of how long a completed request held its slot (0: none yet)
     wait_refusals: int = 0  # requests that could not start within the wait their entry node allowed
@@ -114,6 +118,7 @@ class Served:
             "wait_refusals": self.wait_refusals,
             "prefill_tps": round(self.prefill_tps, 1),
             "decode_tps": round(self.decode_tps, 1),
+            "ttft_ms": round(self.ttft_ms, 1),
             "service_rate_rps": round(self.service_rate_rps(), 3),
             **({"batch": batcher.statistics()} if (batcher := self.batcher()) is not None else {}),
         }
@@ -164,6 +169,10 @@ class Runner:
         ``batching`` off it starts none: each request runs its own one-sequence loop."""
         started: set[int] = set()
         async with trio.open_nursery() as nursery:
+            for s in list(self.models.values()):  # upstream models probe their servers
+                run = getattr(s.model, "run", None)
+                if run is not None:
+                    await nursery.start(run)
             task_status.started()
             if not self.batching:
                 log.info("batching off: each request runs its own decode loop")
@@ -189,6 +198,36 @@ class Runner:
         ids: list[int] = s.model.encode_prompt(text, chat=chat)
         return ids
 
+    async def aencode(self, model: str, text: str, *, chat: bool = False) -> list[int]:
+        """``encode``, for a model that may tokenize through its server (an upstream model
+        without a local tokenizer: ``meshd.upstream.model``)."""
+        s = self.models.get(model)
+        f = getattr(s.model, "aencode_prompt", None) if s is not None else None
+        if f is None:
+            return self.encode(model, text, chat=chat)
+        ids: list[int] = await f(text, chat=chat)
+        return ids
+
+    async def aencode_messages(self, model: str, messages: list[Any]) -> list[int]:
+        s = self.models.get(model)
+        f = getattr(s.model, "aencode_messages", None) if s is not None else None
+        if f is None:
+            return self.encode_messages(model, messages)
+        ids: list[int] = await f(messages)
+        return ids
+
+    def tokenizes_here(self, model: str) -> bool:
+        """Whether ``encode`` works without awaiting (not for an upstream model whose server
+        tokenizes: ``aencode``)."""
+        s = self.models.get(model)
+        return s is not None and bool(getattr(s.model, "tokenizes_here", True))
+
+    def ready(self, model: str) -> bool:
+        """Whether ``model`` is served here and can take requests now (an upstream model is not
+        until its server answered a probe: it is neither advertised nor used meanwhile)."""
+        s = self.models.get(model)
+        return s is not None and bool(getattr(s.model, "ready", True))
+
     def encode_messages(self, model: str, messages: list[Any]) -> list[int]:
         """Token ids of chat ``messages`` through the model's chat template."""
         s = self.models.get(model)
@@ -209,6 +248,29 @@ class Runner:
         s = self.models.get(model)
         f = getattr(s.model, "tokenizer_identity", None) if s is not None else None
         return str(f()) if f is not None else ""
+
+    def advertised_tokenizer(self, model: str) -> str:
+        """The tokenizer identity to advertise: the model's, when peers can fetch it here ("" for
+        an upstream model whose ids only its server makes: entry nodes then send text)."""
+        s = self.models.get(model)
+        if s is None or not getattr(s.model, "tokenizer_shareable", True):
+            return ""
+        return self.tokenizer_identity(model)
+
+    def model_identity(self, model: str) -> str:
+        """What the model really is (meshd.core.modelid; "" when unknown)."""
+        s = self.models.get(model)
+        if s is None:
+            return ""
+        mid = getattr(s.model, "model_identity", None)
+        if isinstance(mid, str):
+            return mid
+        manifest = getattr(s.model, "manifest", None)
+        if manifest is None:
+            return ""
+        from meshd.core.modelid import of_manifest
+
+        return of_manifest(getattr(manifest, "source", {}) or {}, str(manifest.content_hash))
 
     def tokenizer_bundle(self, identity: str) -> bytes | None:
         """The bundle of a tokenizer of a model served here, by identity (reads a file: call it
@@ -273,13 +335,15 @@ class Runner:
                 if first is None:
                     first = time.perf_counter()
                     s.prefill_tps = _ewma(s.prefill_tps, len(prompt_ids) / max(first - t0, 1e-6))
+                    s.ttft_ms = _ewma(s.ttft_ms, (first - t0) * 1000.0)
                 elif s.max_decode_tps > 0:  # pace token n+1 to no earlier than first + n / cap
                     await trio.sleep(max(0.0, first + n / s.max_decode_tps - time.perf_counter()))
                 n += 1
                 rate = s.decode_rate()
                 if rate > 0:  # the end of this request, as it stands
                     s.ends[key] = trio.current_time() + predict.decode_s(max(max_tokens - n, 0), rate)
-                yield Token(int(ev.token_id), ev.text)
+                yield Token(int(ev.token_id), ev.text, getattr(ev, "logprob", None),
+                            getattr(ev, "choice", 0))
             end = time.perf_counter()
             if first is not None and n > 1:
                 s.decode_tps = _ewma(s.decode_tps, (n - 1) / max(end - first, 1e-6))

@@ -245,11 +245,16 @@ class RequestServer:
         if msg["hops"] >= self.max_hops:
             raise RemoteError(f"hop limit {self.max_hops} reached", ErrorCode.HOPS)
         model = msg["model"]
-        ids = self.prompt_ids(msg)
+        if (msg.get("prompt_packed") is None and not msg["prompt_ids"] and msg.get("prompt")
+                and not self.runner.tokenizes_here(model)):  # an upstream server tokenizes it
+            self.stats["prompts_text"] += 1
+            ids = await self.runner.aencode(model, msg["prompt"], chat=bool(msg.get("chat", False)))
+        else:
+            ids = self.prompt_ids(msg)
         if not ids:
             raise ProtocolError("the REQ's prompt has no tokens")
         resume = list(msg.get("resume_ids") or [])
-        gen = gen_config_from(msg, already=len(resume))
+        gen = gen_config_from(msg, already=len(resume), after=resume)
         t0 = time.perf_counter()
         first = 0.0
         count = 0
@@ -263,7 +268,7 @@ class RequestServer:
                     if not count:
                         first = time.perf_counter()
                     count += 1
-                    out.token(rid, tok.id, tok.text)
+                    out.token(rid, tok.id, tok.text, idx=tok.choice, lp=tok.lp)
             finally:
                 # Close the generator in this task (the runner then releases its model slot),
                 # even when cancelled.

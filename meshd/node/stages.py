@@ -334,7 +334,10 @@ class StageServer:
             if not ids or len(ids) >= ctx:
                 raise RemoteError(f"the prompt has {len(ids)} tokens; the context is {ctx}",
                                   ErrorCode.MALFORMED)
-            cfg = gen_config_from(dict(msg.get("gen") or {}))
+            gen = dict(msg.get("gen") or {})
+            after = gen.get("after")
+            cfg = gen_config_from(gen, after=[int(t) for t in after]
+                                  if isinstance(after, list) else None)
             if cfg is None:
                 raise RemoteError("nothing left to generate", ErrorCode.MALFORMED)
             sess.gen = Generation(ids, cfg, engine_model.tokenizer,
@@ -448,6 +451,8 @@ class StageServer:
                                   "text": ev.text}
         if ev.finish_reason is not None:
             fields["finish"] = ev.finish_reason
+        if ev.logprob is not None:
+            fields["lp"] = [ev.logprob]
         try:
             await sess.reply.send(MessageType.STAGE_OUT, fields)
         except (PeerGoneError, trio.TooSlowError):

@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from meshd.core.advert import Advert
 from meshd.core.hwsignals import HwSignals, read_signals
 from meshd.core.peertable import PeerTable
 from meshd.core.snapshot import Policy
@@ -140,6 +141,40 @@ class PeerSource(Protocol):
     def cell_of(self, peer_id: str, labels: Mapping[str, str]) -> str | None: ...
 
 
+def advert_fields(a: Advert) -> dict[str, Any]:
+    """What a row of ``meshd peers`` (and the web console's map) shows of advert ``a``: who the
+    node is, what it serves (each model's layer range, tier and weight format), its load, slots,
+    speeds, hardware and Vivaldi coordinate."""
+    return {
+        "name": a.name,
+        "peer_id": a.peer_id,
+        "region": a.region,
+        "labels": a.labels,
+        "hardware": a.hardware,
+        "models": [
+            {"name": m.name, "layers": [m.layer_start, m.layer_end], "num_layers": m.num_layers,
+             **({"tier": m.tier} if m.tier else {}),
+             **({"fmt": m.weight_format} if m.weight_format else {}),
+             **({"batch": m.batch_max, "batch_tps": list(m.batch_tps)} if m.batch_max else {}),
+             # measured speed of this model there (0: not measured yet)
+             "prefill_tps": m.prefill_tps, "decode_tps": m.decode_tps, "ttft_ms": m.ttft_ms,
+             **({"ctx": m.context_length} if m.context_length else {}),
+             **({"mid": m.model_id} if m.model_id else {}),
+             **({"tok": m.tokenizer[:16]} if m.tokenizer else {})}
+            for m in a.models
+        ],
+        "queue_depth": a.queue_depth,
+        "in_flight": a.in_flight,
+        "slots": a.max_concurrency,
+        "prefill_tps": a.prefill_tps,
+        "decode_tps": a.decode_tps,
+        "seq": a.seq,
+        "coord": {"vec": list(a.coord), "height": a.coord_height} if a.coord else None,
+        "collections": list(a.collections),  # retrieval collections (docs/rag.md)
+        "signals": signals_dict(read_signals(a.hardware)),
+    }
+
+
 def peers_listing(src: PeerSource, now: float) -> list[dict[str, Any]]:
     """Every peer of the table (stalled ones too), as ``meshd peers`` shows them at ``now``:
     ``cell`` (None when cells are off) and ``known_by``: ``advert`` (gossip or a SYNC: a member
@@ -154,32 +189,16 @@ def peers_listing(src: PeerSource, now: float) -> list[dict[str, Any]]:
         est = estimate_rtt_ms(coord, remote) if remote is not None and len(remote.vec) == len(coord.vec) else None
         rows.append(
             {
-                "name": a.name,
+                **advert_fields(a),
                 "peer_id": pid,
-                "region": a.region,
                 "cell": src.cell_of(pid, a.labels),
                 "known_by": "probe" if src.via.get(pid) == "probe" else "advert",
-                "labels": a.labels,
-                "hardware": a.hardware,
-                "models": [
-                    {"name": m.name, "layers": [m.layer_start, m.layer_end], "num_layers": m.num_layers,
-                     **({"batch": m.batch_max, "batch_tps": list(m.batch_tps)} if m.batch_max else {})}
-                    for m in a.models
-                ],
-                "queue_depth": a.queue_depth,
-                "in_flight": a.in_flight,
-                "prefill_tps": a.prefill_tps,
-                "decode_tps": a.decode_tps,
                 "advert_age_s": round(now - e.heard_at, 3),
-                "seq": a.seq,
                 "rtt_ms": round(rtt, 3),
                 "rtt_source": source,
                 "rtt_measured_ms": round(e.rtt_ms, 3) if e.rtt_ms is not None else None,
                 "rtt_estimated_ms": round(est, 3) if est is not None else None,
                 "stalled": e.stalled,
-                "collections": list(a.collections),  # retrieval collections (docs/rag.md)
-                "signals": signals_dict(read_signals(a.hardware)),
             }
         )
     return rows
-

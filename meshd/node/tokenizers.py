@@ -190,8 +190,9 @@ class TokenizerService:
         """The tokenizer of a model served here, if one has this identity."""
         runner = self.node.runner
         for name, s in list(runner.models.items()):
-            if runner.tokenizer_identity(name) == identity:
-                return getattr(getattr(s.model, "model", None), "tokenizer", None)
+            if runner.tokenizer_identity(name) == identity:  # an engine or an upstream model's
+                return (getattr(getattr(s.model, "model", None), "tokenizer", None)
+                        or getattr(s.model, "tokenizer", None))
         return None
 
     def _start(self, identity: str) -> _Fetch:

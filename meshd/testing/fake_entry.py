@@ -34,6 +34,8 @@ class FakeModel:
     nodes: int = 1
     served_by: str = "fake1"
     route: tuple[str, ...] = ("fake1",)
+    # what meshd.node.model_facts would know of it (format, architecture, parameters, ...)
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -66,7 +68,7 @@ class FakeChain:
         return "fake-embed", out, sum(len(t.split()) for t in texts)
 
     def models(self) -> list[dict[str, Any]]:
-        return [{"id": m.name, "nodes": m.nodes, "context_length": m.context_length}
+        return [{**m.facts, "id": m.name, "nodes": m.nodes, "context_length": m.context_length}
                 for m in self.models_served.values()]
 
     async def submit(self, req: EntryRequest, emit: Emit) -> dict[str, Any]:

@@ -343,6 +343,19 @@ def down(directory: Path, timeout_s: float = 10.0) -> list[str]:
             netns.teardown(directory)
 
 
+def stop_node(directory: Path, name: str, timeout_s: float = 10.0) -> bool:
+    """Stop one daemon of the testnet in ``directory`` as ``down`` stops them all (SIGTERM,
+    SIGKILL after ``timeout_s``), leaving the others running; False when it was not running."""
+    try:
+        nodes = json.loads((directory / "testnet.json").read_text())["nodes"]
+    except (OSError, ValueError, KeyError):
+        raise LocalError(f"no testnet in {directory}") from None
+    node = next((n for n in nodes if n["name"] == name), None)
+    if node is None:
+        raise LocalError(f"no node {name} in the testnet in {directory}")
+    return bool(_stop_daemons([node], set(), timeout_s))
+
+
 def _stop_daemons(nodes: list[dict[str, Any]], extra: set[int], timeout_s: float) -> list[str]:
     """SIGTERM (after SIGCONT, for a frozen one) each daemon: the listed ``nodes`` whose pid still
     runs meshd, and the pids in ``extra``; SIGKILL whatever is left after ``timeout_s``."""

@@ -78,9 +78,10 @@ def test_models_lists_the_meshs_models(tmp_path: Path) -> None:
     async def body(c: httpx.AsyncClient, key: str) -> None:
         r = (await c.get("/v1/models", headers=auth(key))).json()
         assert r["object"] == "list"
-        assert [m["id"] for m in r["data"]] == ["big", "tiny"]
+        assert [m["id"] for m in r["data"]] == ["auto", "big", "tiny"]  # auto: meshd picks
         assert all(m["object"] == "model" and m["owned_by"] == "meshd" for m in r["data"])
-        assert r["data"][1]["meshd"]["nodes"] == 3
+        assert r["data"][2]["meshd"]["nodes"] == 3 and r["data"][0]["meshd"]["nodes"] == 4
+        assert r["data"][2]["meshd"]["context_length"] == 256
 
     run(tmp_path, FakeNode(chain), body)
 

@@ -51,11 +51,20 @@ def test_fused_step_equals_a_decode_step_and_a_chunk_run_apart(models: dict[str,
 
 
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("name", ["llama", "qwen2"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "int4"])
 def test_prompts_joining_mid_decode_match_running_alone(models: dict[str, Model], name: str,
-                                                        fused: bool) -> None:
-    """Greedy and seeded sequences, long prompts admitted in chunks while others decode."""
-    model = models[name]
+                                                        fused: bool,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy and seeded sequences, long prompts admitted in chunks while others decode.
+
+    "int4" is a 4-bit model whose MatMulNBits compute in float here ("int4-exact"): at the
+    default accuracy level its kernels for one row and for many sum in different orders, and
+    the int8 rounding of the next layer's activations can turn those last bits into a changed
+    token late in a sampled sequence (docs/engine.md), as in llama.cpp's batched kernels."""
+    from meshd.engine import graph
+
+    monkeypatch.setattr(graph, "ACCURACY_LEVEL", 0)  # for the fused graph, built on demand
+    model = models["int4-exact" if name == "int4" else name]
     rng = np.random.default_rng(3)
     prompts = [[int(t) for t in rng.integers(3, 200, n)] for n in (5, 70, 3, 41)]
     cfgs = [GREEDY, SEEDED, SEEDED, GREEDY]

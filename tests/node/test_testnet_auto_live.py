@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,3 +57,13 @@ def test_model_auto_is_answered_on_the_default_testnet(testnet: dict[str, Any]) 
         assert text.strip(), (prompt, notes)
         auto = [n for n in notes if n.startswith("model auto: ")]
         assert len(auto) == 1 and auto[0].startswith("model auto: tiny-en (tier large"), notes
+
+
+def test_peers_say_how_each_model_is_stored(testnet: dict[str, Any]) -> None:
+    """Adverts carry the weights' format ('fmt'), and `meshd peers` shows it."""
+    got = json.loads(cli("peers", "--json", "--socket", testnet["socket"], env=testnet["env"],
+                         timeout=60).stdout)
+    assert len(got) == 2
+    assert all(m.get("fmt") == "fp16" for p in got for m in p["models"]), got  # tiny-en ships fp16
+    table = cli("peers", "--socket", testnet["socket"], env=testnet["env"], timeout=60).stdout
+    assert re.search(r"tiny-en\[0-6 fp16( \d+ms \d+t/s)?\]", table), table  # with its speed once measured

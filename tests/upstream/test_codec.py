@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
 from meshd.upstream import codec
-from meshd.upstream.model import UpstreamModel, _http_error, _text_of
+from meshd.upstream.model import UpstreamModel
+from meshd.upstream.stream import http_error as _http_error
+from meshd.upstream.stream import text_of as _text_of
 
 
 @given(st.text(max_size=300), st.text(max_size=100))
@@ -69,9 +71,9 @@ def test_the_upstream_call_for_a_completion_and_a_resumed_one() -> None:
 def test_the_upstream_call_for_a_chat_and_a_resumed_one() -> None:
     m = UpstreamModel("http://h:1/v1", "llama")
     msgs = [{"role": "user", "content": "Hi"}]
-    path, body = m.request_body(m.encode_messages(msgs), CFG)
+    path, body = m.request_body(codec.encode_chat(msgs), CFG)
     assert path == "/chat/completions" and body["messages"] == msgs
-    resumed = m.encode_messages(msgs) + [i for i, _ in codec.piece_ids("Hello")]
+    resumed = codec.encode_chat(msgs) + [i for i, _ in codec.piece_ids("Hello")]
     assert m.request_body(resumed, CFG)[1]["messages"][-1] == {"role": "assistant", "content": "Hello"}
     with pytest.raises(RemoteError) as e:
         m.request_body([1, 2, 3], CFG)  # ids of a real tokenizer

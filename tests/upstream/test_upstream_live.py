@@ -2,10 +2,11 @@
 server, here another meshd daemon's HTTP API (a real server process, started by the test).
 
 The backend is a one-node testnet of its own (its own CA) serving a tiny Llama as ``tiny``. The
-mesh: ``e1`` serves nothing, ``u1`` serves ``tiny-up`` through the backend, ``u2`` serves it
-through a port where nothing listens (a dead upstream). Requests for ``tiny-up`` entered at
-``e1`` are served by ``u1`` however the router orders them: ``u2``'s failures are failed over like
-a dead peer's.
+mesh: ``e1`` serves nothing, ``u1`` serves ``tiny-up`` through the backend, ``u2`` is configured
+to serve it through a port where nothing listens (a dead upstream). Another meshd has neither
+llama-server's ``/props`` nor a ``/tokenize``: ``u1`` serves in packed text. ``u2``'s server never
+answers its probe, so ``u2`` never advertises ``tiny-up`` and requests entered at ``e1`` are
+served by ``u1`` however the router orders them.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def test_a_chat_through_the_upstream_matches_the_backend(nets: dict[str, Any]) -
     assert streamed == direct.choices[0].message.content
 
 
-def test_a_dead_upstream_is_failed_over_like_a_dead_peer(nets: dict[str, Any]) -> None:
+def test_a_dead_upstream_is_not_advertised(nets: dict[str, Any]) -> None:
     e1, u2 = node(nets["mesh"], "e1"), node(nets["mesh"], "u2")
     wait_for(lambda: "tiny-up" in [m.id for m in client(e1["api_url"], nets["key"]).models.list()],
              30, "e1 to list tiny-up")
@@ -108,10 +109,15 @@ def test_a_dead_upstream_is_failed_over_like_a_dead_peer(nets: dict[str, Any]) -
         assert raw.headers["x-meshd-served-by"] == "u1"
         assert raw.parse().choices[0].text == direct
     ups = json.loads(meshd("status", "--socket", u2["socket"], "--json").stdout)["services"]["upstreams"]
-    assert ups["tiny-up"]["errors_by_kind"].get("peer_gone", 0) >= 1
+    assert not ups["tiny-up"]["ready"] and "unreachable" in ups["tiny-up"]["probe_error"]
+    assert ups["tiny-up"]["probe_failures"] >= 1 and ups["tiny-up"]["requests"] == 0
+    u1_up = json.loads(meshd("status", "--socket", node(nets["mesh"], "u1")["socket"],
+                             "--json").stdout)["services"]["upstreams"]["tiny-up"]
+    assert (u1_up["ready"], u1_up["mode"], u1_up["server"]["kind"]) == (True, "text", "openai")
     # u1's adverts carry the upstream's measured speed, as for any model
     peers = json.loads(meshd("peers", "--socket", e1["socket"], "--json").stdout)
     u1_row = next(p for p in peers if p["name"] == "u1")
     assert any(m["name"] == "tiny-up" for m in u1_row["models"])
+    assert not any(m["name"] == "tiny-up" for p in peers if p["name"] == "u2" for m in p["models"])
     wait_for(lambda: next(p for p in json.loads(meshd("peers", "--socket", e1["socket"], "--json").stdout)
                           if p["name"] == "u1")["decode_tps"] > 0, 15, "u1 to advertise a decode rate")

@@ -102,6 +102,8 @@ def _encoder(ctx: EntryContext, node: EntryNode) -> Callable[[EntryRequest], lis
     model = ctx.model
     if node.runner.get(model) is not None:
         runner = node.runner
+        if not runner.tokenizes_here(model):  # an upstream server tokenizes: the text travels
+            return None
 
         def local(req: EntryRequest) -> list[int]:
             if req.messages is not None:

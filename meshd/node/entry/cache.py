@@ -55,9 +55,30 @@ def _manifest(node: EntryNode, model: str) -> Any:
 
 
 def model_identity(node: EntryNode, model: str) -> str:
-    """``name@content hash`` where this node holds the model, else the name."""
+    """The cache's key for ``model``: ``name@content hash`` where this node holds the model's
+    files, else ``name@identity`` (``identity_of``; an upstream server's model here, or what the
+    mesh advertises), else the name."""
     digest = getattr(_manifest(node, model), "content_hash", None)
-    return f"{model}@{str(digest)[:16]}" if digest else model
+    if digest:
+        return f"{model}@{str(digest)[:16]}"
+    mid = identity_of(node, model)
+    return f"{model}@{mid}" if mid else model
+
+
+def identity_of(node: EntryNode, model: str, served_by: str | None = None) -> str:
+    """What ``model`` really is (meshd.core.modelid): this node's, when it serves it, else the
+    identity most of its live servers advertise (ties: the smallest); with ``served_by``, the one
+    that node advertises ("" when unknown)."""
+    if node.runner.get(model) is not None and served_by in (None, node.node_name):
+        return node.runner.model_identity(model)
+    counts: dict[str, int] = {}
+    for e in node.membership.table.live():
+        if served_by is not None and e.advert.name != served_by:
+            continue
+        for m in e.advert.models:
+            if m.name == model and m.model_id:
+                counts[m.model_id] = counts.get(m.model_id, 0) + 1
+    return min(counts, key=lambda k: (-counts[k], k)) if counts else ""
 
 
 async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None:
@@ -66,6 +87,8 @@ async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> N
     routing and the model start meanwhile, and ``execute_or_cached`` settles which answers."""
     if ctx.req.cache is False or ctx.req.rag or cache.state == "off":
         return  # a retrieval request's answer depends on context the cache key does not hold
+    if ctx.req.sampling.shapes_output:
+        return  # a grammar, n, logprobs or OpenAI's penalties: not in the cache's key
     from meshd.cache.keys import admit
 
     creq = cache_request(ctx, node, node.config.cache.tenant)
@@ -194,8 +217,8 @@ async def _serve_hit(ctx: EntryContext, node: EntryNode, got: Any) -> None:
                               **ctx.extra.get("cache_timing", {})})
     await ctx.emit("route", {"served_by": node.node_name, "route": [node.node_name], "cached": True})
     ids: list[int] = []
-    if node.runner.get(ctx.model) is not None:
-        ids = node.runner.encode(ctx.model, answer)
+    if node.runner.ready(ctx.model):
+        ids = await node.runner.aencode(ctx.model, answer)
         if ids and ids[0] == _bos(node, ctx.model):
             ids = ids[1:]
     await ctx.emit("tokens", {"ids": ids, "text": answer})
@@ -218,6 +241,12 @@ async def remember(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None
     text = str(ctx.answer.get("text", ""))
     if "cache" in ctx.extra:
         creq, got = ctx.extra["cache"]
+        want = identity_of(node, ctx.model)
+        served = identity_of(node, ctx.model, str(ctx.answer.get("served_by") or ""))
+        if want and served and served != want:  # another model under the same name answered
+            cache.stats["skips"] += 1
+            ctx.journal("cache_skip", {"reason": f"answered by {served}, not {want}"})
+            return
         if got.kind in ("miss", "verify"):
             cache.remember(creq, text, got)
 

@@ -58,6 +58,7 @@ from meshd.node.entry.reach import reach
 from meshd.node.entry.record import Observer, record
 from meshd.node.entry.route import route
 from meshd.node.entry.tier import choose_model
+from meshd.node.model_facts import model_facts
 from meshd.node.tiering import Tiering
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,11 @@ class EntryChain:
         return uuid.uuid4().hex[:16]
 
     def models(self) -> list[dict[str, Any]]:
-        """Every model the mesh serves, from the gossiped view and this node."""
-        return [{"id": name, **row} for name, row in sorted(models_heard(self.node).items())]
+        """Every model the mesh serves, from the gossiped view and this node, with what is known
+        of it (``meshd.node.model_facts``: format, architecture, parameters, ...)."""
+        facts = model_facts(self.node)
+        return [{**facts.get(name, {}), "id": name, **row}
+                for name, row in sorted(models_heard(self.node).items())]
 
     async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
         """Sentence embeddings with this node's model (the semantic cache's), for the API."""

@@ -58,18 +58,61 @@ async def execute(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int],
     ctx.answer = answer_fields(ctx, outcome)
 
 
+class Choices:
+    """The answer's choices as their "tokens" events come (``idx``: the choice, ``lp``: log
+    probabilities), passed on to the client's ``emit``: each choice's text, token count and log
+    probabilities, for the answer (``answer_fields``)."""
+
+    def __init__(self, emit: Any) -> None:
+        self.emit = emit
+        self.text: dict[int, list[str]] = {}
+        self.tokens: dict[int, int] = {}
+        self.lp: dict[int, list[Any]] = {}
+
+    async def __call__(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "tokens":
+            i = int(payload.get("idx") or 0)
+            self.text.setdefault(i, []).append(payload.get("text") or "")
+            self.tokens[i] = self.tokens.get(i, 0) + len(payload.get("ids") or ())
+            if payload.get("lp") is not None:
+                self.lp.setdefault(i, []).extend(payload["lp"])
+        await self.emit(kind, payload)
+
+    def fields(self, n: int, max_tokens: int, logprobs: bool) -> list[dict[str, Any]]:
+        out = []
+        for i in range(n):
+            count = self.tokens.get(i, 0)
+            c: dict[str, Any] = {"index": i, "text": "".join(self.text.get(i, [])),
+                                 "tokens": count,
+                                 "finish_reason": "length" if count >= max_tokens else "stop"}
+            if logprobs:
+                c["logprobs"] = self.lp.get(i, [])
+            out.append(c)
+        return out
+
+
 def answer_fields(ctx: EntryContext, outcome: Outcome) -> dict[str, Any]:
-    """The DONE stats every client gets (control socket and HTTP alike)."""
+    """The DONE stats every client gets (control socket and HTTP alike). A request with n > 1
+    or logprobs also gets ``choices``: per choice its ``index``, ``text``, ``tokens``,
+    ``finish_reason`` and (logprobs) ``logprobs``, a list of [token, log probability,
+    [[token, log probability], ...]]."""
     stats = outcome.stats()
     n = len(outcome.tokens)
+    s = ctx.req.sampling
+    choices: Choices | None = ctx.extra.get("choices")
+    extra: dict[str, Any] = {}
+    if choices is not None and (s.n > 1 or s.logprobs is not None):
+        extra["choices"] = choices.fields(s.n, ctx.max_tokens, s.logprobs is not None)
     return {
+
         **stats,
         "request_id": ctx.req.request_id,
         "text": "".join(outcome.text),
         "token_ids": outcome.tokens,
         "model": ctx.model,
         "strategy": ctx.strategy,
-        "prompt_tokens": ctx.prompt_tokens,
+        # exact: counted here, or by the serving node when only the text travelled
+        "prompt_tokens": ctx.extra.get("served_prompt_tokens") or ctx.prompt_tokens,
         "completion_tokens": n,
         "finish_reason": "length" if n >= ctx.max_tokens else "stop",
         "max_tokens": ctx.max_tokens,
@@ -78,6 +121,7 @@ def answer_fields(ctx: EntryContext, outcome: Outcome) -> dict[str, Any]:
         **({"pipeline": ctx.extra["pipeline"], "replans": ctx.extra["replans"]}
            if "pipeline" in ctx.extra else {}),
         **ctx.extra.get("answer", {}),  # what earlier steps add (augment: sources, rag)
+        **extra,
     }
 
 
@@ -116,6 +160,7 @@ async def _run(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int]) -
     packed = ctx.packed_prompt()
     preq = PipelineRequest(node, ctx.req.request_id, ctx.model, fields, list(ctx.prompt_ids),
                            ctx.journal, ctx.vocab_size)
+    choices = ctx.extra["choices"] = Choices(ctx.emit)
     if d.plan is not None:
         node.stats["requests_pipelined"] = node.stats.get("requests_pipelined", 0) + 1
         record_plan(node, ctx.req.request_id, d.plan, ctx.route_req, ctx.policy)
@@ -128,7 +173,11 @@ async def _run(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int]) -
             await run_plan(preq, action.plan, action.attempt + 1, resume, chan)
         else:
             assert target is not None
-            await _attempt(node, target, resume, chan, fields, ctx.prompt_ids, packed)
+            if resume and fields.get("n", 1) > 1:  # the tokens so far are of several choices
+                raise RemoteError("a request with n > 1 cannot resume on another node after "
+                                  "its first tokens", ErrorCode.PEER_GONE)
+            await _attempt(node, target, resume, chan if ctx.prompt_ids else _Counted(chan, ctx),
+                           fields, ctx.prompt_ids, packed)
 
     async def redecide(a: Redecide, plan: Plan | None, failed: StageFailure | None,
                        tokens: int) -> tuple[Decision, dict[str, Target]]:
@@ -138,7 +187,7 @@ async def _run(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int]) -
     life: RequestLife[str] = RequestLife(
         started_s=trio.current_time(), policy=ctx.policy,
         first_token_timeout_s=node.config.routing.first_token_timeout_s)
-    driver = Driver(targets, start, ctx.emit, entry_name=node.node_name, journal=ctx.journal,
+    driver = Driver(targets, start, choices, entry_name=node.node_name, journal=ctx.journal,
                     life=life, redecide=redecide, gone=_Gone(node))
     if d.plan is not None:
         first = Decided(plan=d.plan)
@@ -204,6 +253,38 @@ async def _redecide(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], in
     return d, targets
 
 
+class _Counted:
+    """An attempt's channel that keeps the prompt's token count the serving node reports in
+    its DONE (the entry node only estimated it: the text travelled, not the ids)."""
+
+    def __init__(self, chan: Any, ctx: EntryContext) -> None:
+        self._chan = chan
+        self._ctx = ctx
+
+    async def send(self, item: Any) -> None:
+        kind, payload = item
+        if kind == "done" and (payload.get("stats") or {}).get("prompt_tokens"):
+            self._ctx.extra["served_prompt_tokens"] = int(payload["stats"]["prompt_tokens"])
+        await self._chan.send(item)
+
+
+def token_payloads(batch: list[Any]) -> list[dict[str, Any]]:
+    """A batch of the local runner's tokens as "tokens" events: one per choice (``idx``, absent
+    for choice 0), with their log probabilities (``lp``) when the tokens carry them."""
+    out: dict[int, dict[str, Any]] = {}
+    for t in batch:
+        p = out.get(t.choice)
+        if p is None:
+            p = out[t.choice] = {"ids": [], "text": ""}
+            if t.choice:
+                p["idx"] = t.choice
+        p["ids"].append(t.id)
+        p["text"] += t.text
+        if t.lp is not None:
+            p.setdefault("lp", []).append(t.lp)
+    return list(out.values())
+
+
 def req_fields(fields: dict[str, Any], prompt_ids: list[int], packed: dict[str, Any],
                resume: list[int], *, deadline_ms: int, origin: str,
                max_wait_ms: float | None = None) -> dict[str, Any]:
@@ -234,11 +315,13 @@ async def _attempt(
     model = fields["model"]
     if target.is_local:
         node.stats["requests_local"] += 1
-        ids = prompt_ids or node.runner.encode(model, fields.get("prompt", ""), chat=fields.get("chat", False))
-        gen = gen_config_from(fields, already=len(resume))
+        ids = prompt_ids or await node.runner.aencode(model, fields.get("prompt", ""),
+                                                      chat=fields.get("chat", False))
+        gen = gen_config_from(fields, already=len(resume), after=resume)
 
         async def sink(batch: list[Any]) -> None:
-            await chan.send(("tokens", {"ids": [t.id for t in batch], "text": "".join(t.text for t in batch)}))
+            for payload in token_payloads(batch):
+                await chan.send(("tokens", payload))
 
         if gen is not None:
             source = node.runner.generate(model, ids + resume, gen, max_wait_ms=target.max_wait_ms)
@@ -257,7 +340,12 @@ async def _attempt(
         async for frame in frames:
             t = frame["t"]
             if t == MessageType.TOKENS:
-                await chan.send(("tokens", {"ids": frame["ids"], "text": frame.get("text", "")}))
+                payload = {"ids": frame["ids"], "text": frame.get("text", "")}
+                if frame.get("idx"):
+                    payload["idx"] = frame["idx"]
+                if frame.get("lp") is not None:
+                    payload["lp"] = frame["lp"]
+                await chan.send(("tokens", payload))
             elif t == MessageType.DONE:
                 await chan.send(("done", {"stats": frame.get("stats") or {}}))
                 return

@@ -28,15 +28,16 @@ LONG_PROMPT_CHARS = 16_384  # a longer prompt is tokenized in a worker thread
 
 async def prepare(ctx: EntryContext, node: EntryNode) -> None:
     req = ctx.req
+    if req.sampling.grammar is not None:  # the control socket's; the API checked its own
+        _check_grammar(req.sampling.grammar)
     ctx.model = ctx.model or pick_model(node, req.model)  # "tier" may have chosen it
-    served = node.runner.get(ctx.model)
     context = context_length(node, ctx.model)
     tokenized, why = "here", ""
-    if served is not None:
+    if node.runner.ready(ctx.model):  # served here (an upstream model: its server answers)
         if req.messages is not None:
-            ctx.prompt_ids = node.runner.encode_messages(ctx.model, list(req.messages))
+            ctx.prompt_ids = await node.runner.aencode_messages(ctx.model, list(req.messages))
         else:
-            ctx.prompt_ids = node.runner.encode(ctx.model, req.prompt or "", chat=req.chat)
+            ctx.prompt_ids = await node.runner.aencode(ctx.model, req.prompt or "", chat=req.chat)
         ctx.tokenizer = node.runner.tokenizer_identity(ctx.model)
         ctx.vocab_size = node.runner.vocab_size(ctx.model) or 0
     else:
@@ -61,6 +62,15 @@ async def prepare(ctx: EntryContext, node: EntryNode) -> None:
     ctx.journal("received", {"model": ctx.model, "prompt_tokens": ctx.prompt_tokens,
                              "client": req.client, "max_tokens": ctx.max_tokens,
                              "origin": req.origin, "tokenized": tokenized})
+
+
+def _check_grammar(grammar: str) -> None:
+    from meshd.engine.constrain import GrammarError, check
+
+    try:
+        check(grammar)
+    except GrammarError as e:
+        raise RemoteError(f"grammar: {e}", ErrorCode.MALFORMED) from None
 
 
 async def _edge_tokenize(ctx: EntryContext, node: EntryNode) -> str:

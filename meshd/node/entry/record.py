@@ -44,12 +44,32 @@ def record(ctx: EntryContext, node: EntryNode, observers: list[Observer]) -> Non
             node.stats["journal_errors"] = node.stats.get("journal_errors", 0) + 1
             log.exception("outcome write failed rid=%s", rid)
     event = {**stats, "request_id": rid, "outcome": code, "origin": ctx.req.origin,
-             "model": ctx.model, "strategy": ctx.strategy, "client": ctx.req.client}
+             "model": ctx.model, "strategy": ctx.strategy, "client": ctx.req.client,
+             **decisions(ctx)}
     for obs in observers:
         try:
             obs(event)
         except Exception:
             log.exception("request observer failed rid=%s", rid)
+
+
+def decisions(ctx: EntryContext) -> dict[str, Any]:
+    """What the semantic cache and the tier step decided, for observers (the web console's list
+    of requests): ``cache_lookup`` is ``exact`` (the same prompt answered before), ``semantic``
+    (a paraphrase), ``miss``, ``verify`` (computed, then compared) or None (not looked up);
+    ``tier`` is ``{"tier", "wanted", "escalated", "lowered"}`` for a ``model = "auto"``
+    request, else None."""
+    cache = ctx.extra.get("cache")
+    kind = None
+    if cache is not None:
+        got = cache[1]
+        kind = str(getattr(got, "kind", "")) or None
+        if kind == "hit":
+            kind = "exact" if getattr(got, "reason", "") == "same prompt" else "semantic"
+    tier = ctx.extra.get("tier")
+    return {"cache_lookup": kind,
+            "tier": {k: tier.get(k) for k in ("tier", "wanted", "escalated", "lowered")}
+            if isinstance(tier, dict) else None}
 
 
 def _store(store: Recorder, node_name: str, ctx: EntryContext, code: str,
