@@ -23,8 +23,8 @@ from onnx import TensorProto, helper
 
 from meshd.embed.graph import ATTENTION_MASK, INPUT_IDS, UNFUSED_OPTIMIZERS
 from meshd.embed.manifest import read_embed_manifest
-from meshd.engine.runtime import choose_providers
 from meshd.errors import ModelError
+from meshd.modeldir.providers import choose_providers
 
 WordStates = tuple[tuple[tuple[int, int], ...], np.ndarray]  # word char spans, [words, dim]
 
