@@ -1,54 +1,55 @@
-"""Semantic-cache figures: decision quality on the labelled pairs, and speed and memory at
-100,000 entries.
+"""Answer-cache figures: how well the semantic path decides on the labelled pairs, what each part
+of the decision adds, and speed and memory at 100,000 entries.
 
-    .venv/bin/python benchmarks/bench_cache.py [--entries 100000] [--out FILE.json]
-                                               [--plot docs/img/cache_pr.png]
+    .venv/bin/python benchmarks/bench_cache.py --quality [--plot docs/img/cache_bound.png]
+    .venv/bin/python benchmarks/bench_cache.py --ablation a52c731
+    .venv/bin/python benchmarks/bench_cache.py --speed [--entries 100000]
+    .venv/bin/python benchmarks/bench_cache.py --daemon 300 --daemon-entries 100000
 
-Quality, on benchmarks/data/cache_pairs.jsonl (all-MiniLM-L6-v2 embeddings):
+Every pair of benchmarks/data/cache_pairs*.jsonl (benchmarks/data/README.md) is scored once:
+the cosine of the two prompts' int8 embeddings (the daemon's default graph) and the pair
+verifier's score of (anchor, other prompt), as the daemon asks it; ``--scores FILE`` keeps them
+between runs. Splits: ``calibration`` (train3a-c, train4a-b: the calibration the threshold comes
+from), ``held-out`` (fresh4, fresh5, fresh6: never used to choose or fit anything), and the rest
+(development: the verifier was trained on them). *Served* is the share of paraphrases
+answered from the cache; *false hits* the share of near misses answered (with another
+question's answer).
 
-- *pairs*: each pair's anchor is a cached prompt, the other prompt a lookup. Fixed threshold:
-  swept from 0.50 to 1.00. Adaptive: each anchor's pairs split in two halves; the entry learns
-  from one half's labels (as if those lookups had been verified earlier) and is judged on the
-  other, then the halves swap; ``delta`` swept. Both with and without guards. Recall = served
-  share of same-answer pairs (hit rate on paraphrases); false-hit rate = served share of
-  different-answer pairs; precision = right answers among served ones.
-- *stream*: a real ``SemanticCache`` (SQLite in memory) sees every anchor, then every other
-  prompt in a seeded random order; a lookup that is not served computes the answer (its
-  label), verifies it against the candidate when the policy asked to, and inserts it.
-
-Guards v4's verifier (``--verifier-latency``): per candidate above the default threshold that
-passes the other guards, the structural checks, and where an added run is found, the word
-vectors of both prompts and their alignment.
-
-Speed and memory, on one partition of ``--entries`` entries: the anchors are real entries,
-the rest are synthetic vectors (real prompt embeddings plus noise, renormalised) inserted
-through SQL, then the cache is reopened twice (restart times: reading SQLite and building the
-HNSW graph; then loading the graph that ``close`` saved). Lookups embed the prompt (onnxruntime default threads), search, read the row, decide;
-with ``--precision fp32,int8`` every lookup is made once with each embedding graph, interleaved
-(the index holds the first graph's vectors).
-
-On a daemon (``--daemon N``): one real ``meshd run`` serving the shipped tiny-en with the cache
-on, default settings but the first of ``--precision``. The anchors of the labelled pairs are asked once each; then,
-interleaved: their paraphrases (cache hits: submit to DONE on the client, through the control
-socket), exact repeats, new prompts with the cache on (misses) and the same sentence with
-``cache: false`` (no cache step: the baseline of the miss). A miss's cost is the difference of
-the client's submit-to-first-token times (the daemon's ``ttft_ms`` starts at the model and so
-does not see the cache at all). With ``--daemon-entries E`` the daemon is stopped once the
-anchors are cached, its cache file is filled with synthetic entries (as above, older than the
-anchors) up to E entries, opened once in-process to build and save the HNSW graph, and the
-daemon is started again on it before the timed requests; the daemon's RSS (``VmRSS``) is read
-when it has started, when its cache is loaded and at the end.
+- ``--quality``: at the default bound (``[cache] max_error = 0.01``) and along the bound
+  (0.001 to 0.2), per split, per kind and per ``how`` of near miss, the pairs (the anchor cached,
+  the other prompt looked up) and a *stream* (a real ``SemanticCache``, SQLite in memory, gets
+  every anchor, then every other prompt in a seeded order, storing what it had to compute, so
+  a near miss may also meet another cached prompt); ``--plot`` draws served share against
+  false hits and precision.
+- ``--ablation REV``: each part of the decision and each lexical rule that meshd had at git
+  revision ``REV`` (guards v1-v4 and the per-entry adaptive thresholds, read from that commit,
+  not from this tree), each calibrated the same way (the threshold on the calibration splits at
+  a 1% bound), and what it does to served share and false hits on the held-out splits.
+- ``--speed``: on one partition of ``--entries`` entries (the anchors as real entries, the
+  rest synthetic vectors inserted through SQL), exact and semantic lookups in-process, restart
+  times, memory.
+- ``--daemon N``: one real ``meshd run`` serving the shipped tiny-en with the cache on
+  (defaults): the anchors of ``--splits`` are asked once each; with ``--daemon-entries E`` the
+  daemon is then stopped, its cache file filled with synthetic entries up to E (HNSW graph
+  saved as at shutdown) and started again; then, interleaved, N times: a paraphrase (a
+  semantic hit when served), an exact repeat of an anchor (answers of 32 tokens), a new prompt
+  (a miss) and the same with ``cache: false`` (first token); submit to DONE on the client,
+  through the control socket.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
+import math
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import time
+import types
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -58,29 +59,22 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from meshd.cache import (  # noqa: E402
-    AdaptiveThreshold,
-    CacheLimits,
-    CacheRequest,
-    FixedThreshold,
-    Lookup,
-    SemanticCache,
-)
-from meshd.cache.align import added_alignment  # noqa: E402
+from meshd.cache import CacheLimits, CacheRequest, Calibration, SemanticCache  # noqa: E402
+from meshd.cache.bound import threshold  # noqa: E402
 from meshd.cache.eviction import entry_bytes  # noqa: E402
-from meshd.cache.guards import guard  # noqa: E402
 from meshd.cache.keys import prompt_key  # noqa: E402
-from meshd.cache.policy import qualifier  # noqa: E402
-from meshd.cache.structure import added_run, roles_swapped  # noqa: E402
 from meshd.embed import default_embedding_model, load_embedder  # noqa: E402
-from meshd.embed.pair_verifier import PairVerifier  # noqa: E402
-from meshd.embed.token_states import TokenStates  # noqa: E402
+from meshd.embed.pair_verifier import PairVerifier, read_calibration  # noqa: E402
 
-PAIRS = ROOT / "benchmarks" / "data" / "cache_pairs.jsonl"
-FIXED_DEFAULT_POLICY = FixedThreshold()
-FIXED_DEFAULT = FIXED_DEFAULT_POLICY.threshold
-V4_GUARDS = frozenset({"roles swapped"})  # and the verifier of "qualifier added"
-ADAPTIVE_DEFAULT = AdaptiveThreshold()
+DATA = ROOT / "benchmarks" / "data"
+PAIRS = DATA / "cache_pairs.jsonl"
+CALIBRATION = ("train3a", "train3b", "train3c", "train4a", "train4b")
+HELD_OUT = ("fresh4", "fresh5", "fresh6")
+DEVELOPMENT = ("tune", "test", "fresh", "fresh2", "fresh3", "train2")
+DEFAULT = 0.01
+ANSWER_TOKENS = 32  # the daemon benchmark's answers (greedy)
+BOUNDS = (0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
+          0.2)
 
 
 def rss_bytes() -> int:
@@ -88,8 +82,131 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def load_pairs() -> list[dict[str, Any]]:
+    rows = []
+    for path in [PAIRS, *sorted(DATA.glob("cache_pairs_*.jsonl"))]:
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def score_pairs(rows: list[dict[str, Any]], model_dir: Path, cache: Path | None
+                ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+    """(each prompt's int8 vector, the rows with ``cos`` and ``p``), from ``cache`` if it
+    holds them."""
+    emb = load_embedder(model_dir, precision="int8")
+    texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})
+    vec: dict[str, np.ndarray] = {}
+    for i in range(0, len(texts), 64):
+        vec.update(zip(texts[i:i + 64], emb.embed(texts[i:i + 64]), strict=True))
+    got: dict[tuple[str, str], float] = {}
+    if cache is not None and cache.exists():
+        got = {(r["a"], r["b"]): r["p"] for r in map(json.loads, cache.read_text().splitlines())}
+    if not all((r["a"], r["b"]) in got for r in rows):
+        pv = PairVerifier(None, model_dir, threads=1)
+        for r in rows:
+            if (r["a"], r["b"]) not in got:
+                got[(r["a"], r["b"])] = pv.probability(r["a"], r["b"])
+    out = [{**r, "cos": float(vec[r["a"]] @ vec[r["b"]]), "p": got[(r["a"], r["b"])]}
+           for r in rows]
+    if cache is not None:
+        cache.write_text("".join(json.dumps({"a": r["a"], "b": r["b"], "p": r["p"]}) + "\n"
+                                 for r in out))
+    return vec, out
+
+
+def pair_rates(served: np.ndarray, same: np.ndarray) -> dict[str, float]:
+    tp, fp = int(np.sum(served & same)), int(np.sum(served & ~same))
+    return {"recall": tp / max(1, int(same.sum())), "false_hit_rate": fp / max(1, int((~same).sum())),
+            "precision": tp / (tp + fp) if tp + fp else 1.0}
+
+
+def rates(rows: list[dict[str, Any]], served: list[bool]) -> dict[str, Any]:
+    pos = [s for s, r in zip(served, rows, strict=True) if r["same"]]
+    neg = [s for s, r in zip(served, rows, strict=True) if not r["same"]]
+    tp, fp = sum(pos), sum(neg)
+    return {"served": round(tp / max(1, len(pos)), 4), "false": round(fp / max(1, len(neg)), 4),
+            "false_n": fp, "near_misses": len(neg), "paraphrases": len(pos),
+            "precision": round(tp / (tp + fp), 4) if tp + fp else 1.0}
+
+
+Rule = Callable[[dict[str, Any]], bool]  # served at the calibrated threshold?
+
+
+def calibrated(rows: list[dict[str, Any]], score: Callable[[dict[str, Any]], float],
+               gate: Callable[[dict[str, Any]], bool], max_error: float = DEFAULT
+               ) -> tuple[float | None, Rule]:
+    """The threshold on ``score`` that the calibration splits give at ``max_error`` (their
+    near misses that pass ``gate`` scored, the others counted), and the rule it makes."""
+    near = [r for r in rows if r["split"] in CALIBRATION and not r["same"]]
+    scores = tuple(sorted((score(r) for r in near if gate(r)), reverse=True))
+    t = threshold(Calibration(0.0, len(near), scores), max_error)
+    return t, lambda r: t is not None and gate(r) and score(r) > t
+
+
+def by_split(rows: list[dict[str, Any]], rule: Rule) -> dict[str, Any]:
+    out = {}
+    for sp in (*CALIBRATION, *HELD_OUT, *DEVELOPMENT):
+        part = [r for r in rows if r["split"] == sp]
+        out[sp] = rates(part, [rule(r) for r in part])
+    held = [r for r in rows if r["split"] in HELD_OUT]
+    out["held_out"] = rates(held, [rule(r) for r in held])
+    return out
+
+
+def by_kind(rows: list[dict[str, Any]], rule: Rule, splits: tuple[str, ...]) -> dict[str, Any]:
+    """Near misses served, per ``kind`` and per ``how`` (hand-written splits say how each near
+    miss was made)."""
+    out: dict[str, list[int]] = {}
+    for r in rows:
+        if r["split"] in splits and not r["same"]:
+            for key in (f"kind:{r['kind']}", f"how:{r.get('how', '-')}"):
+                n = out.setdefault(key, [0, 0])
+                n[0] += rule(r)
+                n[1] += 1
+    return {k: {"served": v[0], "of": v[1], "rate": round(v[0] / v[1], 4)}
+            for k, v in sorted(out.items())}
+
+
+# -- the default, along the bound, and the stream --------------------------------------------
+
+
+def default_rule(rows: list[dict[str, Any]], max_error: float = DEFAULT
+                 ) -> tuple[float | None, Rule]:
+    """What the daemon does: the shipped calibration's gate and threshold."""
+    cal = read_calibration()
+    t = threshold(cal, max_error)
+    return t, lambda r: t is not None and r["cos"] >= cal.gate and r["p"] > t
+
+
+def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray]) -> dict[str, Any]:
+    t, rule = default_rule(rows)
+    out: dict[str, Any] = {"max_error": DEFAULT, "threshold": t, "gate": read_calibration().gate,
+                           "pairs": by_split(rows, rule),
+                           "kinds_held_out": by_kind(rows, rule, HELD_OUT),
+                           "kinds_calibration": by_kind(rows, rule, CALIBRATION),
+                           "kinds_development": by_kind(rows, rule, DEVELOPMENT)}
+    curve = {}
+    for e in BOUNDS:
+        te, r_e = default_rule(rows, e)
+        curve[str(e)] = {"threshold": te, **{sp: rates(part, [r_e(r) for r in part])
+                                             for sp in HELD_OUT
+                                             if (part := [x for x in rows if x["split"] == sp])}}
+    out["curve"] = curve
+    cos_curve = {}
+    for e in BOUNDS:
+        tc, rc = calibrated(rows, lambda r: r["cos"], lambda r: True, e)
+        cos_curve[str(e)] = {"threshold": tc, **{sp: rates(part, [rc(r) for r in part])
+                                                 for sp in HELD_OUT
+                                                 if (part := [x for x in rows if x["split"] == sp])}}
+    out["curve_cosine_alone"] = cos_curve
+    pv = _memo_verifier(rows)
+    out["stream"] = {sp: stream([r for r in rows if r["split"] == sp], vec, pv)
+                     for sp in HELD_OUT}
+    return out
+
+
 class Precomputed:
-    """An EmbedderLike over vectors computed beforehand (the stream evaluation)."""
+    """An EmbedderLike over vectors computed beforehand (the stream)."""
 
     def __init__(self, vectors: dict[str, np.ndarray], identity: str) -> None:
         self.vectors, self._identity = vectors, identity
@@ -106,23 +223,126 @@ class Precomputed:
         return np.stack([self.vectors[t] for t in texts])
 
 
-def pair_rates(served: np.ndarray, same: np.ndarray) -> dict[str, float]:
-    tp, fp = int(np.sum(served & same)), int(np.sum(served & ~same))
-    return {"recall": tp / max(1, int(same.sum())), "false_hit_rate": fp / max(1, int((~same).sum())),
-            "precision": tp / (tp + fp) if tp + fp else 1.0}
+def _memo_verifier(rows: list[dict[str, Any]]) -> Callable[[str, str], float]:
+    """The verifier's scores computed beforehand, and the real one for pairs that are no
+    labelled pair (a near miss meeting another group's anchor in the stream)."""
+    known = {(r["a"], r["b"]): float(r["p"]) for r in rows}
+    real: list[PairVerifier] = []
+
+    def score(cached: str, query: str) -> float:
+        if (cached, query) in known:
+            return known[(cached, query)]
+        if not real:
+            real.append(PairVerifier(None, default_embedding_model(), threads=1))
+        known[(cached, query)] = real[0].probability(cached, query)
+        return known[(cached, query)]
+
+    return score
 
 
-def aligner(words: dict[str, Any], query: str, cached: str) -> Any:
-    """The ``align`` the cache passes to the policy, over word vectors computed beforehand."""
-    return functools.partial(added_alignment, words.__getitem__, query, cached)
+def stream(rows: list[dict[str, Any]], vec: dict[str, np.ndarray],
+           verifier: Callable[[str, str], float], seed: int = 0) -> dict[str, Any]:
+    cache = SemanticCache(":memory:", Precomputed(vec, "bench"), verifier=verifier,
+                          calibration=read_calibration())
+    truth: dict[str, str] = {}
+    for r in rows:
+        truth.setdefault(r["a"], r["answer_a"])
+    events: list[tuple[str, int | None]] = [(a, None) for a in truth]
+    tail = list(range(len(rows)))
+    np.random.default_rng(seed).shuffle(tail)
+    events += [(rows[i]["b"], i) for i in tail]
+    req = CacheRequest(model="bench", tenant="t", client="c", prompt="")
+    n = {"para": 0, "para_hit": 0, "near": 0, "near_wrong": 0, "hits": 0, "wrong": 0}
+    answers: dict[int, str] = {}
+    for text, i in events:
+        want = truth[text] if i is None else rows[i]["answer_b"]
+        q = replace(req, prompt=text)
+        got = cache.lookup(q, vector=vec[text])
+        served = None
+        if got.hit:
+            served = answers[got.entry_id or 0]
+            n["hits"] += 1
+            n["wrong"] += served != want
+        else:
+            eid = cache.insert(q, want, vector=vec[text])
+            answers[eid or 0] = want
+        if i is not None and rows[i]["same"]:
+            n["para"] += 1
+            n["para_hit"] += served == want
+        elif i is not None:
+            n["near"] += 1
+            n["near_wrong"] += served is not None and served != want
+    return {"lookups": len(events), "served": round(n["para_hit"] / n["para"], 4),
+            "false": round(n["near_wrong"] / n["near"], 4), "false_n": n["near_wrong"],
+            "wrong_share_of_hits": round(n["wrong"] / max(1, n["hits"]), 4), "hits": n["hits"]}
 
 
-def adaptive_twofold(rows: list[dict[str, Any]], sims: np.ndarray, policy: AdaptiveThreshold,
-                     words: dict[str, Any]) -> np.ndarray:
+def plot(q: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    colors = {"fresh4": "tab:blue", "fresh5": "tab:orange", "fresh6": "tab:green"}
+    for sp, color in colors.items():
+        for key, ls, label in (("curve", "-", "verifier, calibrated"),
+                               ("curve_cosine_alone", ":", "cosine alone, calibrated")):
+            pts = [(float(e), v[sp]) for e, v in q[key].items()]
+            ax1.plot([p["false"] for _, p in pts], [p["served"] for _, p in pts], ls,
+                     marker=".", color=color, label=f"{sp}: {label}")
+            if key == "curve":
+                ax2.plot([p["served"] for _, p in pts], [p["precision"] for _, p in pts], ls,
+                         marker=".", color=color, label=f"{sp}: {label}")
+        d = q["pairs"][sp]
+        ax1.plot(d["false"], d["served"], "o", ms=11, mfc="none", color=color)
+        ax2.plot(d["served"], d["precision"], "o", ms=11, mfc="none", color=color)
+    ax1.axvline(DEFAULT, color="grey", lw=0.8)
+    ax1.set(xlabel="false hits (share of near misses served)",
+            ylabel="served (share of paraphrases)", xscale="symlog", xlim=(0, 0.5), ylim=(0, 1),
+            title="held-out splits, max_error 0.001 to 0.2 (circle: default 0.01)")
+    ax1.set_xscale("symlog", linthresh=0.01)
+    ax2.set(xlabel="served (share of paraphrases)", ylabel="precision (right answers served)",
+            xlim=(0, 1), ylim=(0.8, 1.005), title="precision against served share")
+    ax1.legend(loc="lower right", fontsize=8)
+    ax2.legend(loc="lower left", fontsize=8)
+    fig.suptitle("meshd answer cache, semantic path: pair-verifier-v1 above the threshold of a "
+                 "95% Clopper-Pearson bound\non the calibration splits' near misses, cosine gate "
+                 "0.79 (all-MiniLM-L6-v2 int8); dotted: the cosine alone, calibrated the same way")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+# -- ablation ---------------------------------------------------------------------------------
+
+
+def old_meshd(rev: str) -> types.SimpleNamespace:
+    """The lexical guards (v1-v4) and the adaptive per-entry thresholds as they were at git
+    revision ``rev``, imported from that commit's files under another package name."""
+    names = ("lexical", "wordclasses", "structure", "guards", "align", "policy")
+    pkg = types.ModuleType("oldcache")
+    pkg.__path__ = []
+    sys.modules["oldcache"] = pkg
+    mods = {}
+    for name in names:
+        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:meshd/cache/{name}.py"],
+                             check=True, capture_output=True, text=True).stdout
+        src = re.sub(r"\bmeshd\.cache\.", "oldcache.", src)
+        mod = types.ModuleType(f"oldcache.{name}")
+        sys.modules[mod.__name__] = mod
+        exec(compile(src, f"{rev}:meshd/cache/{name}.py", "exec"), mod.__dict__)
+        mods[name] = mod
+    return types.SimpleNamespace(**mods)
+
+
+def adaptive_twofold(rows: list[dict[str, Any]], policy: Any, score: str) -> dict[str, bool]:
+    """vCache-style per-entry thresholds (meshd's ``AdaptiveThreshold``): each anchor's pairs
+    split in two halves; the entry learns from one half's labels (as if those lookups had been
+    verified) and is judged on the other, then the halves swap."""
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(r["a"], []).append(i)
-    served = np.zeros(len(rows), bool)
+    served: dict[str, bool] = {}
     for n, idx in enumerate(groups.values()):
         order = list(idx)
         np.random.default_rng(n).shuffle(order)
@@ -130,183 +350,81 @@ def adaptive_twofold(rows: list[dict[str, Any]], sims: np.ndarray, policy: Adapt
         for train, test in ((halves[0], halves[1]), (halves[1], halves[0])):
             obs: tuple[tuple[float, bool], ...] = ()
             for i in train:
-                obs = policy.observe(obs, float(sims[i]), bool(rows[i]["same"]))
+                obs = policy.observe(obs, float(rows[i][score]), bool(rows[i]["same"]))
             for i in test:
-                d = policy.decide(float(sims[i]), rows[i]["b"], rows[i]["a"], obs, u=1.0,
-                                  align=aligner(words, rows[i]["b"], rows[i]["a"]))
-                served[i] = d.kind == "hit"
+                r = rows[i]
+                d = policy.decide(float(r[score]), r["b"], r["a"], obs, u=1.0)
+                served[r["a"] + "\x00" + r["b"]] = d.kind == "hit"
     return served
 
 
-ALL_SPLITS = ("tune", "test", "fresh", "fresh2", "fresh3", "fresh4", "fresh5")
-
-
-def splits(rows: list[dict[str, Any]]) -> tuple[str, ...]:
-    """The splits present in the pairs, oldest first."""
-    have = {r.get("split") for r in rows}
-    return tuple(sp for sp in ALL_SPLITS if sp in have)
-
-
-def quality_by_split(rows: list[dict[str, Any]], vec: dict[str, np.ndarray],
-                     words: dict[str, Any], pair: dict[tuple[str, str], float],
-                     pair_policy: FixedThreshold) -> dict[str, Any]:
-    """``quality`` of each split of the pairs (benchmarks/data/README.md): ``tune`` chose the
-    guards and the default threshold, ``test`` was held out from that choice (but read while
-    the guards were written), ``fresh`` was written after both were frozen (guards v2),
-    ``fresh2`` before guards v3 were written (a development split since guards v4), and
-    ``fresh3`` before guards v4 were frozen, evaluated once after; ``fresh4`` was held out from
-    the pair verifier (its training, cross-validation and defaults), evaluated once after."""
-    return {sp: quality([r for r in rows if r.get("split") == sp], vec, words, pair,
-                        pair_policy) for sp in splits(rows)}
-
-
-def quality(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], words: dict[str, Any],
-            pair: dict[tuple[str, str], float] | None = None,
-            pair_policy: FixedThreshold | None = None) -> dict[str, Any]:
-    """Curves and default figures; ``words``: each prompt's word vectors (guards v4's
-    verifier, asked only where the policy would serve); ``pair``: the pair verifier's
-    probability of each (anchor, other prompt), judged with ``pair_policy``'s bound."""
-    sims = np.array([float(vec[r["a"]] @ vec[r["b"]]) for r in rows])
-    same = np.array([bool(r["same"]) for r in rows])
-    ok = np.array([guard(r["b"], r["a"]) is None
-                   and qualifier(r["b"], r["a"], aligner(words, r["b"], r["a"]),
-                                 FIXED_DEFAULT_POLICY.added_word_bound) is None
-                   for r in rows])
-    out: dict[str, Any] = {"pairs": len(rows), "same": int(same.sum()),
-                           "different": int((~same).sum()), "curves": {}}
-    for guards in (False, True):
-        gate = ok if guards else np.ones_like(ok)
-        out["curves"][f"fixed{'+guards' if guards else ''}"] = [
-            {"threshold": round(float(t), 3), **pair_rates((sims >= t) & gate, same)}
-            for t in np.linspace(0.5, 1.0, 101)]
-        out["curves"][f"adaptive{'+guards' if guards else ''}"] = [
-            {"delta": d, **pair_rates(adaptive_twofold(
-                rows, sims, replace(ADAPTIVE_DEFAULT, delta=d, guards=guards), words), same)}
-            for d in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)]
-    if pair is not None and pair_policy is not None:
-        pp = np.array([pair[(r["a"], r["b"])] for r in rows])
-        guarded = np.array([guard(r["b"], r["a"]) is None for r in rows])
-        # the policy's own setting: a verifier whose defaults were chosen without the guards
-        # (pair-verifier-v2) is asked with none in front
-        gate = guarded if pair_policy.guards else np.ones_like(guarded)
-        passes = pp >= pair_policy.pair_min_p
-        out["curves"]["fixed+pair"] = [
-            {"threshold": round(float(t), 3), **pair_rates((sims >= t) & gate & passes, same)}
-            for t in np.linspace(0.5, 1.0, 101)]
-        out["pair_defaults"] = {
-            "pair": {"threshold": pair_policy.threshold, "min_p": pair_policy.pair_min_p,
-                     **pair_rates((sims >= pair_policy.threshold) & gate & passes, same)},
-            "pair_no_guards": pair_rates((sims >= pair_policy.threshold) & passes, same),
-            "pair_with_guards": pair_rates((sims >= pair_policy.threshold) & guarded & passes, same),
-            "pair_candidates": float(np.mean((sims >= pair_policy.threshold) & gate)),
-        }
-    out["defaults"] = {
-        "fixed": {"threshold": FIXED_DEFAULT, **pair_rates((sims >= FIXED_DEFAULT) & ok, same)},
-        "fixed_no_guards": pair_rates(sims >= FIXED_DEFAULT, same),
-        "adaptive": {"delta": ADAPTIVE_DEFAULT.delta,
-                     **pair_rates(adaptive_twofold(rows, sims, ADAPTIVE_DEFAULT, words), same)},
-        "fixed_guards_v3": {"threshold": FIXED_DEFAULT, **pair_rates(
-            (sims >= FIXED_DEFAULT) & np.array([guard(r["b"], r["a"], skip=V4_GUARDS) is None
-                                                for r in rows]), same)},
+def ablation(rows: list[dict[str, Any]], rev: str) -> dict[str, Any]:
+    old = old_meshd(rev)
+    rules = [why for why, _ in old.guards.GUARDS]
+    for r in rows:
+        r["guards"] = [why for why, f in old.guards.GUARDS if f(r["b"], r["a"])]
+    gate = read_calibration().gate
+    p = lambda r: r["p"]  # noqa: E731
+    at_gate = lambda r: r["cos"] >= gate  # noqa: E731
+    configs: dict[str, tuple[Callable[[dict[str, Any]], float], Callable[[dict[str, Any]], bool]]] = {
+        "default: verifier, cosine gate 0.79, calibrated": (p, at_gate),
+        "without the cosine gate": (p, lambda r: True),
+        "cosine gate 0.70": (p, lambda r: r["cos"] >= 0.70),
+        "without the verifier: cosine alone, calibrated": (lambda r: r["cos"], lambda r: True),
+        "+ all lexical guards (v1-v4)": (p, lambda r: at_gate(r) and not r["guards"]),
+        "cosine alone + all lexical guards": (lambda r: r["cos"], lambda r: not r["guards"]),
     }
-    kinds: dict[str, list[float]] = {}
-    for r, s in zip(rows, sims, strict=True):
-        kinds.setdefault(r["kind"], []).append(float(s))
-    out["similarity_by_kind_p5_p50_p95"] = {k: [round(float(np.percentile(v, q)), 3)
-                                                for q in (5, 50, 95)] for k, v in kinds.items()}
+    for rule in rules:
+        configs[f"+ guard '{rule}' alone"] = (p, lambda r, g=rule: at_gate(r) and g not in r["guards"])
+    for rule in rules:
+        configs[f"all guards but '{rule}'"] = (
+            p, lambda r, g=rule: at_gate(r) and not set(r["guards"]) - {g})
+    out: dict[str, Any] = {}
+    for name, (score, gate_fn) in configs.items():
+        t, rule_fn = calibrated(rows, score, gate_fn)
+        out[name] = {"threshold": t, **by_split(rows, rule_fn)}
+    # a measured combination of the two scores (logistic regression on the development splits)
+    dev = [r for r in rows if r["split"] in DEVELOPMENT]
+    w = _logistic([_features(r) for r in dev], [r["same"] for r in dev])
+    combo = lambda r: float(np.dot(w, _features(r)))  # noqa: E731
+    t, rule_fn = calibrated(rows, combo, at_gate)
+    out["logistic(logit p, cosine), fitted on development, gate 0.79"] = {
+        "threshold": t, "weights": [round(float(x), 3) for x in w], **by_split(rows, rule_fn)}
+    # the old default: guards v1-v4, cosine 0.79, verifier p >= 0.55 (not calibrated)
+    out["before: guards + cosine 0.79 + verifier p >= 0.55 (uncalibrated)"] = by_split(
+        rows, lambda r: r["cos"] >= 0.79 and not r["guards"] and r["p"] >= 0.55)
+    # vCache-style per-entry thresholds, as meshd had them
+    for score, kw, name in (
+            ("cos", {"guards": False}, "per-entry adaptive thresholds on the cosine (delta 0.01)"),
+            ("cos", {}, "per-entry adaptive thresholds on the cosine + guards (delta 0.01)"),
+            ("p", {"guards": False, "prior_t": 0.5, "prior_sd": 0.2, "slope": 20.0,
+                   "floor": 0.0, "ceiling": 0.9999},
+             "per-entry adaptive thresholds on the verifier's p (delta 0.01)")):
+        policy = old.policy.AdaptiveThreshold(**kw)
+        served: dict[str, bool] = {}
+        for sp in (*CALIBRATION, *HELD_OUT, *DEVELOPMENT):
+            served.update(adaptive_twofold([r for r in rows if r["split"] == sp], policy, score))
+        out[name] = by_split(rows, lambda r, s=served: s[r["a"] + "\x00" + r["b"]])
+    for r in rows:
+        del r["guards"]
     return out
 
 
-def stream(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], policy: Any, seed: int = 0,
-           words: dict[str, Any] | None = None, pair: Any = None) -> dict[str, float]:
-    cache = SemanticCache(":memory:", Precomputed(vec, "bench"), policy=policy,
-                          rng=np.random.default_rng(seed).random,
-                          word_states=words.__getitem__ if words is not None else None,
-                          pair_verifier=pair)
-    truth: dict[str, str] = {}
-    for r in rows:
-        truth.setdefault(r["a"], r["answer_a"])
-    events = [(a, None) for a in truth]
-    tail = list(range(len(rows)))
-    np.random.default_rng(seed).shuffle(tail)
-    events += [(rows[i]["b"], i) for i in tail]
-    req = CacheRequest(model="bench", tenant="t", client="c", prompt="")
-    n = {"para": 0, "para_hit": 0, "near": 0, "near_wrong": 0, "hits": 0, "wrong": 0,
-         "verifies": 0}
-    answers: dict[int, str] = {}
-    for text, i in events:
-        want = truth[text] if i is None else rows[i]["answer_b"]
-        q = replace(req, prompt=text)
-        got = cache.lookup(q, vector=vec[text])
-        if got.kind == "hit":
-            served = answers[got.entry_id or 0]
-            n["hits"] += 1
-            n["wrong"] += served != want
-        else:
-            if got.kind == "verify":
-                n["verifies"] += 1
-                cache.observe(got.entry_id or 0, got.similarity or 0.0,
-                              answers[got.entry_id or 0] == want)
-            eid = cache.insert(q, want, lookup=got)
-            answers[eid or 0] = want
-            served = None
-        if i is not None and rows[i]["same"]:
-            n["para"] += 1
-            n["para_hit"] += served == want
-        elif i is not None:
-            n["near"] += 1
-            n["near_wrong"] += served is not None and served != want
-    return {"lookups": len(events), "paraphrase_hit_rate": n["para_hit"] / n["para"],
-            "near_miss_false_hit_rate": n["near_wrong"] / n["near"],
-            "wrong_share_of_hits": n["wrong"] / max(1, n["hits"]), "hits": n["hits"],
-            "verifies": n["verifies"]}
+def _features(r: dict[str, Any]) -> list[float]:
+    p = min(max(float(r["p"]), 1e-6), 1 - 1e-6)
+    return [math.log(p / (1 - p)), float(r["cos"]), 1.0]
 
 
-def plot(qs: dict[str, Any], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shown = [sp for sp in reversed(ALL_SPLITS) if sp in qs][:3]  # the newest three
-    fig, axes = plt.subplots(len(shown), 2, figsize=(11, 4.5 * len(shown)), squeeze=False)
-    for (ax1, ax2), sp in zip(axes, shown, strict=True):
-        _plot_split(qs[sp], sp, ax1, ax2)
-    fig.suptitle("semantic cache, all-MiniLM-L6-v2; fixed+guards: guards v4 and their verifier; "
-                 "fixed+pair: the guards and the pair verifier at its min_p,\nswept over the "
-                 "cosine threshold; circles: defaults (green: the pair verifier's, 0.79); "
-                 "splits named in docs/cache.md")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+def _logistic(x: list[list[float]], y: list[bool], steps: int = 3000) -> np.ndarray:
+    X, Y = np.array(x), np.array(y, float)
+    w = np.zeros(X.shape[1])
+    for _ in range(steps):
+        pr = 1 / (1 + np.exp(-(X @ w)))
+        w -= 0.5 * (X.T @ (pr - Y) / len(Y) + 1e-3 * np.r_[w[:-1], 0])
+    return w
 
 
-def _plot_split(q: dict[str, Any], split: str, ax1: Any, ax2: Any) -> None:
-    styles = {"fixed": ("tab:blue", "--"), "fixed+guards": ("tab:blue", "-"),
-              "fixed+pair": ("tab:green", "-"),
-              "adaptive": ("tab:orange", "--"), "adaptive+guards": ("tab:orange", "-")}
-    for name, pts in q["curves"].items():
-        color, ls = styles[name]
-        r = [p["recall"] for p in pts]
-        ax1.plot(r, [p["precision"] for p in pts], ls, color=color, label=name, marker=".")
-        ax2.plot([p["false_hit_rate"] for p in pts], r, ls, color=color, label=name, marker=".")
-    for key, color in (("fixed", "tab:blue"), ("adaptive", "tab:orange")):
-        d = q["defaults"][key]
-        ax1.plot(d["recall"], d["precision"], "o", color=color, ms=10, mfc="none")
-        ax2.plot(d["false_hit_rate"], d["recall"], "o", color=color, ms=10, mfc="none")
-    if "pair_defaults" in q:
-        d = q["pair_defaults"]["pair"]
-        ax1.plot(d["recall"], d["precision"], "o", color="tab:green", ms=10, mfc="none")
-        ax2.plot(d["false_hit_rate"], d["recall"], "o", color="tab:green", ms=10, mfc="none")
-    ax2.axvline(0.01, color="grey", lw=0.8)
-    ax2.axhline(0.60, color="grey", lw=0.8)
-    ax1.set(xlabel="recall (hit rate on same-answer pairs)", ylabel="precision",
-            title=f"{split}: {q['pairs']} pairs, precision / recall", xlim=(0, 1),
-            ylim=(0.4, 1.01))
-    ax2.set(xlabel="false-hit rate (different-answer pairs served)",
-            ylabel="hit rate on same-answer pairs",
-            title=f"{split}: goal <= 1% false, >= 60% hits", xlim=(0, 1))
-    ax2.set_xscale("symlog", linthresh=0.01)
-    ax1.legend(loc="lower left")
+# -- speed ------------------------------------------------------------------------------------
 
 
 def add_synthetic(cache: SemanticCache, part: str, base: np.ndarray, n: int, *, now: float,
@@ -329,158 +447,67 @@ def add_synthetic(cache: SemanticCache, part: str, base: np.ndarray, n: int, *, 
             batch)
 
 
-def speed(embs: dict[str, Any], rows: list[dict[str, Any]], vec: dict[str, np.ndarray],
+def speed(rows: list[dict[str, Any]], model_dir: Path, vec: dict[str, np.ndarray],
           entries: int, root: Path) -> dict[str, Any]:
-    emb = next(iter(embs.values()))
+    emb = load_embedder(model_dir, precision="int8")
+    pv = PairVerifier(None, model_dir)
+    cal = read_calibration()
+    limits = CacheLimits(max_entries=entries + 1000, max_bytes=2**40)
     req = CacheRequest(model="bench", tenant="t", client="c", prompt="")
     path = root / "cache.db"
     anchors = sorted({r["a"] for r in rows})
-    cache = SemanticCache(path, emb, policy=FixedThreshold(),
-                          limits=CacheLimits(max_entries=entries + 1000, max_bytes=2**40))
-    t0 = time.perf_counter()
+    cache = SemanticCache(path, emb, verifier=pv.probability, calibration=cal, limits=limits)
     for a in anchors:
-        cache.insert(replace(req, prompt=a), f"answer to {a}", lookup=None)
-    base = np.stack(list(vec.values()))
+        cache.insert(replace(req, prompt=a), f"answer to {a}")
     part = cache.db.execute("SELECT partition FROM entries LIMIT 1").fetchone()[0]
     now = time.time()
-    t1 = time.perf_counter()
-    add_synthetic(cache, part, base, entries - len(anchors), now=now, last_used=now)
-    sql_s = time.perf_counter() - t1
+    add_synthetic(cache, part, np.stack(list(vec.values())), entries - len(anchors), now=now,
+                  last_used=now)
     cache.close()
     rss0 = rss_bytes()
-    t2 = time.perf_counter()
-    cache = SemanticCache(path, emb, policy=FixedThreshold(),
-                          limits=CacheLimits(max_entries=entries + 1000, max_bytes=2**40))
-    open_s = time.perf_counter() - t2
+    t0 = time.perf_counter()
+    cache = SemanticCache(path, emb, verifier=pv.probability, calibration=cal, limits=limits)
+    open_s = time.perf_counter() - t0
     rss1 = rss_bytes()
-    cache.close()  # saves the HNSW graph: the next open loads it instead of rebuilding
-    t2 = time.perf_counter()
-    cache = SemanticCache(path, emb, policy=FixedThreshold(),
-                          limits=CacheLimits(max_entries=entries + 1000, max_bytes=2**40))
-    open_saved_s = time.perf_counter() - t2
+    cache.close()  # saves the HNSW graph: the next open loads it
+    t0 = time.perf_counter()
+    cache = SemanticCache(path, emb, verifier=pv.probability, calibration=cal, limits=limits)
+    open_saved_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    bare = SemanticCache(path, limits=limits)  # what the daemon opens at start: no model
+    open_exact_s = time.perf_counter() - t0
+    bare.close()
     st = cache.statistics()
-    # Inserts through the API into the full cache (SQLite row + index add + bound checks).
-    t3 = time.perf_counter()
-    probe = [replace(req, prompt=f"new prompt {i}") for i in range(300)]
-    for i, p in enumerate(probe):
-        cache.insert(p, "a new answer", lookup=Lookup("miss", "", vector=base[i % len(base)]))
-    insert_s = time.perf_counter() - t3
-    # Lookups: anchors' paraphrases (hits at the default) and other prompts, once with each
-    # embedding graph, interleaved.
-    timed: dict[str, dict[str, list[float]]] = {
-        p: {"hit": [], "miss": [], "search": [], "embed": [], "cpu": []} for p in embs}
-    texts = [r["b"] for r in rows][:400]
-    for text in texts:
-        for prec, e in embs.items():
-            cache.embedder = e
-            t, c = time.perf_counter(), time.process_time()
-            got = cache.lookup(replace(req, prompt=text))
-            dt = (time.perf_counter() - t) * 1e3
-            tm = timed[prec]
-            tm["hit" if got.kind == "hit" else "miss"].append(dt)
-            tm["cpu"].append((time.process_time() - c) * 1e3)
-            tm["search"].append(got.search_ms)
-            tm["embed"].append(got.embed_ms)
-    cache.embedder = emb
-    # Exact repeats of cached prompts: answered from SQLite without embedding.
-    repeat_ms = []
-    for a in anchors[:90]:
+    timed: dict[str, list[float]] = {"semantic": [], "miss": [], "refused": [], "embed": [],
+                                     "search": []}
+    for r in [r for r in rows if r["same"]][:400]:
         t = time.perf_counter()
-        got = cache.lookup(replace(req, prompt=a))
-        repeat_ms.append((time.perf_counter() - t) * 1e3)
-        assert got.kind == "hit" and got.reason == "same prompt"
-    # The same lookups with the vector given: what the index and SQLite cost alone.
-    alone = []
-    for text in texts:
-        v = vec[text]
+        got = cache.lookup(replace(req, prompt=r["b"]))
+        dt = (time.perf_counter() - t) * 1e3
+        timed.setdefault(got.kind, []).append(dt)
+        timed["embed"].append(got.embed_ms)
+        timed["search"].append(got.search_ms)
+    exact = []
+    for a in anchors[:300]:
         t = time.perf_counter()
-        cache.lookup(replace(req, prompt=text), vector=v)
-        alone.append((time.perf_counter() - t) * 1e3)
+        got = cache.lookup_exact(replace(req, prompt=a))
+        exact.append((time.perf_counter() - t) * 1e3)
+        assert got is not None and got.kind == "exact"
 
     def p(xs: list[float], q: float) -> float:
         return round(float(np.percentile(xs, q)), 3) if xs else float("nan")
 
-    by_precision = {prec: {
-        "lookup_hit_end_to_end_ms": {"n": len(tm["hit"]), "p50": p(tm["hit"], 50),
-                                     "p99": p(tm["hit"], 99)},
-        "lookup_miss_end_to_end_ms": {"n": len(tm["miss"]), "p50": p(tm["miss"], 50),
-                                      "p99": p(tm["miss"], 99)},
-        "lookup_cpu_ms_p50": p(tm["cpu"], 50),
-        "embed_ms": {"p50": p(tm["embed"], 50), "p99": p(tm["embed"], 99)},
-        "search_and_decide_ms": {"p50": p(tm["search"], 50), "p99": p(tm["search"], 99)},
-    } for prec, tm in timed.items()}
     return {
-        "entries": st["entries"], "index": st["index_kinds"], "lookups": by_precision,
-        "index_bytes": st["index_bytes"], "sqlite_file_bytes": path.stat().st_size,
-        "rss_of_open_cache_bytes": rss1 - rss0, "restart_rebuilding_index_s": round(open_s, 2),
+        "entries": st["entries"], "index": st["index_kinds"], "index_bytes": st["index_bytes"],
+        "sqlite_file_bytes": path.stat().st_size, "rss_of_open_cache_bytes": rss1 - rss0,
+        "restart_rebuilding_index_s": round(open_s, 2),
         "restart_loading_saved_index_s": round(open_saved_s, 2),
-        "sql_bulk_insert_s": round(sql_s, 2), "first_real_inserts_s": round(t1 - t0, 2),
-        "api_inserts_per_s_at_full_size": round(len(probe) / insert_s, 1),
-        "exact_repeat_hit_ms": {"n": len(repeat_ms), "p50": p(repeat_ms, 50),
-                                "p99": p(repeat_ms, 99)},
-        "lookup_with_vector_given_ms": {"p50": p(alone, 50), "p99": p(alone, 99)},
+        "open_without_model_s": round(open_exact_s, 2),
+        "exact_lookup_ms": {"n": len(exact), "p50": p(exact, 50), "p99": p(exact, 99)},
+        **{f"{k}_lookup_ms": {"n": len(v), "p50": p(v, 50), "p99": p(v, 99)}
+           for k, v in timed.items() if k not in ("embed", "search")},
+        "embed_ms_p50": p(timed["embed"], 50), "search_and_verify_ms_p50": p(timed["search"], 50),
     }
-
-
-def verifier_latency(rows: list[dict[str, Any]], vec: dict[str, np.ndarray],
-                     states: TokenStates, repeats: int = 3) -> dict[str, Any]:
-    """What guards v4 add to a candidate above the threshold, per candidate: the two
-    structural checks (``roles_swapped``, ``added_run``: pure string work, every candidate),
-    and, where ``added_run`` finds an added run, the encoder's word vectors of both prompts
-    (two runs of the token-state session, nothing memoised) and their alignment."""
-    cands = [r for r in rows if float(vec[r["a"]] @ vec[r["b"]]) >= FIXED_DEFAULT
-             and guard(r["b"], r["a"], skip=V4_GUARDS) is None]
-    structural, fired = [], []
-    for _ in range(repeats):
-        for r in cands:
-            q, c = r["b"], r["a"]
-            t = time.perf_counter()
-            roles_swapped(q + " ", c + " ")  # a new string: the lexical caches miss
-            added = added_run(q + " ", c + " ")
-            structural.append((time.perf_counter() - t) * 1e6)
-            if added is not None:
-                states._memo.clear()
-                t = time.perf_counter()
-                added_alignment(states.words, q + " ", c + " ", added)
-                fired.append((time.perf_counter() - t) * 1e6)
-
-    def p(xs: list[float], q: float) -> float:
-        return round(float(np.percentile(xs, q)), 1) if xs else float("nan")
-
-    return {"candidates": len(cands), "fired_share": round(len(fired) / max(1, len(structural)), 3),
-            "structural_us": {"n": len(structural), "p50": p(structural, 50),
-                              "p90": p(structural, 90)},
-            "alignment_when_fired_us": {"n": len(fired), "p50": p(fired, 50), "p90": p(fired, 90)},
-            "threads": 1}
-
-
-def pair_latency(rows: list[dict[str, Any]], vec: dict[str, np.ndarray], pv: PairVerifier,
-                 policy: FixedThreshold, repeats: int = 3) -> dict[str, Any]:
-    """What the pair verifier adds to a candidate it is asked about (similarity at or above
-    the policy's threshold, no guard refusing), per candidate: tokenizing the pair, the
-    embedding sum and one run of its graph (one thread), nothing memoised; and its RSS."""
-    cands = [r for r in rows if float(vec[r["a"]] @ vec[r["b"]]) >= policy.threshold
-             and guard(r["b"], r["a"]) is None]
-    ms, tokens = [], []
-    for _ in range(repeats):
-        for r in cands:
-            t = time.perf_counter()
-            pv.probability(r["a"], r["b"])
-            ms.append((time.perf_counter() - t) * 1e3)
-    for r in cands:
-        tokens.append(len(pv._tok.encode(r["a"], r["b"]).ids))
-    rss0 = rss_bytes()
-    extra = PairVerifier(None, pv.embed_dir)  # a second one: what loading one costs
-    extra.probability("warm", "up")
-    rss1 = rss_bytes()
-
-    def p(xs: list[float], q: float) -> float:
-        return round(float(np.percentile(xs, q)), 2) if xs else float("nan")
-
-    return {"candidates": len(cands), "share_of_pairs": round(len(cands) / max(1, len(rows)), 3),
-            "ms": {"n": len(ms), "p50": p(ms, 50), "p90": p(ms, 90), "p99": p(ms, 99)},
-            "tokens_p50": p([float(x) for x in tokens], 50), "threads": 1,
-            "load_rss_mib": round((rss1 - rss0) / 2**20, 1)}
 
 
 def pid_rss_bytes(pid: int) -> int:
@@ -491,42 +518,42 @@ def pid_rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def fill_daemon_cache(path: Path, emb: Any, vec: dict[str, np.ndarray], total: int
+def fill_daemon_cache(path: Path, model_dir: Path, vec: dict[str, np.ndarray], total: int
                       ) -> dict[str, Any]:
     """With the daemon stopped: add synthetic rows to its cache file (the partition its anchors
-    went to) until it holds ``total`` entries, older than the anchors (so that eviction takes
-    them first), then open it once to build the HNSW graph and close it to save the graph, as
-    the daemon's own shutdown would; the daemon loads that graph when it starts."""
+    went to) until it holds ``total`` entries, older than the anchors, then open it once with
+    the model to build the HNSW graph and close it to save the graph, as the daemon's own
+    shutdown would; the daemon loads that graph when its semantic path starts."""
     limits = CacheLimits(max_entries=total + 1000, max_bytes=2**40)
-    cache = SemanticCache(path, emb, policy=FixedThreshold(), limits=limits)
+    emb = load_embedder(model_dir, precision="int8")
+    cache = SemanticCache(path, emb, limits=limits)
     parts = cache.db.execute("SELECT partition, count(*) FROM entries GROUP BY partition "
                              "ORDER BY count(*) DESC").fetchall()
     part, have = parts[0][0], sum(r[1] for r in parts)
     now = time.time()
-    t0 = time.perf_counter()
     add_synthetic(cache, part, np.stack(list(vec.values())), total - have, now=now,
                   last_used=now - 3600)
-    sql_s = time.perf_counter() - t0
     cache.close()
     t1 = time.perf_counter()
-    cache = SemanticCache(path, emb, policy=FixedThreshold(), limits=limits)
+    cache = SemanticCache(path, emb, limits=limits)
     build_s = time.perf_counter() - t1
     st = cache.statistics()
     cache.close()
-    return {"entries": st["entries"], "index": st["index_kinds"], "sql_insert_s": round(sql_s, 1),
+    return {"entries": st["entries"], "index": st["index_kinds"],
             "graph_build_s": round(build_s, 1), "sqlite_file_bytes": path.stat().st_size}
 
 
-def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, precision: str, *,
-               fill: int = 0, emb: Any = None, vec: dict[str, np.ndarray] | None = None
-               ) -> dict[str, Any]:
+def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, model_dir: Path, *,
+               fill: int = 0, vec: dict[str, np.ndarray] | None = None,
+               serve: str = "default") -> dict[str, Any]:
     import trio
 
     from meshd.testing.wait import wait_for
     from meshd.testnet.drive import cli, stream
     from meshd.testnet.launcher import NodeSpec, down, up
 
-    spec = NodeSpec(name="c1", extra={"cache": {"enabled": True, "embed_precision": precision}})
+    spec = NodeSpec(name="c1", models=[{"path": serve}], extra={"cache": {"enabled": True}})
+    chat = serve != "default"  # an instruct model answers as a chat
     index = up(root / "net", [spec], advert_interval_s=1.0)
     sock = index["nodes"][0]["socket"]
     memory: dict[str, Any] = {}
@@ -535,65 +562,58 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, precision: str, *
         return dict(json.loads(cli("cache", "stats", "--json", "--socket", sock).stdout))
 
     first: list[float] = []
-    sent_ms: list[float] = []  # from the SUBMIT frame leaving on the open connection to DONE
 
     def ask(prompt: str, **extra: Any) -> tuple[dict[str, Any], float]:
-        """(DONE stats, submit to DONE ms); ``first[-1]``: submit to the first tokens, ms, both
-        on the client."""
-        fields = {"prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-                  "client": "bench", **extra}
+        """(DONE stats, submit to DONE ms); ``first[-1]``: submit to the first tokens, ms.
+        Answers of ``ANSWER_TOKENS`` tokens unless said (the partition holds max_tokens: the
+        paraphrases and repeats ask what the anchors asked)."""
+        fields = {"prompt": prompt, "max_tokens": ANSWER_TOKENS, "temperature": 0.0,
+                  "client": "bench", "chat": chat, **extra}
         t = time.monotonic()
         got = trio.run(stream, sock, fields, lambda _: first.append((time.monotonic() - t) * 1e3))
-        sent_ms.append((got["done_at"] - got["sent_at"]) * 1e3)
         return got["stats"], (got["done_at"] - t) * 1e3
 
     try:
-        ask("Warm up.", client="warmup")
+        ask(f"Warm up {time.time()}.", client="warmup")
         wait_for(lambda: stats()["state"] == "ready", 300, "the semantic cache to load")
         anchors = sorted({r["a"] for r in rows})
+        before = stats()["inserts"]
         for a in anchors:
             ask(a)
-        wait_for(lambda: stats()["inserts"] >= len(anchors), 300, "the anchors to be stored")
+        wait_for(lambda: stats()["inserts"] >= before + len(anchors), 300,
+                 "the anchors to be stored")
         if fill:
             down(root / "net")
             memory["fill"] = fill_daemon_cache(root / "net" / "c1" / "state" / "semantic-cache.db",
-                                               emb, vec or {}, fill)
+                                               model_dir, vec or {}, fill)
             index = up(root / "net", [spec], advert_interval_s=1.0)
             sock, pid = index["nodes"][0]["socket"], index["nodes"][0]["pid"]
             memory["rss_started_bytes"] = pid_rss_bytes(pid)
-            ask("Warm up.", client="warmup")
             t0 = time.perf_counter()
+            ask(f"Warm up {time.time()}.", client="warmup")
             wait_for(lambda: stats()["state"] == "ready", 600, "the semantic cache to load")
-            memory["cache_load_s"] = round(time.perf_counter() - t0, 1)
+            memory["semantic_path_load_s"] = round(time.perf_counter() - t0, 1)
             memory["rss_cache_ready_bytes"] = pid_rss_bytes(pid)
-            for a in anchors:  # warm the hit path (and check the anchors are still there)
+            for a in anchors[:20]:  # warm the hit path
                 ask(a)
         paraphrases = [r["b"] for r in rows if r["same"]]
-        hit_ms, hit_ttft, miss_ttft, off_ttft, repeat_ms, repeat_ttft = [], [], [], [], [], []
-        miss_first, off_first = [], []
-        hit_sent: list[float] = []
-        repeat_sent: list[float] = []
-        missed = 0
+        hit_ms, repeat_ms, miss_first, off_first = [], [], [], []
+        answer_chars: list[float] = []
+        kinds: dict[str, int] = {}
         for i in range(n):
             st, ms = ask(paraphrases[i % len(paraphrases)])
-            if st.get("cached"):
+            kind = (st.get("cache") or {}).get("kind", "miss")
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if kind == "semantic":
                 hit_ms.append(ms)
-                hit_sent.append(sent_ms[-1])
-                hit_ttft.append(float(st["ttft_ms"]))
-            else:
-                missed += 1
+                answer_chars.append(len(str(st.get("text") or "")))
             st, ms = ask(anchors[i % len(anchors)])
-            if st.get("cached"):
+            if (st.get("cache") or {}).get("kind") == "exact":
                 repeat_ms.append(ms)
-                repeat_sent.append(sent_ms[-1])
-                repeat_ttft.append(float(st["ttft_ms"]))
-            # the same sentence with other numbers: a miss (the numbers guard) of equal length
-            st, _ = ask(f"Tell me something new about topic number {i} and its history.")
-            miss_ttft.append(float(st["ttft_ms"]))
+            ask(f"Tell me something new about topic number {i} and its history.", max_tokens=1)
             miss_first.append(first[-1])
-            st, _ = ask(f"Tell me something new about topic number {i + 50_000} and its "
-                        "history.", cache=False)
-            off_ttft.append(float(st["ttft_ms"]))
+            ask(f"Tell me something new about topic number {i + 50_000} and its history.",
+                cache=False, max_tokens=1)
             off_first.append(first[-1])
         final = stats()
         if fill:
@@ -605,111 +625,62 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, precision: str, *
         return round(float(np.percentile(xs, q)), 2) if xs else float("nan")
 
     return {
-        **memory,
-        "hit_submit_to_done_ms": {"n": len(hit_ms), "p50": p(hit_ms, 50), "p95": p(hit_ms, 95),
-                                  "p99": p(hit_ms, 99)},
-        "hit_daemon_ttft_ms": {"p50": p(hit_ttft, 50), "p95": p(hit_ttft, 95),
-                               "p99": p(hit_ttft, 99)},
-        # the same requests timed from the SUBMIT frame leaving an open connection (no event
-        # loop start, connect or HELLO: what a client that keeps its connection sees)
-        "hit_sent_to_done_ms": {"p50": p(hit_sent, 50), "p95": p(hit_sent, 95),
-                                "p99": p(hit_sent, 99)},
-        "exact_repeat_sent_to_done_ms": {"p50": p(repeat_sent, 50), "p99": p(repeat_sent, 99)},
-        "paraphrases_not_served": missed,
+        **memory, "paraphrases_asked": kinds, "served_model": serve,
+        "hit_answer_chars_p50": p(answer_chars, 50),
+        "semantic_hit_submit_to_done_ms": {"n": len(hit_ms), "p50": p(hit_ms, 50),
+                                           "p95": p(hit_ms, 95), "p99": p(hit_ms, 99)},
         "exact_repeat_submit_to_done_ms": {"n": len(repeat_ms), "p50": p(repeat_ms, 50),
-                                           "p99": p(repeat_ms, 99)},
-        "exact_repeat_daemon_ttft_ms": {"p50": p(repeat_ttft, 50), "p99": p(repeat_ttft, 99)},
-        "miss_daemon_ttft_ms": {"n": len(miss_ttft), "p50": p(miss_ttft, 50),
-                                "p99": p(miss_ttft, 99)},
-        "cache_false_daemon_ttft_ms": {"n": len(off_ttft), "p50": p(off_ttft, 50),
-                                       "p99": p(off_ttft, 99)},
+                                           "p95": p(repeat_ms, 95), "p99": p(repeat_ms, 99)},
         "miss_client_first_token_ms": {"p50": p(miss_first, 50), "p99": p(miss_first, 99)},
         "cache_false_client_first_token_ms": {"p50": p(off_first, 50), "p99": p(off_first, 99)},
-        "miss_adds_p50_ms": round(p(miss_first, 50) - p(off_first, 50), 2),
         "miss_adds_p50_ms_paired": round(float(np.median(np.array(miss_first)
                                                          - np.array(off_first))), 2),
-        "cache": {k: final.get(k) for k in ("state", "entries", "hits", "misses", "inserts")},
+        "cache": {k: final.get(k) for k in ("state", "entries", "exact_hits", "semantic_hits",
+                                            "refused", "misses", "inserts")},
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quality", action="store_true")
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "cache_bound.png")
+    ap.add_argument("--ablation", metavar="REV", default=None,
+                    help="compare with the decision rules meshd had at this git revision")
+    ap.add_argument("--speed", action="store_true")
     ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--daemon", type=int, default=0, metavar="N")
+    ap.add_argument("--daemon-entries", type=int, default=0, metavar="E")
+    ap.add_argument("--daemon-model", default="default", metavar="DIR",
+                    help="the model the daemon serves (default: the shipped tiny-en); another "
+                    "model directory is asked in chat form")
+    ap.add_argument("--splits", default="fresh4,fresh5",
+                    help="--speed and --daemon: the splits whose pairs are asked")
+    ap.add_argument("--scores", type=Path, default=Path(tempfile.gettempdir()) / "meshd-cache-scores.jsonl",
+                    help="keep the verifier's scores of the pairs here between runs")
+    ap.add_argument("--model", type=Path, default=None, metavar="DIR")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "cache_pr.png")
-    ap.add_argument("--skip-speed", action="store_true")
-    ap.add_argument("--splits", default="",
-                    help="only these splits of the labelled pairs, comma separated (default: all)")
-    ap.add_argument("--pair-verifier", type=Path, default=None, metavar="NPZ",
-                    help="the pair verifier's weights (default: the one shipped with meshd)")
-    ap.add_argument("--model", type=Path, default=None, metavar="DIR",
-                    help="an imported embedding model directory (default: import into a "
-                    "temporary cache)")
-    ap.add_argument("--verifier-latency", action="store_true",
-                    help="time guards v4 per candidate above the threshold (structural checks; "
-                         "word vectors and alignment where a run was added)")
-    ap.add_argument("--skip-quality", action="store_true",
-                    help="skip the labelled-pairs curves, the stream and the plot")
-    ap.add_argument("--precision", default="int8,fp32",
-                    help="embedding graphs to time lookups with, comma separated (the first "
-                         "also gives the quality figures and the index's vectors)")
-    ap.add_argument("--daemon", type=int, default=0, metavar="N",
-                    help="also time N hits, repeats and misses on a real daemon")
-    ap.add_argument("--daemon-entries", type=int, default=0, metavar="E",
-                    help="with --daemon: after the anchors are cached, stop the daemon, fill its "
-                         "cache file with synthetic entries up to E in all (the cache's own SQLite "
-                         "format, HNSW graph saved as at shutdown), and start it again")
     args = ap.parse_args()
-    rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
-    if args.splits:
-        rows = [r for r in rows if r.get("split") in args.splits.split(",")]
+    model_dir = args.model or default_embedding_model()
+    rows = load_pairs()
+    t0 = time.perf_counter()
+    vec, rows = score_pairs(rows, model_dir, args.scores)
+    result: dict[str, Any] = {"scoring_s": round(time.perf_counter() - t0, 1),
+                              "loadavg_1min_start": os.getloadavg()[0]}
+    if args.quality:
+        result["quality"] = quality(rows, vec)
+        plot(result["quality"], args.plot)
+    if args.ablation:
+        result["ablation"] = ablation(rows, args.ablation)
+    some = [r for r in rows if r["split"] in args.splits.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = args.model or default_embedding_model(cache_dir=Path(tmp))
-        precisions = args.precision.split(",")
-        embs = {p: load_embedder(model_dir, precision=p) for p in precisions}
-        emb = embs[precisions[0]]
-        texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})
-        t0 = time.perf_counter()
-        vec = dict(zip(texts, emb.embed(texts), strict=True))
-        result: dict[str, Any] = {"embed_pairs_s": round(time.perf_counter() - t0, 1),
-                                  "loadavg_1min_start": os.getloadavg()[0]}
-        states = TokenStates(model_dir, precision=precisions[0])
-        t0 = time.perf_counter()
-        words = {t: states.words(t) for t in texts}
-        result["word_states_s"] = round(time.perf_counter() - t0, 1)
-        pv = PairVerifier(args.pair_verifier, model_dir)
-        pair_policy = FixedThreshold(threshold=pv.info.threshold, pair_min_p=pv.info.min_p,
-                                     guards=pv.info.guards)
-        t0 = time.perf_counter()
-        pair = {(r["a"], r["b"]): pv.probability(r["a"], r["b"]) for r in rows}
-        result["pair_verifier_s"] = round(time.perf_counter() - t0, 1)
-        memo = functools.lru_cache(maxsize=None)(pv.probability)
-        q = (quality_by_split(rows, vec, words, pair, pair_policy)
-             if not args.skip_quality else {})
-        result["quality"] = q
-        result["stream"] = {} if args.skip_quality else {sp: {
-            "pair": stream(part, vec, pair_policy, pair=memo),
-            "fixed": stream(part, vec, FixedThreshold(), words=words),
-            "fixed_no_verifier": stream(part, vec, FixedThreshold()),
-            "fixed_no_guards": stream(part, vec, FixedThreshold(guards=False)),
-            "adaptive": stream(part, vec, AdaptiveThreshold(), words=words),
-            "adaptive_no_guards": stream(part, vec, AdaptiveThreshold(guards=False)),
-        } for sp in splits(rows) if (part := [r for r in rows if r["split"] == sp])}
-        if not args.skip_quality:
-            plot(q, args.plot)
-        if args.verifier_latency:
-            result["verifier"] = verifier_latency(rows, vec, states)
-            result["pair_verifier"] = pair_latency(rows, vec, pv, pair_policy)
-        if not args.skip_speed:
-            result["speed"] = speed(embs, rows, vec, args.entries, Path(tmp))
+        if args.speed:
+            result["speed"] = speed(some, model_dir, vec, args.entries, Path(tmp))
         if args.daemon:
-            result["daemon"] = daemon_e2e(rows, Path(tmp), args.daemon, precisions[0],
-                                          fill=args.daemon_entries, emb=emb, vec=vec)
-        result["loadavg_1min_end"] = os.getloadavg()[0]
-    summary = {k: v for k, v in result.items() if k != "quality"}
-    summary["defaults"] = {sp: {**qs.get("pair_defaults", {}), **qs["defaults"]}
-                           for sp, qs in q.items()}
-    print(json.dumps(summary, indent=1))
+            result["daemon"] = daemon_e2e(some, Path(tmp), args.daemon, model_dir,
+                                          fill=args.daemon_entries, vec=vec,
+                                          serve=args.daemon_model)
+    result["loadavg_1min_end"] = os.getloadavg()[0]
+    print(json.dumps(result, indent=1))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -31,9 +31,9 @@ older meshd, before the residual LayerNorms were unfused) are timed alongside, a
 Accuracy: the 50 sentences of tests/embed/sentences.py against the NumPy reference (float64,
 one sentence at a time): the largest 1 - cosine and absolute difference, for the float graph;
 for the int8 graph the cosine to the float vectors (min, mean) and, on the 544 labelled pairs
-of benchmarks/data/cache_pairs.jsonl, the change of each pair's similarity and the cache's
-decisions (fixed threshold with guards: paraphrases served and near misses served) at a few
-thresholds, for both graphs. The model is imported into a temporary cache directory first
+of benchmarks/data/cache_pairs.jsonl, the change of each pair's similarity and which pairs
+reach the cache's cosine gate (paraphrases and near misses that the verifier would be asked
+about) at the gate and near it, for both graphs. The model is imported into a temporary cache directory first
 (first-use import time, int8 quantization included, reported).
 """
 
@@ -110,15 +110,12 @@ def reference_check(emb: Embedder) -> dict[str, float]:
 
 
 def pair_quality(fp32: Embedder, int8: Embedder) -> dict[str, Any]:
-    """The cache's decisions on the labelled pairs under each graph (fixed threshold + guards)."""
+    """Which labelled pairs reach the cache's cosine gate under each graph."""
     from bench_cache import PAIRS, pair_rates
-
-    from meshd.cache.guards import guard
 
     rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
     texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})
     same = np.array([bool(r["same"]) for r in rows])
-    ok = np.array([guard(r["b"], r["a"]) is None for r in rows])
     sims = {}
     for name, emb in (("fp32", fp32), ("int8", int8)):
         vec = dict(zip(texts, emb.embed(texts), strict=True))
@@ -127,8 +124,8 @@ def pair_quality(fp32: Embedder, int8: Embedder) -> dict[str, Any]:
     out: dict[str, Any] = {"pairs": len(rows), "abs_similarity_change_p50_p99_max":
                            [round(float(np.percentile(d, q)), 4) for q in (50, 99, 100)]}
     for name, sim in sims.items():
-        out[name] = {f"{t:.2f}": {k: round(v, 4) for k, v in pair_rates((sim >= t) & ok, same).items()}
-                     for t in (0.88, 0.89, 0.90, 0.91, 0.92)}
+        out[name] = {f"{t:.2f}": {k: round(v, 4) for k, v in pair_rates(sim >= t, same).items()}
+                     for t in (0.77, 0.78, 0.79, 0.80, 0.81)}
     return out
 
 

@@ -5,7 +5,7 @@ Sides, each started fresh in every repeat, the repeats interleaved (the order ro
 * ``llama``: llama-server on the GGUF (``-t/-tb THREADS``, ``--parallel STREAMS``, continuous
   batching, ``--cache-ram 0`` and ``cache_prompt: false`` so no prompt is reused);
 * ``meshd``: the meshd model directory in a worker process (this script with ``--worker``),
-  ``load_model(threads=THREADS)``: one stream through ``Model.generate_sync`` (the engine's own
+  ``load_model(threads=THREADS, fused=True)`` as a batching daemon loads it: one stream through ``Model.generate_sync`` (the engine's own
   loop), the concurrent streams through the model's continuous-batching ``Batcher``;
 * ``daemon`` (``--daemon``): one ``meshd run`` daemon serving the directory
   (``[engine] threads``), the concurrent streams through its OpenAI API;
@@ -273,7 +273,8 @@ def worker(p: dict[str, Any]) -> dict[str, Any]:
     from meshd.engine import GenerationConfig, load_model
 
     t_imported = time.monotonic()
-    model = load_model(p["model"], threads=p["threads"])
+    # as a batching daemon loads it: the fused graph is the model's one session
+    model = load_model(p["model"], threads=p["threads"], fused=True)
     t_loaded = time.monotonic()
     out: dict[str, Any] = {"load_s": t_loaded - p["spawn"], "load_model_s": t_loaded - t_imported,
                            "import_s": t_imported - imported0, "provider": model.provider}
@@ -369,7 +370,8 @@ def run_daemon(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
     spec = launcher.NodeSpec(name="bench1", models=[{"path": str(model_dir),
                                                      "max_concurrency": p["streams"],
                                                      "max_queue": 64}],
-                             extra={"engine": {"threads": p["threads"]}})
+                             # no prompt reuse, as llama-server's --cache-ram 0
+                             extra={"engine": {"threads": p["threads"], "prefix_cache_mb": 0}})
     out: dict[str, Any] = {}
     t_start = time.perf_counter()
     try:
@@ -385,7 +387,8 @@ def run_daemon(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
                     data = c.get("/v1/models").json().get("data") or []
                 except (httpx.HTTPError, ValueError):
                     return None
-                return str(data[0]["id"]) if data else None
+                ids = [str(m["id"]) for m in data if m.get("id") != "auto"]  # auto: the tiers' alias
+                return ids[0] if ids else None
 
             name = wait_for(listed, 300, "the daemon to list its model", poll_s=0.05)
             out["load_s"] = time.perf_counter() - t_start

@@ -8,8 +8,10 @@ Figures (docs/api.md, "Structured output"; docs/benchmarks.md quotes them):
   built and the first mask computed: the serving node does this once per request);
 - validity: JSON parse rate and schema validity over ``--prompts`` schema prompts (10 schema
   families, strict), greedy, decoded 8 at a time;
-- tools: how often a reply parses as tool calls (``meshd.api.tools.parse_reply``) over a fixed
-  set of tool prompts, with tool_choice required and auto;
+- tools: how often a reply parses as tool calls over a fixed set of tool prompts, with
+  tool_choice required and auto, in the format the API uses for the model (its chat template's
+  tool syntax when it has one meshd knows, ``meshd.api.tool_template``, else meshd's generic
+  format, ``meshd.api.tools``: SmolLM2's);
 - n: aggregate decode tokens/s of one request with n = 4 (one prefill, 4 rows) against 4
   separate requests for the same prompt, joined together.
 
@@ -33,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from meshd.api.tools import ToolSpec, parse_reply, render_messages
+from meshd.api import tool_template
+from meshd.api.tools import GENERIC, ToolFormat, ToolSpec, render_messages
 from meshd.engine import GenerationConfig, load_model
-from meshd.engine.constrain import Matcher, schema_grammar, tool_grammar
+from meshd.engine.constrain import Matcher, schema_grammar
 from meshd.engine.scheduler import BatchScheduler, prepare
 
 STR, INT, NUM, BOOL = {"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"}
@@ -223,7 +226,9 @@ TOOL_PROMPTS = [
 def bench_tools(model: Any, sched: BatchScheduler, prompts: int, max_tokens: int,
                 seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
-    out: dict[str, Any] = {"prompts": prompts, "max_tokens": max_tokens}
+    native = tool_template.detect(model.tokenizer.info.chat_template)
+    fmt: ToolFormat = native if native is not None else GENERIC
+    out: dict[str, Any] = {"prompts": prompts, "max_tokens": max_tokens, "format": fmt.name}
     texts = []
     for k in range(prompts):
         template = TOOL_PROMPTS[k % len(TOOL_PROMPTS)]
@@ -231,21 +236,26 @@ def bench_tools(model: Any, sched: BatchScheduler, prompts: int, max_tokens: int
                                      n=rng.randint(5, 500), m=rng.randint(1, 60),
                                      day=rng.randint(1, 28)))
     for choice in ("required", "auto"):
-        spec = ToolSpec(tuple(TOOLS), choice, True)
-        grammar = tool_grammar(spec.functions, None, parallel=True, text=not spec.forced)
+        spec = ToolSpec(tuple(TOOLS), choice, True,
+                        tuple({"type": "function", "function": t} for t in TOOLS))
+        grammar = fmt.grammar(spec.functions, None, parallel=True, text=not spec.forced)
         parsed = calls = 0
         names: dict[str, int] = {}
         for k in range(0, prompts, 8):
             seqs = []
             for text in texts[k:k + 8]:
-                msgs = render_messages([{"role": "user", "content": text}], spec)
+                user = [{"role": "user", "content": text}]
+                if native is None:
+                    ids = chat_ids(model, render_messages(user, spec))
+                else:
+                    ids = list(model.tokenizer.encode_chat(user, tools=list(spec.tools)))
                 cfg = GenerationConfig(max_tokens=max_tokens, temperature=0.0,
                                        repetition_penalty=1.0, grammar=grammar)
-                seqs.append(prepare(model, chat_ids(model, msgs), cfg, False))
+                seqs.append(prepare(model, ids, cfg, False))
             for evs in drive(sched, seqs):
                 reply = "".join(e.text for e in evs)
-                got = parse_reply(reply, "bench")
-                if reply.lstrip().startswith("{"):
+                got = fmt.parse_reply(reply, "bench")
+                if fmt.starts_call(reply):
                     calls += 1
                 if got:
                     parsed += 1

@@ -155,6 +155,10 @@ class EngineConfig:
     # float32 for a 139.5 M-parameter model); false: chunks run between decode steps, and the
     # running streams stall for a chunk each (docs/engine.md). Turn off where memory is short
     fused_prefill: bool = True
+    # KV prefix cache budget per model (docs/engine.md, "Prefix cache"): finished requests' KV
+    # blocks of 32 tokens are kept, least recently used evicted past this, and a new request
+    # reuses its longest cached block prefix; 0 keeps none
+    prefix_cache_mb: int = 256
 
 
 @dataclass(frozen=True)
@@ -179,22 +183,20 @@ class StoreConfig:
     prune_interval_s: float = 300.0
 
 
-CACHE_VERIFIERS = ("pair", "words", "off")
-
-
 @dataclass(frozen=True)
 class CacheConfig:
-    """The entry node's semantic cache (docs/cache.md): answers found by the prompt's meaning.
-    Needs the ``meshd[edge]`` extra (the embedding model); without it the cache is off."""
+    """The entry node's answer cache (docs/cache.md): exact repeats always; answers found by
+    the question's meaning within ``max_error``, with the ``meshd[edge]`` extra (the embedding
+    model; without it only exact repeats are answered)."""
 
     enabled: bool = True
     path: str = ""  # default: data_dir/semantic-cache.db
     max_entries: int = 100_000
     max_size_mb: float = 512.0  # MiB of prompts, answers and vectors
     ttl_s: float = 7 * 86_400.0  # an answer is served for at most this long after it was made
-    threshold: float = 0.0  # cosine similarity for a hit; 0 = the verifier's own (0.85 without one)
-    verifier: str = "pair"  # pair (the learned pair verifier), words (guards v4's), off
-    verifier_min_p: float = 0.0  # the pair verifier's P(same answer) to serve; 0 = its own
+    # the semantic path's bound on the share of near misses served (a request's cache_max_error
+    # overrides it); 0: exact repeats only, and the embedding model is never loaded
+    max_error: float = 0.01
     tenant: str = "default"  # clients of one tenant may opt in to sharing answers
     embed_precision: str = "int8"  # the cache's embedding graph: int8 (about 2x less CPU than fp32)
 
@@ -396,15 +398,13 @@ def _validate(cfg: Config, src: str) -> None:
         raise bad("[engine] workers", "must be >= 1")
     if cfg.engine.threads < 0:
         raise bad("[engine] threads", "must be >= 0 (0 = onnxruntime chooses)")
+    if cfg.engine.prefix_cache_mb < 0:
+        raise bad("[engine] prefix_cache_mb", "must be >= 0 (0 = no prefix cache)")
     c = cfg.cache
     if c.max_entries < 1 or c.max_size_mb <= 0 or c.ttl_s <= 0:
         raise bad("[cache]", "max_entries must be >= 1, max_size_mb and ttl_s > 0")
-    if not 0 <= c.threshold <= 1:
-        raise bad("[cache] threshold", "must be in [0, 1] (0 = the verifier's own default)")
-    if c.verifier not in CACHE_VERIFIERS:
-        raise bad("[cache] verifier", f"must be one of {', '.join(CACHE_VERIFIERS)}")
-    if not 0 <= c.verifier_min_p < 1:
-        raise bad("[cache] verifier_min_p", "must be in [0, 1) (0 = the verifier's own default)")
+    if not 0 <= c.max_error < 1:
+        raise bad("[cache] max_error", "must be in [0, 1) (0 = exact repeats only)")
     if not 1 <= cfg.rag.top_k <= 64:
         raise bad("[rag] top_k", "must be in [1, 64]")
     if cfg.rag.remote_timeout_s <= 0:

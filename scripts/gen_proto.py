@@ -54,6 +54,9 @@ GOLDEN = {
                                  "grammar": '{ "grammars": [{ "json_schema": {"type":"object"} }] }'}),
     "tokens_v4": (MessageType.TOKENS, {"rid": "r3", "ids": [7], "text": "{", "idx": 1,
                                        "lp": [["{", -0.01, [["{", -0.01], ["[", -4.6]]]]}),
+    "submit_v5": (MessageType.SUBMIT, {"rid": "r4", "prompt": "Who wrote Hamlet?", "max_tokens": 32,
+                                       "cache_max_error": 0.01}),
+    "cache_req_v5": (MessageType.CACHE_REQ, {"op": "feedback", "rid": "r4", "verdict": "wrong"}),
 }
 
 

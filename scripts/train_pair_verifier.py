@@ -16,20 +16,20 @@ so meshd reuses the package's own at run time and only the fine-tuned layers, po
 token-type embeddings, LayerNorms and the head are shipped (float16, ``pair-verifier-v2.npz``;
 the run-time graph is built by ``meshd.embed.pair_verifier``).
 
-Data: ``benchmarks/data/cache_pairs.jsonl`` without the held-out split ``fresh5`` (filtered
-out here, whatever the flags; ``fresh4``, held out from v1, is a development split since), plus
-every ``cache_pairs_train*.jsonl`` beside it (``train2``, ``train3a``-``c``: training only).
-A group any of whose prompts shares 70% of its words with a ``fresh5`` prompt is left out too
-(the training sets were written at the same time as ``fresh5``, and two of their topics border
-two of its own: Mars trips, magma and lava). Besides the
+Data (benchmarks/data/README.md): the development splits of ``cache_pairs.jsonl`` and
+``train2``, as for v1. Never the held-out splits ``fresh4``, ``fresh5`` and ``fresh6``, nor the
+calibration splits ``train3a``-``c`` and ``train4a``-``b`` (their near misses set the error
+bound's threshold: ``scripts/calibrate_cache.py``, to be run again after any new verifier);
+filtered out here, whatever the flags. A group any of whose prompts shares 70% of its words
+with a held-out prompt is left out too. Besides the
 labelled pairs, every two prompts of one group become a pair too, labelled by their answer ids
 (equal ids: the same answer), which adds paraphrase/paraphrase and paraphrase/near-miss pairs.
 Each epoch takes every pair in one of its two orders, at random.
 
 ``--cv``: for each development split in turn, train on the others (and ``train2``) and
-predict the held-out split's labelled pairs; prints and writes (``--cv-out``) the out-of-fold
-probabilities, from which ``--choose`` picks the default thresholds. Seeded: the same command
-on the same torch build and thread count rewrites the same file.
+predict the left-out split's labelled pairs; prints and writes (``--cv-out``) the out-of-fold
+probabilities. Seeded: the same command on the same torch build and thread count rewrites the
+same file.
 """
 
 from __future__ import annotations
@@ -55,10 +55,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PAIRS = ROOT / "benchmarks" / "data" / "cache_pairs.jsonl"
-TRAIN_FILES = sorted((ROOT / "benchmarks" / "data").glob("cache_pairs_train*.jsonl"))
-HELD_OUT = "fresh5"  # never trained on: only its prompts' words are read, to leave out...
+TRAIN_FILES = sorted((ROOT / "benchmarks" / "data").glob("cache_pairs_*.jsonl"))
+# never trained on: only their prompts' words are read, to leave out...
+HELD_OUT = frozenset({"fresh4", "fresh5", "fresh6", "train3a", "train3b", "train3c", "train4a",
+                      "train4b"})
 NEAR_HELD_OUT = 0.7  # ...any group with a prompt this close (word-set Jaccard) to one of them
-DEV_SPLITS = ("tune", "test", "fresh", "fresh2", "fresh3", "fresh4")
+DEV_SPLITS = ("tune", "test", "fresh", "fresh2", "fresh3")
 OUT = ROOT / "meshd" / "data" / "verifier"
 NAME = "pair-verifier-v2"
 MAX_LEN = 128
@@ -67,25 +69,25 @@ MAX_LEN = 128
 def load_rows() -> list[dict[str, Any]]:
     rows = [json.loads(x) for x in PAIRS.read_text(encoding="utf-8").splitlines() if x]
     for path in TRAIN_FILES:
-        split = path.stem.removeprefix("cache_pairs_")  # train2, train3a, ...
+        split = path.stem.removeprefix("cache_pairs_")  # train2, train3a, ..., fresh6
         for x in path.read_text(encoding="utf-8").splitlines():
             if x:
                 r = json.loads(x)
                 r["split"] = split
                 rows.append(r)
-    held = {_words(t) for r in rows if r.get("split") == HELD_OUT for t in (r["a"], r["b"])}
+    held = {_words(t) for r in rows if r.get("split") in HELD_OUT for t in (r["a"], r["b"])}
 
     @functools.cache  # an anchor stands in six rows: its words are compared once
     def near_held(text: str) -> bool:
         w = _words(text)
         return any(_jaccard(w, h) >= NEAR_HELD_OUT for h in held)
 
-    near = {(r["split"], r["group"]) for r in rows if r.get("split") != HELD_OUT
+    near = {(r["split"], r["group"]) for r in rows if r.get("split") not in HELD_OUT
             and (near_held(r["a"]) or near_held(r["b"]))}
     if near:
         print(f"left out {len(near)} groups with a prompt near a held-out one: {sorted(near)}",
               flush=True)
-    return [r for r in rows if r.get("split") != HELD_OUT and (r["split"], r["group"]) not in near]
+    return [r for r in rows if r.get("split") not in HELD_OUT and (r["split"], r["group"]) not in near]
 
 
 def _words(text: str) -> frozenset[str]:
@@ -388,63 +390,6 @@ def encoder_weights() -> tuple[Any, dict[str, np.ndarray], Any, str]:
     return m.arch, weights, tok, m.identity
 
 
-def choose(cv: dict[str, Any], max_false: float, out: Path | None,
-           each: tuple[str, ...] = ()) -> dict[str, float]:
-    """Sweep (lexical guards in front or not, cosine threshold, min_p) over the out-of-fold
-    predictions, with int8 cosines as the daemon sees them; print each split's figures at the
-    best setting and return it: the one with the highest mean share of paraphrases served over
-    the held-out splits whose pooled false-hit rate is at most ``max_false`` (and, for each
-    split named in ``each``, its own false-hit rate too)."""
-    from meshd.cache.guards import guard
-    from meshd.embed import load_embedder
-
-    emb = load_embedder(precision="int8")
-    folds = cv["folds"]
-    texts = sorted({x for rows in folds.values() for r in rows for x in (r["a"], r["b"])})
-    vec = dict(zip(texts, emb.embed(texts), strict=True))
-    cols = {}
-    for sp, rows in folds.items():
-        cols[sp] = (np.array([float(vec[r["a"]] @ vec[r["b"]]) for r in rows]),
-                    np.array([r["p"] for r in rows]), np.array([r["same"] for r in rows], bool),
-                    np.array([guard(r["b"], r["a"]) is None for r in rows]))
-    best: tuple[float, float, float, bool] | None = None
-    table = []
-    for guards in (True, False):
-        for t in np.round(np.arange(0.50, 0.91, 0.01), 2):
-            for mp in np.round(np.arange(0.05, 1.0, 0.05), 2):
-                rec, fal, nf, nn = [], [], 0, 0
-                worst_each = 0.0
-                for sp, (s_, p_, y, g) in cols.items():
-                    served = (s_ >= t) & (p_ >= mp) & (g if guards else True)
-                    rec.append(float(served[y].mean()))
-                    fal.append(float(served[~y].mean()))
-                    if sp in each:
-                        worst_each = max(worst_each, fal[-1])
-                    nf += int(served[~y].sum())
-                    nn += int((~y).sum())
-                table.append((float(t), float(mp), float(np.mean(rec)), nf / nn, guards))
-                if nf / nn <= max_false and worst_each <= max_false and (
-                        best is None or np.mean(rec) > best[2]):
-                    best = (float(t), float(mp), float(np.mean(rec)), guards)
-    if best is None:
-        raise SystemExit(f"no (threshold, min_p) keeps the pooled false-hit rate <= {max_false}")
-    t, mp, _, use_guards = best
-    report = {"threshold": t, "min_p": mp, "guards": use_guards, "max_false_pooled": max_false,
-              "max_false_each": sorted(each), "splits": {}}
-    for sp, (s_, p_, y, g) in cols.items():
-        for name, served in (("pair", (s_ >= t) & (p_ >= mp) & (g if use_guards else True)),
-                             ("no_verifier_same_t", (s_ >= t) & g),
-                             ("pair_with_guards", (s_ >= t) & (p_ >= mp) & g),
-                             ("pair_no_guards", (s_ >= t) & (p_ >= mp))):
-            report["splits"].setdefault(sp, {})[name] = {
-                "served": round(float(served[y].mean()), 4),
-                "false": round(float(served[~y].mean()), 4)}
-    print(json.dumps(report, indent=1))
-    if out is not None:
-        out.write_text(json.dumps({**report, "grid": table}) + "\n")
-    return {"threshold": t, "min_p": mp, "guards": use_guards}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=2)
@@ -462,38 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cv-splits", default=",".join(DEV_SPLITS))
     ap.add_argument("--cv-out", type=Path, default=Path("/tmp/pair-verifier-cv.json"))
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--choose", type=Path, nargs="+", default=None, metavar="CV_JSON",
-                    help="pick the default (threshold, min_p) from --cv runs' predictions "
-                         "(their folds merged); writes CHOSEN_JSON (--chosen-out)")
-    ap.add_argument("--chosen-out", type=Path, default=Path("/tmp/pair-verifier-chosen.json"))
-    ap.add_argument("--max-false", type=float, default=0.01,
-                    help="--choose: pooled false-hit bound over the held-out splits")
-    ap.add_argument("--max-false-each", default="", metavar="SPLITS",
-                    help="--choose: these splits (comma separated) must each keep their own "
-                         "false-hit rate within --max-false too")
-    ap.add_argument("--defaults", type=Path, default=None, metavar="CHOSEN_JSON",
-                    help="the (threshold, min_p) --choose wrote, stored beside the weights")
-    ap.add_argument("--write-defaults", action="store_true",
-                    help="with --defaults: only rewrite the defaults in --out's .json")
     ap.add_argument("--limit", type=int, default=0, help="train on this many pairs (timing)")
     args = ap.parse_args(argv)
-    if args.defaults is not None and args.cv is False and args.write_defaults:
-        meta_path = args.out / f"{NAME}.json"
-        meta = json.loads(meta_path.read_text())
-        chosen = json.loads(args.defaults.read_text())
-        meta["default"] = {k: v for k, v in chosen.items()
-                           if k in ("threshold", "min_p", "guards", "max_false_pooled", "max_false_each",
-                                    "splits")}
-        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
-        print(f"wrote the defaults into {meta_path}")
-        return 0
-    if args.choose is not None:
-        folds: dict[str, Any] = {}
-        for f in args.choose:
-            folds.update(json.loads(f.read_text())["folds"])
-        choose({"folds": folds}, args.max_false, args.chosen_out,
-               tuple(x for x in args.max_false_each.split(",") if x))
-        return 0
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     arch, weights, tok, identity = encoder_weights()
@@ -531,9 +446,6 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"name": NAME, "layers": args.layers, "max_len": MAX_LEN, "base": identity,
             "word_embeddings": "embeddings.word_embeddings.weight of the base model, frozen",
             "input": "[CLS] cached [SEP] query [SEP], token types 0 / 1",
-            "default": ({k: v for k, v in json.loads(args.defaults.read_text()).items()
-                         if k in ("threshold", "min_p", "max_false_pooled", "splits")}
-                        if args.defaults else {"threshold": 0.85, "min_p": 0.5}),
             "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
             "train": {"sequences": len(data), "splits": sorted({r["split"] for r in rows}),
                       "seconds": round(train_s), "torch": torch.__version__,

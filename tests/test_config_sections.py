@@ -31,6 +31,14 @@ def test_every_section_reads_from_a_file(tmp_path: Path) -> None:
             assert getattr(cfg, name) == _SECTIONS[name]()
 
 
+@pytest.mark.parametrize(("text", "want"), [("", 256), ("[engine]\nprefix_cache_mb = 0\n", 0),
+                                            ("[engine]\nprefix_cache_mb = 1024\n", 1024)])
+def test_engine_prefix_cache_budget(tmp_path: Path, text: str, want: int) -> None:
+    f = tmp_path / "meshd.toml"
+    f.write_text(text)
+    assert load_config(f).engine.prefix_cache_mb == want
+
+
 @pytest.mark.parametrize(("text", "want"), [
     ("", True),  # on by default
     ("[engine]\nbatching = false\n", False),
@@ -46,9 +54,11 @@ def test_engine_batching_switch(tmp_path: Path, text: str, want: bool) -> None:
     ('[engine]\nbatching = "no"\n', "[engine].batching must be true or false"),
     ("[engine]\nbatching = 0\n", "[engine].batching must be true or false"),
     ("[engine]\nworkers = 0\n", "[engine] workers must be >= 1"),
-    ('[cache]\nverifier = "maybe"\n', "[cache] verifier must be one of pair, words, off"),
-    ("[cache]\nverifier_min_p = 1.5\n", "[cache] verifier_min_p must be in [0, 1)"),
-    ("[cache]\nthreshold = -0.1\n", "[cache] threshold must be in [0, 1]"),
+    ("[cache]\nmax_error = 1.0\n", "[cache] max_error must be in [0, 1)"),
+    ("[cache]\nmax_error = -0.01\n", "[cache] max_error must be in [0, 1)"),
+    ("[cache]\nthreshold = 0.9\n", "(known keys: embed_precision, enabled, max_entries, max_error,"),
+    ("[engine]\nprefix_cache_mb = -1\n", "[engine] prefix_cache_mb must be >= 0"),
+    ("[engine]\nprefix_cache = 64\n", "unknown key 'prefix_cache'"),
 ])
 def test_engine_and_cache_keys_are_checked(tmp_path: Path, text: str, message: str) -> None:
     from meshd.errors import ConfigError
@@ -60,9 +70,8 @@ def test_engine_and_cache_keys_are_checked(tmp_path: Path, text: str, message: s
     assert "\n" not in str(err.value) and str(f) in str(err.value)
 
 
-def test_cache_verifier_defaults(tmp_path: Path) -> None:
+def test_cache_max_error_default(tmp_path: Path) -> None:
     f = tmp_path / "meshd.toml"
-    f.write_text('[cache]\nverifier = "words"\nthreshold = 0.9\n')
-    c = load_config(f).cache
-    assert (c.verifier, c.threshold, c.verifier_min_p) == ("words", 0.9, 0.0)
-    assert (Config().cache.verifier, Config().cache.threshold) == ("pair", 0.0)
+    f.write_text("[cache]\nmax_error = 0\n")
+    assert load_config(f).cache.max_error == 0.0  # exact repeats only
+    assert Config().cache.max_error == 0.01

@@ -1,7 +1,8 @@
 """The HTTP API as a bare ASGI app (no framework): OpenAI's endpoints, health, metrics.
 
 Routes: ``GET /healthz``, ``GET /readyz``, ``GET /metrics`` (no key needed), ``GET /v1/models``,
-``POST /v1/chat/completions``, ``POST /v1/completions`` (a bearer key, unless ``auth = "none"``).
+``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
+``POST /v1/cache/feedback`` (a bearer key, unless ``auth = "none"``).
 A generation request becomes an ``EntryRequest`` through ``parse_submit`` and goes to
 ``node.entry.submit``, the same entry path as `meshd submit`; a client that goes away cancels it.
 """
@@ -16,13 +17,13 @@ from typing import Any
 
 import trio
 
-from meshd.api import replies, sse, tools
+from meshd.api import replies, sse
 from meshd.api.auth import KeyFile, bearer_token
 from meshd.api.errors import ApiError, from_meshd
 from meshd.api.metrics import CONTENT_TYPE as METRICS_TYPE
 from meshd.api.metrics import Metrics
 from meshd.api.protocols import ApiNode
-from meshd.api.shapes import ApiCall, chat_call, completion_call
+from meshd.api.shapes import ApiCall, chat_call, completion_call, wants_template
 from meshd.core.request import EntryRequest, parse_submit
 from meshd.errors import ErrorCode, MeshdError
 
@@ -56,6 +57,7 @@ class ApiApp:
             ("POST", "/v1/chat/completions"): self.chat,
             ("POST", "/v1/completions"): self.completions,
             ("POST", "/v1/embeddings"): self.embeddings,
+            ("POST", "/v1/cache/feedback"): self.cache_feedback,
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -148,13 +150,52 @@ class ApiApp:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         })
 
+    async def cache_feedback(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """``{"request_id": ID, "verdict": "right" | "wrong"}`` on an answer (ID: its
+        ``x-request-id``, or the response id ``chatcmpl-ID``); a wrong one's cache entry is
+        removed (docs/cache.md)."""
+        self.client_of(scope)
+        body = await read_body(scope, receive, self.max_body_bytes)
+        try:
+            obj = json.loads(body)
+        except ValueError as e:
+            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        rid = obj.get("request_id") if isinstance(obj, dict) else None
+        if not isinstance(rid, str) or not rid:
+            raise ApiError(400, "request_id must be the answer's x-request-id",
+                           param="request_id")
+        verdict = obj.get("verdict")
+        if verdict not in ("right", "wrong"):
+            raise ApiError(400, 'verdict must be "right" or "wrong"', param="verdict")
+        rid = rid.removeprefix("chatcmpl-").removeprefix("cmpl-")
+        try:
+            out = await self.node.entry.cache_feedback(rid, verdict)
+        except MeshdError as e:
+            raise from_meshd(e, params={"rid": "request_id"}) from None
+        return await send_json(send, 200, out)
+
     # ------------------------------------------------------------------ generation
 
     async def chat(self, scope: Scope, receive: Receive, send: Send) -> int:
-        return await self._generate(scope, receive, send, chat_call)
+        return await self._generate(scope, receive, send, self._chat_call)
 
     async def completions(self, scope: Scope, receive: Receive, send: Send) -> int:
-        return await self._generate(scope, receive, send, completion_call)
+        async def shape(body: Any) -> ApiCall:
+            return completion_call(body)
+
+        return await self._generate(scope, receive, send, shape)
+
+    async def _chat_call(self, body: Any) -> ApiCall:
+        """``chat_call`` with the model's chat template when the request has tools (its tool
+        syntax decides how they are rendered: meshd.api.tool_template)."""
+        model = wants_template(body)
+        template = None
+        if model is not None:
+            try:
+                template = await self.node.entry.chat_template(model)
+            except MeshdError:
+                template = None  # the entry chain says why when it renders the chat
+        return chat_call(body, template)
 
     def client_of(self, scope: Scope) -> str:
         token = bearer_token(_header(scope, b"authorization"))
@@ -166,14 +207,14 @@ class ApiApp:
         return client
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send,
-                        shape: Callable[[Any], ApiCall]) -> int:
+                        shape: Callable[[Any], Awaitable[ApiCall]]) -> int:
         client = self.client_of(scope)
         body = await read_body(scope, receive, self.max_body_bytes)
         try:
             obj = json.loads(body)
         except ValueError as e:
             raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-        call = shape(obj)
+        call = await shape(obj)
         try:
             req = parse_submit({**call.fields, "client": client}, self.node.entry.new_request_id)
         except MeshdError as e:
@@ -196,9 +237,11 @@ class ApiApp:
             return await send_error(send, err)
         assert stats is not None
         model = req.model or str(stats.get("model"))
-        build = replies.chat_completion if call.kind == "chat" else replies.text_completion
-        answer = build(rid, int(time.time()), model, stats, tools=call.tools is not None,
-                       logprobs=call.logprobs)
+        fmt = call.tool_format if call.tools is not None else None
+        answer = (replies.chat_completion(rid, int(time.time()), model, stats, tools=fmt,
+                                          logprobs=call.logprobs) if call.kind == "chat" else
+                  replies.text_completion(rid, int(time.time()), model, stats,
+                                          logprobs=call.logprobs))
         return await send_json(send, 200, answer,
                                route_headers(rid, stats or route) + _call_headers(call))
 
@@ -231,11 +274,14 @@ class ApiApp:
         started = False
         route: dict[str, Any] = {}
         sent_text: list[str] = []
-        # per choice: text held back while it may still be a tool call (the call goes out whole
-        # at the end), and whether it is one (None: not known yet)
+        # per choice: text held back while it may still be a tool call, whether it is one (None:
+        # not known yet), and how many of its calls went out (each once whole, when the format
+        # closes it: a chat template's tag; meshd's generic object only at the end)
         held: dict[int, list[str]] = {}
         held_lp: dict[int, list[Any]] = {}
         is_call: dict[int, bool | None] = {}
+        calls_sent: dict[int, int] = {}
+        fmt = call.tool_format
 
         async def start(data: bytes) -> None:
             """The headers, then the role chunk(s) and ``data`` in one write."""
@@ -260,11 +306,17 @@ class ApiApp:
             if lp is not None:
                 held_lp.setdefault(i, []).extend(lp)
             if is_call.get(i) is None:
-                is_call[i] = True if call.tools.forced else tools.starts_call("".join(held[i]))
+                is_call[i] = True if call.tools.forced else fmt.starts_call("".join(held[i]))
             if is_call[i] is False:  # text: what was held goes out now
                 data = chunks.delta_event("".join(held.pop(i)), i, held_lp.pop(i, None)
                                           if call.logprobs else None)
                 return data
+            if is_call[i]:
+                done = fmt.closed_calls("".join(held[i]), rid, i)
+                sent = calls_sent.get(i, 0)
+                if len(done) > sent:
+                    calls_sent[i] = len(done)
+                    return chunks.tool_calls_event(done[sent:], i, sent)
             return b""
 
         async def emit(kind: str, payload: dict[str, Any]) -> None:
@@ -310,11 +362,13 @@ class ApiApp:
             finish = str(c.get("finish_reason") or replies.finish_reason(stats))
             if call.tools is not None and (held.get(i) or is_call.get(i)):
                 text = "".join(held.pop(i, []))
-                calls = tools.parse_reply(text, rid, i) if is_call.get(i) else None
+                calls = fmt.parse_reply(text, rid, i) if is_call.get(i) else None
+                sent = calls_sent.get(i, 0)
                 if calls:
-                    ends += chunks.tool_calls_event(calls, i)
+                    if len(calls) > sent:
+                        ends += chunks.tool_calls_event(calls[sent:], i, sent)
                     finish = "tool_calls"
-                elif text:
+                elif text and not sent:  # (calls that went out, then a cut: the rest is dropped)
                     ends += chunks.delta_event(text, i, held_lp.pop(i, None)
                                                if call.logprobs else None)
             ends += chunks.last_event(finish, i)
@@ -350,9 +404,12 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 
 
 def _call_headers(call: ApiCall) -> list[tuple[bytes, bytes]]:
-    """``x-meshd-tool-format: generic`` when the tools were rendered in meshd's generic format
-    (docs/api.md, "Tools")."""
-    return [(b"x-meshd-tool-format", tools.FORMAT.encode())] if call.tools is not None else []
+    """``x-meshd-tool-format``: how the request's tools were rendered and its calls written,
+    ``generic`` (meshd's format) or a chat template's family (``hermes``; docs/api.md,
+    "Tools")."""
+    if call.tools is None:
+        return []
+    return [(b"x-meshd-tool-format", call.tool_format.name.encode())]
 
 
 def route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]:
@@ -363,8 +420,12 @@ def route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]:
     names = route.get("route")
     if names:
         out.append((b"x-meshd-route", ",".join(str(n) for n in names).encode()))
-    if route.get("cached"):
-        out.append((b"x-meshd-cache", b"hit"))  # answered from the entry node's semantic cache
+    # how the entry node's cache answered: exact, semantic (with the cosine similarity), or miss
+    cache = route.get("cache") if route.get("cached") else None
+    kind = str(cache.get("kind")) if isinstance(cache, dict) else "miss"
+    out.append((b"x-meshd-cache", kind.encode()))
+    if kind == "semantic" and isinstance(cache, dict) and cache.get("similarity") is not None:
+        out.append((b"x-meshd-cache-similarity", f"{float(cache['similarity']):.4f}".encode()))
     return out
 
 

@@ -141,6 +141,7 @@ class NodeCollector(Collector):
         yield from self._gossip(status)
         yield from self._attestation(status)
         yield from self._upstreams(status)
+        yield from self._cache(status)
 
     def _node(self, st: Mapping[str, Any]) -> Iterator[Metric]:
         svc = st.get("services") or {}
@@ -260,6 +261,28 @@ class NodeCollector(Collector):
             for code, n in sorted((u.get("errors_by_kind") or {}).items()):
                 errors.add_metric([name, str(code)], n)
         yield from (calls, errors, running)
+
+
+    def _cache(self, st: Mapping[str, Any]) -> Iterator[Metric]:
+        c = (st.get("services") or {}).get("cache") or {}
+        looked = CounterMetricFamily("meshd_cache_lookups", "Lookups of the entry node's answer "
+                                     "cache, by result: exact (a repeat), semantic (a question "
+                                     "meaning the same, within the error bound), refused (a "
+                                     "candidate the bound did not let through), miss",
+                                     labels=["result"])
+        for result, key in (("exact", "exact_hits"), ("semantic", "semantic_hits"),
+                            ("refused", "refused"), ("miss", "misses")):
+            looked.add_metric([result], _num(c, key) or 0.0)
+        yield looked
+        fb = CounterMetricFamily("meshd_cache_feedback", "Feedback on answers the cache served "
+                                 "or kept, by verdict (wrong: the entry was removed)",
+                                 labels=["verdict"])
+        fb.add_metric(["wrong"], _num(c, "feedback_wrong") or 0.0)
+        fb.add_metric(["right"], _num(c, "feedback_right") or 0.0)
+        yield fb
+        entries = GaugeMetricFamily("meshd_cache_entries", "Answers in the entry node's cache")
+        entries.add_metric([], _num(c, "entries") or 0.0)
+        yield entries
 
 
 class Metrics:

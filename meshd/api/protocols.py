@@ -43,9 +43,20 @@ class EntryChain(Protocol):
 
     def new_request_id(self) -> str: ...
 
+    async def chat_template(self, model: str) -> str | None:
+        """The chat template this node renders ``model``'s chat messages with, None when it
+        knows none (meshd.api.tool_template reads its tool syntax)."""
+        ...
+
     async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
         """Sentence embeddings of ``texts`` with this node's model: (model name, L2-normalised
         vectors, tokens read). Raises ``MeshdError`` (``unsupported``) when it has none."""
+        ...
+
+    async def cache_feedback(self, rid: str, verdict: str) -> dict[str, Any]:
+        """The answer of request ``rid`` was ``right`` or ``wrong`` (docs/cache.md): a wrong
+        one's cache entry is removed. Raises ``MeshdError`` (``malformed``) for a request the
+        cache does not know."""
         ...
 
 

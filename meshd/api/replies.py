@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meshd.api import sse
-from meshd.api.tools import parse_reply
+from meshd.api.tools import ToolFormat
 
 
 def usage(stats: Mapping[str, Any]) -> dict[str, int]:
@@ -60,13 +60,13 @@ def completion_logprobs(entries: Sequence[Sequence[Any]], offset: int = 0) -> di
 
 
 def chat_completion(rid: str, created: int, model: str, stats: Mapping[str, Any], *,
-                    tools: bool = False, logprobs: bool = False) -> dict[str, Any]:
-    """``chat.completion``; with ``tools`` a reply in the generic tool format becomes
-    ``tool_calls`` (finish_reason ``tool_calls``)."""
+                    tools: ToolFormat | None = None, logprobs: bool = False) -> dict[str, Any]:
+    """``chat.completion``; with ``tools`` (the format the tool calls are written in) a reply
+    that is a call becomes ``tool_calls`` (finish_reason ``tool_calls``)."""
     choices = []
     for c in choices_of(stats):
         i, text = int(c["index"]), str(c.get("text", ""))
-        calls = parse_reply(text, rid, i) if tools else None
+        calls = tools.parse_reply(text, rid, i) if tools is not None else None
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
         finish = c.get("finish_reason") or finish_reason(stats)
         if calls:
@@ -169,10 +169,11 @@ class Chunks:
             self._offsets[index] = self._offsets.get(index, 0) + sum(len(e[0]) for e in lp)
         return out
 
-    def tool_calls_event(self, calls: Sequence[Mapping[str, Any]], index: int = 0) -> bytes:
-        """One chunk with a choice's tool calls whole (OpenAI's deltas: index, id, type,
-        function name and arguments)."""
-        delta = {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
+    def tool_calls_event(self, calls: Sequence[Mapping[str, Any]], index: int = 0,
+                         first: int = 0) -> bytes:
+        """One chunk with tool calls of a choice, each whole (OpenAI's deltas: index, id, type,
+        function name and arguments); ``first`` is the index of the first of them."""
+        delta = {"tool_calls": [{"index": first + k, **c} for k, c in enumerate(calls)]}
         return sse.event(self._chunk({"index": index, "delta": delta, "logprobs": None,
                                       "finish_reason": None}))
 

@@ -9,7 +9,8 @@ ignored; a field that asks for OpenAI's neutral value (``store = false``) is acc
 ``response_format`` (json_object, json_schema) and ``tools`` become a grammar
 (``meshd.engine.constrain``), checked and compiled here once; it travels with the request as its
 ``grammar`` field, and the serving node masks every token that would leave it. Tools are
-rendered in meshd's generic format (``meshd.api.tools``).
+rendered by the model's chat template when it has a tool syntax meshd knows
+(``meshd.api.tool_template``), else in meshd's generic format (``meshd.api.tools``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshd.api import tool_template
 from meshd.api.errors import ApiError, bad_request, unsupported
-from meshd.api.tools import ToolSpec, parse_tools, render_messages
+from meshd.api.tools import GENERIC, ToolFormat, ToolSpec, parse_tools, render_messages
 from meshd.core.request import MAX_N, MAX_TOP_LOGPROBS
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
@@ -32,7 +34,8 @@ MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limit for /v1/completions' logprobs
 _SAMPLING = ("temperature", "top_p", "seed")
 # extensions other OpenAI-compatible servers (vLLM) accept too, and meshd's own
 _EXTENSIONS = ("top_k", "repetition_penalty", "strategy", "residency", "pipeline", "cache",
-               "rag", "allow_lower_tier")  # rag: a retrieval collection (docs/rag.md)
+               "rag", "allow_lower_tier",  # rag: a retrieval collection (docs/rag.md)
+               "cache_max_error")  # the cache's error bound for this request (docs/cache.md)
 # accepted, and not used: they cannot change the answer ("user" is an end-user id for abuse
 # monitoring at OpenAI)
 _INERT = ("user",)
@@ -99,6 +102,7 @@ class ApiCall:
     logprobs: bool = False  # the answer carries log probabilities
     tools: ToolSpec | None = None  # active tools: the reply may be (or must be) tool calls
     structured: bool = False  # response_format json_object or json_schema
+    tool_format: ToolFormat = GENERIC  # how tool calls are written (with ``tools``)
 
 
 def _common(body: Any, allowed: frozenset[str]) -> tuple[dict[str, Any], bool, bool, int]:
@@ -156,8 +160,23 @@ _CHAT_FIELDS = frozenset({
 })
 
 
-def chat_call(body: Any) -> ApiCall:
-    """``POST /v1/chat/completions``: raises ``ApiError`` (400) naming the first bad field."""
+def wants_template(body: Any) -> str | None:
+    """The model whose chat template ``chat_call`` needs (its tool syntax), or None: a request
+    with tools or tool messages names a model (``auto`` chooses one later: the generic
+    format serves it)."""
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str) or \
+            body["model"] == "auto":
+        return None
+    msgs = body.get("messages")
+    has = body.get("tools") is not None or (isinstance(msgs, list) and any(
+        isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in msgs))
+    return body["model"] if has else None
+
+
+def chat_call(body: Any, template: str | None = None) -> ApiCall:
+    """``POST /v1/chat/completions``: raises ``ApiError`` (400) naming the first bad field.
+    ``template`` is the model's chat template (``wants_template``): one with a tool syntax
+    meshd knows renders the tools and the tool messages itself."""
     fields, stream, include_usage, n = _common(body, _CHAT_FIELDS)
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
@@ -176,16 +195,26 @@ def chat_call(body: Any) -> ApiCall:
     if modalities is not None and modalities != ["text"]:
         raise unsupported("modalities", "only [\"text\"] is supported by meshd")
     tools = parse_tools(body)
+    native = tool_template.detect(template)
+    fmt: ToolFormat = native if native is not None else GENERIC
     grammar = _response_format(body.get("response_format"))
     if tools is not None and tools.active:
         if grammar is not None:
             raise unsupported("response_format", "a JSON response_format together with tools "
                               "is not supported by meshd; use one or the other")
-        grammar = _tool_grammar(tools)
+        grammar = _tool_grammar(tools, fmt)
     structured = grammar is not None and not (tools is not None and tools.active)
     if grammar is not None:
         fields["grammar"] = grammar
-    fields["messages"] = render_messages(_messages(body.get("messages")), tools)
+    messages = _messages(body.get("messages"))
+    if native is None:
+        fields["messages"] = render_messages(messages, tools)
+    else:
+        fields["messages"] = tool_template.template_messages(messages)
+        if tools is not None and tools.active:
+            fields["tools"] = list(tools.tools)
+        elif tool_template.carries_tools(messages):
+            fields["cache"] = False  # the cache's key holds the messages' text, not the calls
     max_tokens = body.get("max_completion_tokens")
     legacy = body.get("max_tokens")
     if max_tokens is not None and legacy is not None and max_tokens != legacy:
@@ -199,7 +228,7 @@ def chat_call(body: Any) -> ApiCall:
     params = {**_identity(), "max_tokens": name, "prompt": "messages", "messages": "messages"}
     return ApiCall("chat", fields, stream, include_usage, params, n=n, logprobs=bool(logprobs),
                    tools=tools if tools is not None and tools.active else None,
-                   structured=structured)
+                   structured=structured, tool_format=fmt)
 
 
 def _response_format(fmt: Any) -> str | None:
@@ -237,12 +266,12 @@ def _response_format(fmt: Any) -> str | None:
         raise ApiError(400, f"{param}: {e}", param=param, code="unsupported_schema") from None
 
 
-def _tool_grammar(tools: ToolSpec) -> str:
-    from meshd.engine.constrain import GrammarError, tool_grammar
+def _tool_grammar(tools: ToolSpec, fmt: ToolFormat) -> str:
+    from meshd.engine.constrain import GrammarError
 
     try:
-        return tool_grammar(tools.functions, tools.named, parallel=tools.parallel,
-                            text=not tools.forced)
+        return fmt.grammar(tools.functions, tools.named, parallel=tools.parallel,
+                           text=not tools.forced)
     except GrammarError as e:
         raise ApiError(400, f"tools: a function's parameters: {e}", param="tools",
                        code="unsupported_schema") from None

@@ -1,6 +1,7 @@
-"""OpenAI tool calling in meshd's generic format. Pure: no I/O.
+"""OpenAI tool calling: the request's tools, and meshd's generic format. Pure: no I/O.
 
-A chat template without tool syntax (SmolLM2's and Gemma 3's ChatML-like templates have none)
+A chat template with tool syntax renders the tools itself (``meshd.api.tool_template``: it
+wins whenever the template is one meshd knows). A chat template without tool syntax (SmolLM2's and Gemma 3's ChatML-like templates have none)
 cannot render ``tools``, so meshd renders them itself, for any model, as plain messages the
 template does render (docs/api.md, "Tools"):
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from meshd.api.errors import bad_request, unsupported
 
@@ -44,6 +45,7 @@ class ToolSpec:
     functions: tuple[Mapping[str, Any], ...]
     choice: str
     parallel: bool = True
+    tools: tuple[Mapping[str, Any], ...] = ()  # as the request sent them, for a chat template
 
     @property
     def active(self) -> bool:
@@ -57,6 +59,47 @@ class ToolSpec:
     @property
     def named(self) -> str | None:
         return self.choice if self.choice not in ("none", "auto", "required") else None
+
+
+class ToolFormat(Protocol):
+    """How a reply's tool calls are written: meshd's generic format (``GENERIC``) or a chat
+    template's own syntax (``meshd.api.tool_template.TemplateFormat``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def grammar(self, functions: Sequence[Mapping[str, Any]], choice: str | None, *,
+                parallel: bool, text: bool) -> str: ...
+
+    def starts_call(self, text: str) -> bool | None: ...
+
+    def closed_calls(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]]: ...
+
+    def parse_reply(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]] | None: ...
+
+
+class GenericFormat:
+    """meshd's generic format as a ``ToolFormat`` (this module's functions)."""
+
+    name = FORMAT
+
+    def grammar(self, functions: Sequence[Mapping[str, Any]], choice: str | None, *,
+                parallel: bool, text: bool) -> str:
+        from meshd.engine.constrain import tool_grammar
+
+        return tool_grammar(functions, choice, parallel=parallel, text=text)
+
+    def starts_call(self, text: str) -> bool | None:
+        return starts_call(text)
+
+    def closed_calls(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]]:
+        return []  # one JSON object: whole only at the end
+
+    def parse_reply(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]] | None:
+        return parse_reply(text, rid, choice)
+
+
+GENERIC = GenericFormat()
 
 
 def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
@@ -74,6 +117,7 @@ def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
         raise bad_request(f"tools must be a list of at most {MAX_TOOLS} tools", "tools")
     functions = []
+    sent = []
     names = set()
     for i, t in enumerate(tools):
         where = f"tools[{i}]"
@@ -91,6 +135,7 @@ def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
             raise bad_request(f"{where}: two tools are named {fn['name']!r}", where)
         names.add(fn["name"])
         functions.append({k: fn[k] for k in ("name", "description", "parameters") if k in fn})
+        sent.append(t)
     if choice is None:
         choice = "auto" if functions else "none"
     if isinstance(choice, dict):
@@ -108,7 +153,7 @@ def parse_tools(body: Mapping[str, Any]) -> ToolSpec | None:
                           "tool_choice")
     if choice in ("auto", "required") and not functions:
         raise bad_request(f"tool_choice {choice!r} needs at least one tool", "tool_choice")
-    return ToolSpec(tuple(functions), str(choice), parallel is not False)
+    return ToolSpec(tuple(functions), str(choice), parallel is not False, tuple(sent))
 
 
 def preamble(spec: ToolSpec) -> str:

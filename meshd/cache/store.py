@@ -1,40 +1,47 @@
-"""``SemanticCache``: a node's cache of answers, in SQLite, found by meaning.
+"""``SemanticCache``: a node's cache of answers, in SQLite: exact repeats by key, paraphrases by
+meaning within an error bound.
 
 Synchronous and thread-safe (one lock around the connection and the indexes); the daemon calls
-it from a worker thread. The embedding of a prompt is computed outside the lock.
+it from worker threads, and the exact path from its event loop. Embedding and the verifier run
+outside the lock.
 
-Rows live in one SQLite table (WAL, ``synchronous=NORMAL``) with their prompt, answer, vector
-(float32 bytes), partition (meshd.cache.keys), timestamps and the observations the adaptive
-policy learns from. At open the vectors are read back into one in-memory index per partition
-(meshd.cache.index), or a partition's HNSW graph saved by ``close`` is loaded when its stamp
-(count, largest and summed ids of its rows) still matches, so the cache survives a restart; a file that SQLite cannot read is moved
-aside (``<name>.corrupt-<unix time>``) and a new, empty cache is started, with a warning.
-A hit does not write: its entry's ``last_used`` and ``hits`` are kept in memory and written by
-``flush`` (the daemon calls it after the answer went out), before any eviction, and at
-``close``; a crash loses only those counters.
-Decisions (who may read what, hit or not, what to evict) are the pure functions of
-meshd.cache.keys, policy and eviction; this module does the I/O.
+Two paths, in this order (docs/cache.md):
+
+- *exact*: the request's partition (model, settings, reader, context: meshd.cache.keys) and
+  the key of its question, one indexed read. It needs no embedding model: the cache opens
+  without one, and ``stage`` makes an answer visible to it before the row is even written.
+- *semantic*: once ``attach`` gave it an embedding model and a verifier, the question is
+  embedded, the nearest cached question of the readable partitions is found, and the pure
+  decision (meshd.cache.policy) serves it only above the threshold the error bound gives for
+  the request's ``max_error`` (meshd.cache.bound). Wrong-answer feedback (``forget``) removes
+  an entry and, for a semantic hit, adds its score to the calibration, so the threshold rises.
+
+Rows live in one SQLite table (WAL, ``synchronous=NORMAL``) with their question, answer, vector
+(float32 bytes; NULL until embedded, and for follow-ups, which are never searched by meaning),
+partition, key and timestamps. On ``attach`` the vectors are read into one in-memory index per
+partition (meshd.cache.index), or a partition's HNSW graph saved by ``close`` is loaded when
+its stamp (count, largest and summed ids of its rows) still matches; rows stored before the
+model was there are embedded then. A file that SQLite cannot read is moved aside
+(``<name>.corrupt-<unix time>``) and a new, empty cache is started, with a warning. A hit does
+not write: its entry's ``last_used`` and ``hits`` are kept in memory and written by ``flush``,
+before any eviction, and at ``close``.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
-import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlite_utils import Database
 
-from meshd.cache.align import WordStates, added_alignment
+from meshd.cache.bound import Calibration, threshold
 from meshd.cache.eviction import (
     CacheLimits,
     Candidate,
@@ -45,87 +52,55 @@ from meshd.cache.eviction import (
 )
 from meshd.cache.index import EXACT_MAX, PartitionIndex
 from meshd.cache.keys import CacheRequest, admit, prompt_key
-from meshd.cache.policy import Decision, FixedThreshold, Observation, Policy, answers_match
+from meshd.cache.lookup import Busy, EmbedderLike, Lookup, Verifier
+from meshd.cache.policy import decide
 
+__all__ = ["Busy", "EmbedderLike", "Lookup", "SemanticCache", "Verifier"]
 log = logging.getLogger(__name__)
-SCHEMA_VERSION = 1
-SEARCH_K = 4  # nearest neighbours looked at per partition: the guards may refuse the first
-
-
-class EmbedderLike(Protocol):
-    """What the cache needs of an embedder (meshd.embed.Embedder conforms)."""
-
-    @property
-    def identity(self) -> str: ...
-
-    @property
-    def dim(self) -> int: ...
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """The result of ``SemanticCache.lookup``.
-
-    ``kind``: ``hit`` (``answer`` is the cached answer: serve it), ``verify`` (compute the
-    answer, then call ``SemanticCache.verify(lookup, answer)`` so the entry learns, and
-    ``insert`` it), ``miss`` (compute and ``insert``), ``skip`` (the cache takes no part:
-    ``reason`` says why; do not insert either).
-    """
-
-    kind: str
-    reason: str
-    answer: str | None = None
-    entry_id: int | None = None
-    similarity: float | None = None
-    threshold: float | None = None
-    vector: np.ndarray | None = field(default=None, repr=False)
-    embed_ms: float = 0.0
-    search_ms: float = 0.0
+T = TypeVar("T")
+SCHEMA_VERSION = 2  # 2: exact_only; the feedback table
+SEARCH_K = 4  # neighbours fetched per partition: the nearest live one is the candidate
+EMBED_BATCH = 64
+GUESS_DIM = 384  # a row's vector bytes are counted as this model's (all-MiniLM-L6-v2) until
+# the model is loaded: a row stored before then is counted the same, vector or not
 
 
 class SemanticCache:
     """Open (creating if needed) the cache at ``path`` (``":memory:"`` for a throwaway one).
 
-    ``policy``: ``FixedThreshold()`` (0.85, guards on) by default: on the labelled pairs it
-    measured better than ``AdaptiveThreshold`` (docs/cache.md); ``clock`` and ``rng`` are
-    injectable for tests. ``word_states``: a text's word spans and contextual word vectors
-    (``meshd.embed.token_states.TokenStates.words``), for the verifier of guards v4's
-    "qualifier added" (meshd.cache.align), asked only about a candidate the policy would
-    serve; without it that check is off. ``pair_verifier``: ``(cached, query) -> P(same
-    answer)``, the learned pair verifier (``meshd.embed.pair_verifier.PairVerifier.probability``),
-    asked, like the other, only about a candidate the policy would serve, and only by a policy
-    with ``pair_min_p`` > 0 (the daemon passes one or the other, docs/cache.md).
-    """
+    ``embedder``, ``verifier`` and ``calibration`` enable the semantic path (also later, with
+    ``attach``); without them the cache answers exact repeats only. ``clock`` is injectable
+    for tests."""
 
-    def __init__(self, path: str | os.PathLike[str], embedder: EmbedderLike, *,
-                 policy: Policy | None = None, limits: CacheLimits | None = None,
-                 clock: Callable[[], float] = time.time,
-                 rng: Callable[[], float] = random.random, exact_max: int = EXACT_MAX,
-                 index_dtype: str = "f16",
-                 word_states: Callable[[str], WordStates] | None = None,
-                 pair_verifier: Callable[[str, str], float] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], embedder: EmbedderLike | None = None, *,
+                 verifier: Verifier | None = None, calibration: Calibration | None = None,
+                 limits: CacheLimits | None = None, clock: Callable[[], float] = time.time,
+                 exact_max: int = EXACT_MAX, index_dtype: str = "f16") -> None:
         self.path = str(path)
-        self.embedder = embedder
-        self.word_states = word_states
-        self.pair_verifier = pair_verifier
-        self.policy: Policy = policy if policy is not None else FixedThreshold()
+        self.embedder: EmbedderLike | None = None
+        self.verifier: Verifier | None = None
+        self.calibration: Calibration | None = None
         self.limits = limits or CacheLimits()
-        self.dim = int(embedder.dim)
-        self._clock, self._rng = clock, rng
+        self.dim = 0
+        self._clock = clock
         self._exact_max, self._index_dtype = exact_max, index_dtype
         self._lock = threading.RLock()
         self._indexes: dict[str, PartitionIndex] = {}
         self._entries = 0
         self._bytes = 0
         self._touched: dict[int, tuple[float, int]] = {}  # entry id -> (last used, new hits)
-        self.stats = {"lookups": 0, "hits": 0, "verifies": 0, "misses": 0, "skips": 0,
-                      "inserts": 0, "evictions": 0, "expired": 0, "rebuilds": 0}
+        self._staged: dict[tuple[str, str], str] = {}  # (partition, key) -> answer being stored
+        self._wrong: list[float] = []  # scores of semantic hits reported wrong
+        self._limits: dict[float, float | None] = {}  # max_error -> threshold (memo)
+        self.stats = {"lookups": 0, "exact_hits": 0, "semantic_hits": 0, "refused": 0,
+                      "misses": 0, "skips": 0, "inserts": 0, "embedded": 0, "evictions": 0,
+                      "expired": 0, "rebuilds": 0, "feedback_wrong": 0, "feedback_right": 0}
         t0 = time.perf_counter()
         self._open()
-        log.info("semantic cache opened path=%s entries=%d partitions=%d open_ms=%.0f",
-                 self.path, self._entries, len(self._indexes), (time.perf_counter() - t0) * 1e3)
+        log.info("semantic cache opened path=%s entries=%d open_ms=%.0f", self.path,
+                 self._entries, (time.perf_counter() - t0) * 1e3)
+        if embedder is not None:
+            self.attach(embedder, verifier, calibration)
 
     # -- open, schema, corruption ----------------------------------------------------------
 
@@ -145,53 +120,87 @@ class SemanticCache:
         if self.path != ":memory:":
             self.db.enable_wal()
         self.db.execute("PRAGMA synchronous=NORMAL")
-        if "meta" not in self.db.table_names():
+        tables = self.db.table_names()
+        if "meta" not in tables:
             self.db.table("meta").create({"key": str, "value": str}, pk="key")
-        if "entries" not in self.db.table_names():
+        if "entries" not in tables:
             self.db.table("entries").create({
                 "id": int, "partition": str, "prompt_key": str, "prompt": str, "answer": str,
                 "vector": bytes,
                 "created_at": float, "last_used": float, "expires_at": float, "hits": int,
-                "nbytes": int, "observations": str,
+                "nbytes": int, "observations": str, "exact_only": int,
             }, pk="id")
             self.db.table("entries").create_index(["partition", "prompt_key"])
             self.db.table("entries").create_index(["last_used"])
             self.db.table("entries").create_index(["expires_at"])
+        if "feedback" not in tables:
+            self.db.table("feedback").create({"id": int, "at": float, "score": float}, pk="id")
         meta = {r["key"]: r["value"] for r in self.db["meta"].rows}
-        if meta.get("schema") not in (None, str(SCHEMA_VERSION)):
-            raise sqlite3.DatabaseError(f"schema version {meta.get('schema')}")
-        if meta.get("embedder") not in (None, self.embedder.identity):
-            log.warning("semantic cache cleared path=%s reason=%s old=%s new=%s", self.path,
-                        "embedding model changed", meta.get("embedder"), self.embedder.identity)
-            self.db.execute("DELETE FROM entries")
-        self.db.table("meta").upsert_all([{"key": "schema", "value": str(SCHEMA_VERSION)},
-                                    {"key": "embedder", "value": self.embedder.identity}],
-                                   pk="key")
+        schema = meta.get("schema")
+        if schema not in (None, "1", str(SCHEMA_VERSION)):
+            raise sqlite3.DatabaseError(f"schema version {schema}")
+        if "exact_only" not in self.db.table("entries").columns_dict:  # a version 1 file
+            self.db.execute("ALTER TABLE entries ADD COLUMN exact_only INTEGER DEFAULT 0")
+        self.db.table("meta").upsert({"key": "schema", "value": str(SCHEMA_VERSION)}, pk="key")
         self.db.conn.commit()
 
     def _load(self) -> None:
+        """Counts, expiry and feedback; the vectors are read when the model is attached."""
         self._indexes.clear()
-        self._entries = self._bytes = 0
         now = self._clock()
         with self.db.conn:
             n = self.db.execute("DELETE FROM entries WHERE expires_at <= ?", [now]).rowcount
         self.stats["expired"] += max(n, 0)
+        self._entries, self._bytes = self.db.execute(
+            "SELECT count(*), coalesce(sum(nbytes), 0) FROM entries").fetchone()
+        self._wrong = [float(r[0]) for r in self.db.execute("SELECT score FROM feedback")]
+        self._limits.clear()
+        if self.embedder is not None:
+            self._load_vectors()
+
+    def _load_vectors(self) -> None:
+        """Check the model, embed the rows stored without a vector, fill the indexes."""
+        assert self.embedder is not None
+        meta = {r["key"]: r["value"] for r in self.db["meta"].rows}
+        if meta.get("embedder") not in (None, self.embedder.identity):
+            log.warning("semantic cache vectors dropped path=%s reason=%s old=%s new=%s",
+                        self.path, "embedding model changed", meta.get("embedder"),
+                        self.embedder.identity)
+            with self.db.conn:
+                self.db.execute("UPDATE entries SET vector = NULL")
+        with self.db.conn:
+            self.db.table("meta").upsert({"key": "embedder", "value": self.embedder.identity},
+                                         pk="key")
+        self._backfill()
         saved = {r[0][len("index:"):]: r[1] for r in self.db.execute(
             "SELECT key, value FROM meta WHERE key LIKE 'index:%'")}
         with self.db.conn:  # a graph on disk is good only until the next write: forget them
             self.db.execute("DELETE FROM meta WHERE key LIKE 'index:%'")
-        parts = self.db.execute("SELECT partition, count(*), max(id), sum(id), sum(nbytes) "
-                                "FROM entries GROUP BY partition ORDER BY partition").fetchall()
-        for part, count, max_id, sum_id, nbytes in parts:
-            self._entries += count
-            self._bytes += nbytes
+        parts = self.db.execute(
+            "SELECT partition, count(*), max(id), sum(id) FROM entries WHERE vector IS NOT NULL "
+            "GROUP BY partition ORDER BY partition").fetchall()
+        for part, count, max_id, sum_id in parts:
             if saved.get(part) == f"{count}:{max_id}:{sum_id}" and self._restore(part):
                 continue
-            rows = self.db.execute("SELECT id, vector FROM entries WHERE partition = ? "
-                                   "ORDER BY id", [part]).fetchall()
+            rows = self.db.execute("SELECT id, vector FROM entries WHERE partition = ? AND "
+                                   "vector IS NOT NULL ORDER BY id", [part]).fetchall()
             matrix = np.frombuffer(b"".join(r[1] for r in rows), np.float32).reshape(
                 len(rows), self.dim)
             self._index(part).add(np.array([r[0] for r in rows], np.int64), matrix, threads=0)
+
+    def _backfill(self) -> None:
+        """Embed the questions of rows stored without a vector (not follow-ups)."""
+        assert self.embedder is not None
+        rows = self.db.execute("SELECT id, prompt FROM entries WHERE vector IS NULL AND "
+                               "NOT coalesce(exact_only, 0) ORDER BY id").fetchall()
+        for i in range(0, len(rows), EMBED_BATCH):
+            chunk = rows[i:i + EMBED_BATCH]
+            vecs = np.asarray(self.embedder.embed([r[1] for r in chunk]), np.float32)
+            self.stats["embedded"] += len(chunk)
+            with self.db.conn:
+                self.db.conn.executemany(
+                    "UPDATE entries SET vector = ? WHERE id = ?",
+                    [(v.tobytes(), r[0]) for r, v in zip(chunk, vecs, strict=True)])
 
     def _graph_path(self, part: str) -> str | None:
         return None if self.path == ":memory:" else f"{self.path}.hnsw-{part}"
@@ -212,7 +221,8 @@ class SemanticCache:
         """Write each HNSW graph next to the database, stamped with its rows, so that the
         next open loads it instead of rebuilding it (a crash leaves no stamp: rebuild)."""
         stamps = {r[0]: f"{r[1]}:{r[2]}:{r[3]}" for r in self.db.execute(
-            "SELECT partition, count(*), max(id), sum(id) FROM entries GROUP BY partition")}
+            "SELECT partition, count(*), max(id), sum(id) FROM entries WHERE vector IS NOT NULL "
+            "GROUP BY partition")}
         rows = []
         for part, idx in self._indexes.items():
             path = self._graph_path(part)
@@ -228,7 +238,7 @@ class SemanticCache:
         self._touched.clear()
         try:
             self.db.conn.close()
-        except Exception:  # the connection may be half open
+        except Exception:  # the connection may be half open, or never opened
             pass
         if self.path != ":memory:":
             aside = f"{self.path}.corrupt-{int(self._clock())}"
@@ -247,70 +257,69 @@ class SemanticCache:
                 self.dim, exact_max=self._exact_max, dtype=self._index_dtype)
         return idx
 
-    # -- the API ---------------------------------------------------------------------------
+    # -- the semantic path's parts ---------------------------------------------------------
 
-    def lookup(self, req: CacheRequest, *, vector: np.ndarray | None = None) -> Lookup:
-        """Find a cached answer for ``req`` (see ``Lookup`` for what to do next)."""
-        adm = admit(req)
-        if not adm.cacheable:
-            self.stats["skips"] += 1
-            return Lookup("skip", adm.reason)
-        t0 = time.perf_counter()
-        try:
-            with self._lock:
-                same = self._exact_locked(adm.read, prompt_key(req.prompt))
-        except sqlite3.DatabaseError as err:
-            with self._lock:
+    def attach(self, embedder: EmbedderLike, verifier: Verifier | None,
+               calibration: Calibration | None) -> None:
+        """Give the cache its embedding model, the pair verifier and the verifier's
+        calibration: the semantic path starts (rows stored without a vector are embedded
+        now). Without a verifier or a calibration the semantic path refuses every candidate."""
+        with self._lock:
+            self.embedder, self.verifier, self.calibration = embedder, verifier, calibration
+            self.dim = int(embedder.dim)
+            self._limits.clear()
+            try:
+                self._load_vectors()
+            except sqlite3.DatabaseError as err:
                 self._rebuild(err)
-            same = None
-        if same is not None:  # the very same prompt: no embedding needed
-            self.stats["lookups"] += 1
-            self.stats["hits"] += 1
-            return Lookup("hit", "same prompt", same[1], same[0], 1.0, None, None, 0.0,
-                          (time.perf_counter() - t0) * 1e3)
-        if vector is None:
-            vector = np.asarray(self.embedder.embed([req.prompt])[0], np.float32)
-        t1 = time.perf_counter()
-        try:
-            with self._lock:
-                result = self._lookup_locked(req, adm.read, vector)
-        except sqlite3.DatabaseError as err:
-            with self._lock:
-                self._rebuild(err)
-            result = (Decision("miss", 0.0, 0.0, "cache rebuilt"), None, None)
-        decision, eid, answer = result
-        t2 = time.perf_counter()
-        kind = decision.kind if eid is not None else "miss"
-        self.stats["lookups"] += 1
-        self.stats[{"hit": "hits", "verify": "verifies", "miss": "misses"}[kind]] += 1
-        return Lookup(kind, decision.reason, answer if kind != "miss" else None, eid,
-                      decision.similarity if eid is not None else None,
-                      decision.threshold if eid is not None else None, vector,
-                      (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+
+    @property
+    def semantic(self) -> bool:
+        """Whether the semantic path runs (a model attached)."""
+        return self.embedder is not None
+
+    def threshold(self, max_error: float) -> float | None:
+        """The verifier score a semantic hit must beat at ``max_error`` (None: nothing may be
+        served), from the calibration and the wrong-answer feedback so far."""
+        if self.calibration is None or self.verifier is None:
+            return None
+        if max_error not in self._limits:
+            cal = self.calibration.with_wrong(self._wrong)
+            self._limits[max_error] = threshold(cal, max_error)
+        return self._limits[max_error]
+
+    # -- lookups ---------------------------------------------------------------------------
 
     def lookup_exact(self, req: CacheRequest, *, blocking: bool = True) -> Lookup | None:
-        """The hit for the very same prompt (no embedding, one indexed SQLite read, no write),
-        or None: not cached word for word, not cacheable, or (``blocking=False``) another
-        thread holds the cache right now. Cheap enough for an event loop with
-        ``blocking=False``; on None, ``lookup`` gives the full answer."""
+        """The cached answer of the very same request (no embedding; one indexed SQLite read,
+        or none for an answer still being stored), else None: not cached or not cacheable.
+        With ``blocking=False`` it raises ``Busy`` rather than wait for another thread."""
         adm = admit(req)
-        if not adm.cacheable or not self._lock.acquire(blocking=blocking):
+        if not adm.cacheable:
             return None
         t0 = time.perf_counter()
+        key = prompt_key(req.prompt)
+        for part in adm.read:
+            answer = self._staged.get((part, key))
+            if answer is not None:
+                self._count("exact_hits")
+                return Lookup("exact", "same request", answer, None, part, key, 1.0,
+                              search_ms=(time.perf_counter() - t0) * 1e3)
+        if not self._lock.acquire(blocking=blocking):
+            raise Busy
         try:
-            same = self._exact_locked(adm.read, prompt_key(req.prompt))
+            same = self._exact_locked(adm.read, key)
         except sqlite3.DatabaseError:
             return None  # lookup() meets it again and rebuilds
         finally:
             self._lock.release()
         if same is None:
             return None
-        self.stats["lookups"] += 1
-        self.stats["hits"] += 1
-        return Lookup("hit", "same prompt", same[1], same[0], 1.0, None, None, 0.0,
-                      (time.perf_counter() - t0) * 1e3)
+        self._count("exact_hits")
+        return Lookup("exact", "same request", same[1], same[0], same[2], key, 1.0,
+                      search_ms=(time.perf_counter() - t0) * 1e3)
 
-    def _exact_locked(self, parts: tuple[str, ...], key: str) -> tuple[int, str] | None:
+    def _exact_locked(self, parts: tuple[str, ...], key: str) -> tuple[int, str, str] | None:
         now = self._clock()
         for part in parts:
             row = self.db.execute("SELECT id, answer FROM entries WHERE partition = ? AND "
@@ -318,11 +327,55 @@ class SemanticCache:
                                   [part, key, now]).fetchone()
             if row is not None:
                 self._touch(int(row[0]), now)
-                return int(row[0]), str(row[1])
+                return int(row[0]), str(row[1]), part
         return None
 
-    def _lookup_locked(self, req: CacheRequest, parts: tuple[str, ...], vector: np.ndarray
-                       ) -> tuple[Decision, int | None, str | None]:
+    def lookup(self, req: CacheRequest, *, vector: np.ndarray | None = None) -> Lookup:
+        """The exact path, then the semantic one (see ``Lookup`` for what to do next)."""
+        adm = admit(req)
+        if not adm.cacheable:
+            self._count("skips")
+            return Lookup("skip", adm.reason)
+        same = self.lookup_exact(req)
+        if same is not None:
+            return same
+        if not adm.semantic or self.embedder is None:
+            self._count("misses")
+            why = "exact repeats only" if not adm.semantic else "no embedding model yet"
+            return Lookup("miss", why)
+        limit = self.threshold(req.max_error)
+        if limit is None:  # no embedding either: nothing could be served
+            self._count("refused")
+            return Lookup("refused", "the error bound cannot hold at this max_error")
+        t0 = time.perf_counter()
+        if vector is None:
+            vector = np.asarray(self.embedder.embed([req.prompt])[0], np.float32)
+            self.stats["embedded"] += 1
+        t1 = time.perf_counter()
+        found = self._safely(lambda: self._nearest_locked(adm.read, vector), None)
+        gate = self.calibration.gate if self.calibration is not None else 1.0
+        verifier = self.verifier
+        assert verifier is not None  # threshold() is None without one
+        if found is None:
+            d = decide(None, gate, limit, lambda: 0.0)
+        else:
+            eid, sim, cached, answer, part = found
+            d = decide(sim, gate, limit, lambda: verifier(cached, req.prompt))
+        t2 = time.perf_counter()
+        timing = {"embed_ms": (t1 - t0) * 1e3, "search_ms": (t2 - t1) * 1e3}
+        if d.kind == "hit" and found is not None:
+            with self._lock:
+                self._touch(eid, self._clock())
+            self._count("semantic_hits")
+            return Lookup("semantic", d.reason, answer, eid, part, None, d.similarity, d.score,
+                          d.threshold, vector, **timing)
+        self._count("refused" if d.kind == "refused" else "misses")
+        return Lookup(d.kind, d.reason, None, None, None, None, d.similarity, d.score,
+                      d.threshold, vector, **timing)
+
+    def _nearest_locked(self, parts: tuple[str, ...], vector: np.ndarray
+                        ) -> tuple[int, float, str, str, str] | None:
+        """(id, similarity, question, answer, partition) of the nearest live entry."""
         found: list[tuple[int, float]] = []
         for part in parts:
             idx = self._indexes.get(part)
@@ -330,36 +383,27 @@ class SemanticCache:
                 found += idx.search(vector, SEARCH_K)
         found.sort(key=lambda kv: (-kv[1], kv[0]))
         now = self._clock()
-        best: tuple[Decision, int | None, str | None] = (
-            Decision("miss", found[0][1] if found else 0.0, 0.0, "no cached prompt near"),
-            None, None)
         for eid, sim in found:
-            row = self.db.execute("SELECT prompt, answer, expires_at, observations, partition "
-                                  "FROM entries WHERE id = ?", [eid]).fetchone()
+            row = self.db.execute("SELECT prompt, answer, expires_at, partition FROM entries "
+                                  "WHERE id = ?", [eid]).fetchone()
             if row is None:
                 continue
-            prompt, answer, expiry, obs_json, part = row
-            if expiry <= now:
-                self._delete([eid], [part])
+            if row[2] <= now:
+                self._delete([eid], [row[3]])
                 self.stats["expired"] += 1
                 continue
-            obs = _observations(obs_json)
-            align = None
-            if self.word_states is not None:
-                align = functools.partial(added_alignment, self.word_states, req.prompt, prompt)
-            pair = None
-            if self.pair_verifier is not None:
-                pair = functools.partial(self.pair_verifier, prompt, req.prompt)
-            decision = self.policy.decide(sim, req.prompt, prompt, obs, u=self._rng(),
-                                          align=align, pair=pair)
-            if decision.kind == "miss" and decision.reason not in ("below the floor",
-                                                                    "below the fixed threshold"):
-                best = (decision, None, None)
-                continue  # a guard refused this one: the next neighbour may still do
-            if decision.kind == "hit":
-                self._touch(eid, now)
-            return decision, eid, answer
-        return best
+            return eid, sim, str(row[0]), str(row[1]), str(row[3])
+        return None
+
+    def missed(self) -> None:
+        """Count a lookup that ended with the exact path's miss (the caller takes no semantic
+        path for it: a follow-up, a bound of 0, the model not loaded yet)."""
+        self._count("misses")
+
+    def _count(self, what: str) -> None:
+        self.stats[what] += 1
+        if what != "skips":
+            self.stats["lookups"] += 1
 
     def _touch(self, eid: int, now: float) -> None:
         _, hits = self._touched.get(eid, (now, 0))
@@ -372,12 +416,7 @@ class SemanticCache:
 
     def flush(self) -> None:
         """Write the hits' ``last_used`` and ``hits`` held in memory (see the module doc)."""
-        try:
-            with self._lock:
-                self._flush_locked()
-        except sqlite3.DatabaseError as err:
-            with self._lock:
-                self._rebuild(err)
+        self._safely(self._flush_locked, None)
 
     def _flush_locked(self) -> None:
         if not self._touched:
@@ -388,30 +427,63 @@ class SemanticCache:
             self.db.conn.executemany("UPDATE entries SET last_used = max(last_used, ?), "
                                      "hits = hits + ? WHERE id = ?", rows)
 
-    def insert(self, req: CacheRequest, answer: str, *, lookup: Lookup | None = None) -> int | None:
-        """Store ``answer`` for ``req`` (reusing ``lookup``'s vector); returns the entry id, or
-        None when the request is not cacheable or the answer alone exceeds the byte bound."""
+    # -- storing ---------------------------------------------------------------------------
+
+    def stage(self, req: CacheRequest, answer: str) -> tuple[str, str] | None:
+        """Make ``answer`` an exact hit for ``req`` at once (in memory, no I/O: an event loop
+        may call it), until ``insert`` has written it; returns its (partition, key)."""
         adm = admit(req)
         if not adm.cacheable or adm.write is None:
             return None
-        vector = lookup.vector if lookup is not None and lookup.vector is not None else None
-        if vector is None:
-            vector = np.asarray(self.embedder.embed([req.prompt])[0], np.float32)
-        vec = np.ascontiguousarray(vector, np.float32).reshape(self.dim)
-        nbytes = entry_bytes(req.prompt, answer, self.dim)
-        if nbytes > self.limits.max_bytes:
+        where = (adm.write, prompt_key(req.prompt))
+        self._staged[where] = answer
+        return where
+
+    def insert(self, req: CacheRequest, answer: str, *, vector: np.ndarray | None = None
+               ) -> int | None:
+        """Store ``answer`` for ``req``: the row first (the exact path has it), then, when the
+        semantic path runs and ``req`` is not a follow-up, its vector (``vector`` if given,
+        else embedded here). Returns the entry id, or None when the request is not cacheable
+        or the answer alone exceeds the byte bound."""
+        adm = admit(req)
+        part = adm.write
+        if not adm.cacheable or part is None:
             return None
-        now = self._clock()
+        key = prompt_key(req.prompt)
+        exact_only = req.follow_up  # never searched by meaning: no vector
+        try:
+            nbytes = entry_bytes(req.prompt, answer, self.dim or GUESS_DIM)
+            if nbytes > self.limits.max_bytes:
+                return None
+            now = self._clock()
+            eid = self._safely(lambda: self._insert_locked(
+                part, key, req.prompt, answer, nbytes, now, exact_only), None)
+        finally:
+            if self._staged.get((part, key)) == answer:
+                del self._staged[(part, key)]
+        embedder = self.embedder
+        if eid is None or exact_only or embedder is None:
+            return eid
+        if vector is None:
+            vector = np.asarray(embedder.embed([req.prompt])[0], np.float32)
+            self.stats["embedded"] += 1
+        vec = np.ascontiguousarray(vector, np.float32).reshape(self.dim)
+        self._safely(lambda: self._set_vector_locked(eid, part, vec), None)
+        return eid
+
+    def _safely(self, work: Callable[[], T], default: T) -> T:
+        """``work()`` under the lock; a file SQLite can no longer read is rebuilt (empty) and
+        ``default`` returned: a damaged cache costs a miss, never a failed request."""
         try:
             with self._lock:
-                return self._insert_locked(adm.write, req.prompt, answer, vec, nbytes, now)
+                return work()
         except sqlite3.DatabaseError as err:
             with self._lock:
                 self._rebuild(err)
-            return None
+            return default
 
-    def _insert_locked(self, part: str, prompt: str, answer: str, vec: np.ndarray, nbytes: int,
-                       now: float) -> int:
+    def _insert_locked(self, part: str, key: str, prompt: str, answer: str, nbytes: int,
+                       now: float, exact_only: bool) -> int:
         self._flush_locked()  # eviction orders by last_used: it must see every hit
         expired = [(r[0], r[1]) for r in self.db.execute(
             "SELECT id, partition FROM entries WHERE expires_at <= ?", [now])]
@@ -436,16 +508,21 @@ class SemanticCache:
         with self.db.conn:
             cur = self.db.execute(
                 "INSERT INTO entries (partition, prompt_key, prompt, answer, vector, created_at, "
-                "last_used, expires_at, hits, nbytes, observations) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, '[]')",
-                [part, prompt_key(prompt), prompt, answer, vec.tobytes(), now, now,
-                 expires_at(now, self.limits), nbytes])
-        eid = int(cur.lastrowid or 0)
-        self._index(part).add(np.array([eid], np.int64), vec[None])
+                "last_used, expires_at, hits, nbytes, observations, exact_only) "
+                "VALUES (?, ?, ?, ?, NULL, ?, ?, ?, 0, ?, '[]', ?)",
+                [part, key, prompt, answer, now, now, expires_at(now, self.limits), nbytes,
+                 int(exact_only)])
         self._entries += 1
         self._bytes += nbytes
         self.stats["inserts"] += 1
-        return eid
+        return int(cur.lastrowid or 0)
+
+    def _set_vector_locked(self, eid: int, part: str, vec: np.ndarray) -> None:
+        with self.db.conn:
+            cur = self.db.execute("UPDATE entries SET vector = ? WHERE id = ?",
+                                  [vec.tobytes(), eid])
+        if cur.rowcount:  # not evicted or forgotten meanwhile
+            self._index(part).add(np.array([eid], np.int64), vec[None])
 
     def _delete(self, ids: list[int], parts: list[str]) -> None:
         if not ids:
@@ -464,31 +541,43 @@ class SemanticCache:
         self._bytes -= int(freed[0])
         self._entries -= int(freed[1])
 
-    def verify(self, lookup: Lookup, fresh_answer: str) -> bool | None:
-        """After a ``verify`` lookup: compare the freshly computed answer with the cached one
-        (equal text, whitespace aside, is a correct hit) and teach the entry. Returns the label,
-        or None when there was nothing to verify."""
-        if lookup.kind not in ("verify", "hit") or lookup.entry_id is None or lookup.answer is None:
-            return None
-        correct = answers_match(lookup.answer, fresh_answer)
-        self.observe(lookup.entry_id, float(lookup.similarity or 0.0), correct)
-        return correct
+    # -- feedback --------------------------------------------------------------------------
 
-    def observe(self, entry_id: int, similarity: float, correct: bool) -> None:
-        """Record that serving ``entry_id`` at ``similarity`` would have been right or wrong."""
-        try:
-            with self._lock:
-                row = self.db.execute("SELECT observations FROM entries WHERE id = ?",
-                                      [entry_id]).fetchone()
-                if row is None:
-                    return
-                obs = self.policy.observe(_observations(row[0]), similarity, correct)
+    def forget(self, *, entry_id: int | None = None, partition: str | None = None,
+               key: str | None = None, wrong_score: float | None = None) -> int:
+        """A wrong answer: remove the entry (by id, and every entry of ``key`` in
+        ``partition``); with ``wrong_score`` (a semantic hit's verifier score) count one more
+        near miss served at that score, kept in the file, so the threshold rises past it.
+        Returns how many entries were removed."""
+        self.stats["feedback_wrong"] += 1
+        if partition is not None and key is not None:
+            self._staged.pop((partition, key), None)
+
+        def work() -> int:
+            rows = []
+            if entry_id is not None:
+                rows += self.db.execute("SELECT id, partition FROM entries WHERE id = ?",
+                                        [entry_id]).fetchall()
+            if partition is not None and key is not None:
+                rows += self.db.execute("SELECT id, partition FROM entries WHERE partition = ? "
+                                        "AND prompt_key = ?", [partition, key]).fetchall()
+            gone = dict(rows)
+            self._delete(list(gone), list(gone.values()))
+            if wrong_score is not None:
                 with self.db.conn:
-                    self.db.execute("UPDATE entries SET observations = ? WHERE id = ?",
-                                    [json.dumps([[round(s, 5), ok] for s, ok in obs]), entry_id])
-        except sqlite3.DatabaseError as err:
-            with self._lock:
-                self._rebuild(err)
+                    self.db.execute("INSERT INTO feedback (at, score) VALUES (?, ?)",
+                                    [self._clock(), float(wrong_score)])
+                self._wrong.append(float(wrong_score))
+                self._limits.clear()
+            return len(gone)
+
+        return self._safely(work, 0)
+
+    def confirm(self) -> None:
+        """A right answer: counted (the bound is on near misses; a right answer leaves it)."""
+        self.stats["feedback_right"] += 1
+
+    # -- the rest --------------------------------------------------------------------------
 
     def __len__(self) -> int:
         return self._entries
@@ -501,7 +590,8 @@ class SemanticCache:
             return {"path": self.path, "entries": self._entries, "bytes": self._bytes,
                     "partitions": len(self._indexes), "index_kinds": kinds,
                     "index_bytes": sum(i.memory_bytes() for i in self._indexes.values()),
-                    "policy": type(self.policy).__name__, **self.stats}
+                    "semantic": self.semantic, "wrong_scores": len(self._wrong),
+                    "threshold_at_0.01": self.threshold(0.01), **self.stats}
 
     def close(self) -> None:
         """Save the HNSW graphs (see ``_save_graphs``) and close the database."""
@@ -512,10 +602,3 @@ class SemanticCache:
             except (OSError, sqlite3.Error, RuntimeError) as err:
                 log.warning("semantic cache graphs not saved path=%s reason=%s", self.path, err)
             self.db.conn.close()
-
-
-def _observations(text: str | None) -> tuple[Observation, ...]:
-    try:
-        return tuple((float(s), bool(ok)) for s, ok in json.loads(text or "[]"))
-    except (ValueError, TypeError):
-        return ()

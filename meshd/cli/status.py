@@ -61,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"model     {m['model']} layers {m['layers'][0]}-{m['layers'][1]} of {m['num_layers']}: "
               f"served {m['served']}, failed {m['failed']}, busy {m['busy_refusals']}, "
               f"prefill {m['prefill_tps']} tok/s, decode {m['decode_tps']} tok/s")
+        if (px := m.get("prefix_cache")) is not None:
+            print(f"  prefix cache {px['bytes'] / 2**20:.1f} of {px['budget_bytes'] / 2**20:.0f} "
+                  f"MiB, {px['blocks']} blocks of {px['block_tokens']} tokens: "
+                  f"{px['hits']} of {px['lookups']} lookups hit, {px['reused_tokens']} tokens "
+                  f"reused, {px['evicted_blocks']} blocks evicted")
     for name, stats in data["services"].items():
         flat = ", ".join(f"{k}={v}" for k, v in stats.items() if not isinstance(v, dict))
         print(f"{name:<16}{flat}")

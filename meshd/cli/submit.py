@@ -48,6 +48,9 @@ def register(sub: Any) -> None:
                    help="never answer from (or store in) the node's semantic cache")
     p.add_argument("--cache", dest="cache", action="store_true",
                    help="take part in the semantic cache even when sampling (temperature > 0)")
+    p.add_argument("--cache-max-error", type=float, metavar="E",
+                   help="the cache's bound on near misses served from its semantic path, in "
+                   "[0, 1) (0: exact repeats only; default: the node's [cache] max_error)")
     p.add_argument("--rag", metavar="COLLECTION",
                    help="put the chunks of this retrieval collection nearest the prompt into it, "
                    "with their sources (`meshd rag add`; docs/rag.md); --json lists them under "
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     fields: dict[str, Any] = {"rid": uuid.uuid4().hex[:16], "prompt": prompt, "chat": args.chat,
                               "temperature": args.temperature}
     for k in ("cache", "max_tokens", "model", "top_k", "top_p", "repetition_penalty", "seed", "residency", "strategy",
-              "pipeline", "client", "rag", "allow_lower_tier"):
+              "pipeline", "client", "rag", "allow_lower_tier", "cache_max_error"):
         v = getattr(args, k)
         if v is not None:
             fields[k] = v
@@ -91,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         tps = result.get("tokens_per_s")
         print(
             f"-- request {result['request_id']} served by {result['served_by']}"
-            + (" from its semantic cache" if result.get("cached") else "") + " "
+            + (f" from its cache ({(result.get('cache') or {}).get('kind')})"
+               if result.get("cached") else "") + " "
             f"(route: {' -> '.join(result['route'])}); "
             f"time to first token {ttft:.1f} ms; "
             + (f"{tps:.1f} tokens/s" if tps else f"{result['tokens']} tokens"),

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshd.core.prefix_names import SUMMARY_NAME_BYTES, SUMMARY_NAMES
 from meshd.core.wire import MAX_ADVERT_BYTES, pack, unpack
 from meshd.errors import ProtocolError
 
@@ -65,6 +66,10 @@ class ModelAdvert:
     # measured time to first token (ms, from taking a slot; an average; 0: not measured).
     # Wire key "ttft", optional
     ttft_ms: float = 0.0
+    # the prompt prefixes whose KV this node's prefix cache holds for this layer range
+    # (meshd.core.prefix_names.summary: at most 16 names of 8 bytes; empty: none or not
+    # advertised). Wire key "px", optional
+    prefixes: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +135,7 @@ class Advert:
                     **({"fmt": m.weight_format} if m.weight_format else {}),
                     **({"mid": m.model_id} if m.model_id else {}),
                     **({"ttft": m.ttft_ms} if m.ttft_ms else {}),
+                    **({"px": list(m.prefixes)} if m.prefixes else {}),
                 }
                 for m in self.models
             ],
@@ -222,7 +228,18 @@ def _model(d: Any) -> ModelAdvert:
         weight_format=_str(d, "fmt", "", cap=16),
         model_id=_str(d, "mid", "", cap=256),
         ttft_ms=_num(d, "ttft"),
+        prefixes=_prefixes(d),
     )
+
+
+def _prefixes(d: dict[str, Any]) -> tuple[bytes, ...]:
+    px = _get(d, "px", list, [])
+    if len(px) > SUMMARY_NAMES or not all(
+        isinstance(x, bytes) and len(x) == SUMMARY_NAME_BYTES for x in px
+    ):
+        raise ProtocolError(f"advert model 'px' must be at most {SUMMARY_NAMES} names of "
+                            f"{SUMMARY_NAME_BYTES} bytes")
+    return tuple(bytes(x) for x in px)
 
 
 MAX_BATCH_POINTS = 12

@@ -16,8 +16,9 @@ from typing import Any
 
 from meshd.errors import ProtocolError
 
-PROTOCOL_VERSION = 4  # 2: tokenizer identities, packed prompt ids, TOK_REQ/TOK_PART; 3: cells;
-# 4: the sampling surface (OpenAI penalties, logit_bias, logprobs, n, grammar)
+PROTOCOL_VERSION = 5  # 2: tokenizer identities, packed prompt ids, TOK_REQ/TOK_PART; 3: cells;
+# 4: the sampling surface (OpenAI penalties, logit_bias, logprobs, n, grammar); 5: the answer
+# cache's error bound (SUBMIT cache_max_error) and feedback (CACHE_REQ op feedback, rid, verdict)
 
 # libp2p protocol ids and the gossip topics.
 REQUEST_PROTOCOL = "/meshd/req/1.0.0"
@@ -198,6 +199,8 @@ SPECS: tuple[MessageSpec, ...] = (
         Field("rag", F.STR, required=False, nullable=True, since=2),
         # model "auto": a lower tier than the prompt needs may serve it (docs/tiers.md)
         Field("allow_lower_tier", F.BOOL, required=False, since=2),
+        # the semantic cache's bound on near misses served for this request (docs/cache.md)
+        Field("cache_max_error", F.NUM, required=False, since=5),
     ),
     _m(
         MessageType.TOKENS,
@@ -339,8 +342,11 @@ SPECS: tuple[MessageSpec, ...] = (
     ),
     _m(
         MessageType.CACHE_REQ,
-        "the semantic cache: op 'stats' or 'clear'; answered by OK {data: statistics}",
+        "the semantic cache: op 'stats', 'clear' or 'feedback' (rid, verdict 'right' or "
+        "'wrong'); answered by OK {data: statistics}",
         Field("op", F.STR),
+        Field("rid", F.STR, required=False, since=5),
+        Field("verdict", F.STR, required=False, since=5),
     ),
     _m(
         MessageType.TOK_REQ,

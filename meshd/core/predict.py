@@ -32,6 +32,15 @@ def prefill_ms(prompt_tokens: int, prefill_tps: float) -> float:
     return prompt_tokens / prefill_tps * MS_PER_S
 
 
+def uncached_tokens(prompt_tokens: int, cached_tokens: int) -> int:
+    """Prompt tokens a node prefills when its KV prefix cache holds ``cached_tokens`` of them
+    (meshd.core.prefix_names.matched_tokens): the rest, and always the last (whose logits give
+    the first token)."""
+    if prompt_tokens <= 0:
+        return 0
+    return prompt_tokens - min(max(cached_tokens, 0), prompt_tokens - 1)
+
+
 def prefill_s(prompt_tokens: float, prefill_tps: float) -> float:
     """Seconds to process ``prompt_tokens`` at a known, positive ``prefill_tps``."""
     return prompt_tokens / prefill_tps

@@ -9,6 +9,7 @@ entry node ever sees it. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,11 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 STRATEGIES = ("meshd", "lwsq", "least_queue", "latency_only", "round_robin", "random",
               "round_robin_lockstep")
 PIPELINE_MODES = ("auto", "never", "always")
+# Fields that shape the answer beyond the prompt: the tools a request offers and the schema it
+# asks the answer to follow. Whatever else reads them, the semantic cache keys on them
+# (``EntryRequest.shape``): an answer is only ever served to a request offering the same.
+SHAPE_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format",
+                "format", "json_schema", "grammar")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +75,9 @@ class Sampling:
 
     @property
     def shapes_output(self) -> bool:
-        """Settings the semantic cache's key does not hold: a grammar, several choices, log
-        probabilities, OpenAI's penalties or a logit bias. Such a request skips the cache."""
+        """Settings beyond the basic ones that shape the output: a grammar, several choices,
+        log probabilities, OpenAI's penalties or a logit bias. (The answer cache keys on the
+        grammar, the penalties and the bias, and skips n > 1 and logprobs: meshd.cache.keys.)"""
         return (self.grammar is not None or self.n != 1 or self.logprobs is not None
                 or bool(self.presence_penalty) or bool(self.frequency_penalty)
                 or bool(self.logit_bias))
@@ -84,14 +91,15 @@ class Sampling:
 @dataclass(frozen=True, slots=True)
 class EntryRequest:
     """One request as the entry node accepted it. ``prompt`` is text; ``messages`` (chat, from
-    the API) is rendered with the model's chat template; ``chat`` renders ``prompt`` as one user
-    message. ``max_tokens`` None means DEFAULT_MAX_TOKENS (the entry chain clamps it to the
-    model's limits once the model is known)."""
+    the API) is rendered with the model's chat template, with ``tools`` (OpenAI function tools,
+    for a template with tool syntax: meshd.api.tool_template) when given; ``chat`` renders
+    ``prompt`` as one user message. ``max_tokens`` None means DEFAULT_MAX_TOKENS (the entry
+    chain clamps it to the model's limits once the model is known)."""
 
     request_id: str
     prompt: str | None
     client: str = "local"
-    messages: tuple[Mapping[str, str], ...] | None = None
+    messages: tuple[Mapping[str, Any], ...] | None = None
     chat: bool = False
     model: str | None = None
     max_tokens: int | None = None
@@ -103,6 +111,9 @@ class EntryRequest:
     rag: str | None = None  # a collection to retrieve context from
     allow_lower_tier: bool = False  # model "auto": a lower tier may serve it (docs/tiers.md)
     origin: str = "control"  # "control" or "http": where the request came in
+    tools: tuple[Mapping[str, Any], ...] | None = None  # rendered by the model's chat template
+    cache_max_error: float | None = None  # the cache's error bound for it (None: the node's)
+    shape: str = ""  # the SHAPE_FIELDS it carries, canonical JSON ("" for none)
 
     @property
     def wanted_tokens(self) -> int:
@@ -214,6 +225,10 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
     allow_lower = fields.get("allow_lower_tier", False)
     if not isinstance(allow_lower, bool):
         raise ProtocolError("allow_lower_tier must be true or false")
+    max_error = _num_or_none(fields, "cache_max_error")
+    if max_error is not None and not 0 <= max_error < 1:
+        raise ProtocolError(f"cache_max_error={max_error!r} must be in [0, 1) (0: exact repeats "
+                            "only)")
     return EntryRequest(
         request_id=rid,
         prompt=prompt if messages is None else None,
@@ -230,7 +245,22 @@ def parse_submit(fields: Mapping[str, Any], new_id: Callable[[], str]) -> EntryR
         rag=_text(fields, "rag", MAX_NAME_CHARS),
         allow_lower_tier=allow_lower,
         origin=str(fields.get("origin") or "control"),
+        tools=_tools(fields.get("tools"), messages),
+        cache_max_error=max_error,
+        shape=answer_shape(fields),
     )
+
+
+def answer_shape(fields: Mapping[str, Any]) -> str:
+    """The ``SHAPE_FIELDS`` that ``fields`` carries, as canonical JSON; "" when none (a
+    ``response_format`` of plain text is no shape)."""
+    shape = {k: fields[k] for k in SHAPE_FIELDS if fields.get(k) is not None}
+    if shape.get("response_format") == {"type": "text"}:
+        del shape["response_format"]
+    if not shape:
+        return ""
+    return json.dumps(shape, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                      default=repr)
 
 
 def _with_defaults(s: Sampling) -> dict[str, Any]:
@@ -244,23 +274,61 @@ def _with_defaults(s: Sampling) -> dict[str, Any]:
     return out
 
 
-def _messages(raw: Any) -> tuple[Mapping[str, str], ...] | None:
+def _messages(raw: Any) -> tuple[Mapping[str, Any], ...] | None:
+    """Chat messages: role and text content; an assistant message may carry ``tool_calls``
+    (``[{"id", "type", "function": {"name", "arguments"}}]``, arguments as an object) and a tool
+    message ``tool_call_id`` and ``name``, for a template that renders them."""
     if raw is None:
         return None
     if not isinstance(raw, list | tuple) or not raw or len(raw) > MAX_MESSAGES:
         raise ProtocolError(f"messages must be a list of 1 to {MAX_MESSAGES} messages")
     total = 0
-    out = []
+    out: list[dict[str, Any]] = []
     for i, m in enumerate(raw):
         if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise ProtocolError(f"messages[{i}] must have a role ({', '.join(ROLES)}) and text content")
         total += len(m["content"])
-        out.append({"role": m["role"], "content": m["content"]})
+        msg: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        for key in ("tool_call_id", "name"):
+            if m.get(key) is not None:
+                if not isinstance(m[key], str) or len(m[key]) > MAX_NAME_CHARS:
+                    raise ProtocolError(f"messages[{i}].{key} must be a string of at most "
+                                        f"{MAX_NAME_CHARS} characters")
+                msg[key] = m[key]
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if m["role"] != "assistant" or not _calls_ok(calls):
+                raise ProtocolError(f"messages[{i}].tool_calls must be an assistant's list of "
+                                    f"{{id, type, function: {{name, arguments}}}}")
+            msg["tool_calls"] = calls
+            total += len(json.dumps(calls))
+        out.append(msg)
     if total > MAX_PROMPT_CHARS:
         raise ProtocolError(f"messages hold {total} characters; the limit is {MAX_PROMPT_CHARS}")
     if not any(m["content"].strip() for m in out):
         raise ProtocolError("messages must contain some text")
     return tuple(out)
+
+
+def _calls_ok(calls: Any) -> bool:
+    return isinstance(calls, list | tuple) and all(
+        isinstance(c, Mapping) and isinstance(c.get("function"), Mapping)
+        and isinstance(c["function"].get("name"), str) for c in calls)
+
+
+def _tools(raw: Any, messages: Any) -> tuple[Mapping[str, Any], ...] | None:
+    """OpenAI function tools for the chat template (``{"type": "function", "function": {...}}``),
+    only with messages."""
+    if raw is None:
+        return None
+    if messages is None:
+        raise ProtocolError("tools need chat messages")
+    if not isinstance(raw, list | tuple) or not raw or not all(
+            isinstance(t, Mapping) and isinstance(t.get("function"), Mapping) for t in raw):
+        raise ProtocolError("tools must be a non-empty list of {type: function, function: {...}}")
+    if len(json.dumps(raw)) > MAX_PROMPT_CHARS:
+        raise ProtocolError(f"tools hold over {MAX_PROMPT_CHARS} characters")
+    return tuple(raw)
 
 
 def _text(fields: Mapping[str, Any], key: str, limit: int) -> str | None:

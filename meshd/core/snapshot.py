@@ -32,6 +32,10 @@ class Serving:
     prefill_ms_per_layer_token: float = 0.0  # ms to run one prompt token through one layer
     decode_ms_per_layer: float = 0.0  # ms to run one generated token through one layer
     kv_bytes_per_token: int = 0  # KV cache bytes per token of context in this range (0: unknown)
+    model_id: str = ""  # what the model is (meshd.core.modelid; "": not advertised)
+    # the advertised summary of the prompt prefixes its KV prefix cache holds for this range
+    # (meshd.core.prefix_names.summary; empty: none)
+    prefixes: tuple[bytes, ...] = ()
 
     @property
     def whole(self) -> bool:
@@ -102,6 +106,9 @@ class RouteRequest:
     client: str = "local"
     exclude: frozenset[str] = frozenset()  # peer ids already tried (failover, hedging)
     hops: int = 0
+    # the prompt's token ids when the entry node tokenized it (empty: unknown): a node whose
+    # advert lists a prefix of them is credited with the prefill it skips (prefix_names)
+    prompt_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,10 @@ embedding model's own ``weights.bin`` (memory-mapped: only the rows of the words
 read). The word, position and token-type embeddings are summed in NumPy; the ONNX graph
 (built here, in memory, at load) takes that sum and holds the rest.
 
-The policy (meshd.cache.policy) asks it only about a candidate whose similarity reaches the
-threshold, so a miss never pays for it. One pair per run (no padding); thread-safe.
+The cache (meshd.cache.policy) asks it only about the nearest cached question, and only when
+its similarity reaches the calibration's gate, so most misses never pay for it; its score is
+served only above the threshold its calibration gives for the request's error bound
+(``read_calibration``, meshd.cache.bound). One pair per run (no padding); thread-safe.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from meshd.cache.bound import Calibration
 from meshd.embed.manifest import read_embed_manifest
 from meshd.errors import ModelError
 from meshd.modeldir.onnx_graph import IR_VERSION, OPSET
@@ -44,15 +47,12 @@ def shipped_verifier() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class VerifierInfo:
-    """What the ``.json`` beside the weights says: the defaults the policy uses."""
+    """What the ``.json`` beside the weights says."""
 
     name: str
     layers: int
     max_len: int
-    threshold: float  # the cosine threshold to use with the verifier (chosen by cross-validation)
-    min_p: float  # the verifier's probability from which a candidate is served
     base: str  # the embedding model's identity whose word table it reads
-    guards: bool = True  # whether the defaults were chosen with the lexical guards in front
 
 
 def read_info(npz: Path) -> VerifierInfo:
@@ -60,10 +60,27 @@ def read_info(npz: Path) -> VerifierInfo:
     try:
         meta = json.loads(path.read_text())
         return VerifierInfo(str(meta["name"]), int(meta["layers"]), int(meta["max_len"]),
-                            float(meta["default"]["threshold"]), float(meta["default"]["min_p"]),
-                            str(meta["base"]), bool(meta["default"].get("guards", True)))
+                            str(meta["base"]))
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ModelError(f"{path}: cannot read the pair verifier's description ({err})") from None
+
+
+def calibration_path(npz: Path) -> Path:
+    return npz.with_name(npz.stem + "-calibration.json")
+
+
+def read_calibration(npz: Path | None = None) -> Calibration:
+    """The verifier's calibration (written by ``scripts/calibrate_cache.py``): its scores of the
+    labelled near misses of the calibration splits that reached the cosine gate
+    (meshd.cache.bound)."""
+    path = calibration_path(npz or shipped_verifier())
+    try:
+        meta = json.loads(path.read_text())
+        scores = tuple(sorted((float(s) for s in meta["scores"]), reverse=True))
+        return Calibration(float(meta["gate"]), int(meta["near_misses"]), scores,
+                           float(meta["confidence"]), str(meta["verifier"]))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ModelError(f"{path}: cannot read the pair verifier's calibration ({err})") from None
 
 
 def build_graph(t: dict[str, np.ndarray], layers: int, heads: int, eps: float) -> bytes:

@@ -22,6 +22,8 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# onnxruntime's GroupQueryAttention (meshd.engine.graph) takes head sizes of multiples of 16
+HEAD_DIM_MULTIPLE = 16
 ACTIVATIONS = ("silu", "gelu_tanh")
 # Our field names where Hugging Face's config.json spells them differently.
 HF_FIELD_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
@@ -88,8 +90,10 @@ class Arch:
                 f"{source}: num_attention_heads={self.num_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_kv_heads}"
             )
-        if self.head_dim % 2:
-            raise ModelError(f"{source}: head_dim={self.head_dim} must be even for RoPE")
+        if self.head_dim % HEAD_DIM_MULTIPLE:
+            raise ModelError(f"{source}: head_dim={self.head_dim} is not a multiple of "
+                             f"{HEAD_DIM_MULTIPLE}, which onnxruntime's attention operator "
+                             "(GroupQueryAttention) needs")
         if not self.rms_norm_eps > 0:
             raise ModelError(f"{source}: rms_norm_eps={self.rms_norm_eps!r} must be positive")
         if not self.rope_theta > 0:

@@ -1,11 +1,11 @@
 """A stage's slotted KV cache: one cache row per sequence, many sequences per onnxruntime run.
 
-``BatchStage`` holds, per layer of a stage, one key buffer ``[rows, kv_heads, head_dim, C]``
-and one value buffer ``[rows, kv_heads, C, head_dim]`` (the graph's layout, ``graph.py``). A
-sequence (``Slot``) owns one row; ``step(slots, x)`` runs ``T`` new tokens of each of the given
-sequences in one call, each at its own position, and writes their keys and values into their
-rows. The sequences of a step must occupy one contiguous run of rows, because onnxruntime reads
-the cache in place (a leading slice of a C-contiguous buffer is contiguous): a step moves rows
+``BatchStage`` holds, per layer of a stage, one key and one value buffer
+``[rows, kv_heads, C, head_dim]`` (the graph's layout, ``graph.py``). A sequence (``Slot``)
+owns one row; ``step(slots, x)`` runs ``T`` new tokens of each of the given sequences in one
+call, each at its own position, and onnxruntime writes their keys and values into their rows.
+The sequences of a step must occupy one contiguous run of rows, because onnxruntime reads and
+writes the cache in place (a leading slice of a C-contiguous buffer is contiguous): a step moves rows
 to the front when the set changes (copying only the cached prefix of each moved row), and a
 sequence that leaves hands its row to the last one. In steady decoding nothing moves.
 
@@ -21,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from meshd.engine import graph as g
+from meshd.engine.kvbind import bind_cache
 from meshd.engine.loaded import CompiledStage
 from meshd.errors import LocalError
 
@@ -111,6 +112,11 @@ class BatchStage:
             if s.length + t > s.max_tokens:
                 raise LocalError(f"sequence is full: {s.length} + {t} tokens > "
                                  f"max_tokens={s.max_tokens}")
+        if n > 1 and t > 1 and any(s.length for s in slots):
+            # onnxruntime's attention takes several new tokens of several sequences only when
+            # none has cached anything: run them one sequence at a time
+            outs = [self.step([s], x[k:k + 1], last_only=last_only) for k, s in enumerate(slots)]
+            return np.concatenate(outs)
         self._ensure(max(s.length for s in slots) + t)
         lo = self._contiguous(slots)
         order = [s.row - lo for s in slots]  # x's row k goes to cache row lo + order[k]
@@ -131,9 +137,9 @@ class BatchStage:
             rows = (np.arange(n, dtype=np.int64) * t + (t - 1)) if last_only else \
                 np.arange(n * t, dtype=np.int64)
             b.bind_cpu_input(g.LOGIT_ROWS, rows)
-        self.stage._run(b)
+        self.stage._run(b)  # writes the new keys and values into rows lo.. in place
         self.runs += 1
-        self.write(slots, lo, t, outs[1:])
+        self.advance(slots, t)
         out = outs[0].copy()
         if inv is not None:
             back = np.argsort(inv)
@@ -143,21 +149,9 @@ class BatchStage:
                 out = out[back]
         return out
 
-    def write(self, slots: list[Slot], lo: int, t: int, new_kv: list[np.ndarray]) -> None:
-        """Store a step's new keys and values (per layer ``new_key``, ``new_value``) of the
-        ``slots`` in rows ``lo``.. (in that order) and advance their lengths by ``t``."""
-        lengths = np.array([s.length for s in slots], np.int64)
-        idx = np.arange(lo, lo + len(slots))
-        for j in range(len(self._layers)):
-            nk, nv = new_kv[2 * j], new_kv[2 * j + 1]
-            if t == 1:
-                self._keys[j][idx, :, :, lengths] = nk[:, :, :, 0]
-                self._values[j][idx, :, lengths, :] = nv[:, :, 0, :]
-            else:
-                for r, s in enumerate(slots):
-                    p = s.length
-                    self._keys[j][lo + r, :, :, p:p + t] = nk[r]
-                    self._values[j][lo + r, :, p:p + t] = nv[r]
+    @staticmethod
+    def advance(slots: list[Slot], t: int) -> None:
+        """Count ``t`` more cached tokens for each of ``slots`` (a run wrote them in place)."""
         for s in slots:
             s.length += t
 
@@ -201,7 +195,7 @@ class BatchStage:
             kvh, d = self._shape
             rows, cap = target
             self._next, self._next_done = target, 0
-            self._next_kv = [(np.empty((rows, kvh, d, cap), np.float32),
+            self._next_kv = [(np.empty((rows, kvh, cap, d), np.float32),
                               np.empty((rows, kvh, cap, d), np.float32)) for _ in self._layers]
         total = sum(k.nbytes + v.nbytes for k, v in self._next_kv)
         done = self._zero(max(PREPARE_MIN_BYTES, -(-(total - self._next_done) // max(steps, 1))))
@@ -230,7 +224,7 @@ class BatchStage:
         self._ensure(slot.length + 1)
         n = slot.length
         for j in range(len(self._layers)):
-            self._keys[j][mine.row, ..., :n] = src._keys[j][slot.row, ..., :n]
+            self._keys[j][mine.row, :, :n] = src._keys[j][slot.row, :, :n]
             self._values[j][mine.row, :, :n] = src._values[j][slot.row, :, :n]
         mine.length = n
         if not keep:
@@ -252,16 +246,16 @@ class BatchStage:
         ra, rb, la, lb = a.row, b.row, a.length, b.length
         for j in range(len(self._layers)):
             k, v = self._keys[j], self._values[j]
-            tk, tv = k[ra, ..., :la].copy(), v[ra, :, :la].copy()
-            k[ra, ..., :lb], v[ra, :, :lb] = k[rb, ..., :lb], v[rb, :, :lb]
-            k[rb, ..., :la], v[rb, :, :la] = tk, tv
+            tk, tv = k[ra, :, :la].copy(), v[ra, :, :la].copy()
+            k[ra, :, :lb], v[ra, :, :lb] = k[rb, :, :lb], v[rb, :, :lb]
+            k[rb, :, :la], v[rb, :, :la] = tk, tv
         a.row, b.row = rb, ra
         self.slots[ra], self.slots[rb] = b, a
         self.rows_moved += 2
 
     def _copy_row(self, src: int, dst: int, length: int) -> None:
         for j in range(len(self._layers)):
-            self._keys[j][dst, ..., :length] = self._keys[j][src, ..., :length]
+            self._keys[j][dst, :, :length] = self._keys[j][src, :, :length]
             self._values[j][dst, :, :length] = self._values[j][src, :, :length]
         self.rows_moved += 1
 
@@ -308,10 +302,10 @@ class BatchStage:
             if j < len(ready):
                 k, v = ready[j]
             else:
-                k = np.zeros((rows, kvh, d, cap), np.float32)
+                k = np.zeros((rows, kvh, cap, d), np.float32)
                 v = np.zeros((rows, kvh, cap, d), np.float32)
             if keep and span:
-                k[:keep, ..., :span] = self._keys[j][:keep, ..., :span]
+                k[:keep, :, :span] = self._keys[j][:keep, :, :span]
                 v[:keep, :, :span] = self._values[j][:keep, :, :span]
             keys.append(k)
             values.append(v)
@@ -327,19 +321,11 @@ class BatchStage:
         held = self._bindings.get(kind)
         if held is not None and held[1] == key:
             return held[0], held[2]
-        b = held[0] if held is not None else self.stage._session.io_binding()
-        for j, layer in enumerate(self._layers):
-            b.bind_ortvalue_input(g.past_key(layer),
-                                  ort.OrtValue.ortvalue_from_numpy(self._keys[j][lo:lo + n]))
-            b.bind_ortvalue_input(g.past_value(layer),
-                                  ort.OrtValue.ortvalue_from_numpy(self._values[j][lo:lo + n]))
-        kvh, d = self._shape
+        b = held[0] if held is not None else self.stage.binding()
+        bind_cache(b, self._layers, [a[lo:lo + n] for a in self._keys],
+                   [a[lo:lo + n] for a in self._values])
         main = (k, self._vocab) if self.stage.is_last else (n, t, self._hidden)
         outs = [np.empty(main, np.float32)]
-        for _ in self._layers:
-            outs += [np.empty((n, kvh, d, t), np.float32), np.empty((n, kvh, t, d), np.float32)]
-        b.clear_binding_outputs()
-        for name, arr in zip(self.stage.output_names, outs, strict=True):
-            b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(arr))
+        b.bind_ortvalue_output(self.stage.output_names[0], ort.OrtValue.ortvalue_from_numpy(outs[0]))
         self._bindings[kind] = (b, key, outs)
         return b, outs

@@ -97,16 +97,7 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], choice: str | None, *, para
     reply may instead be plain text that does not start with ``{`` or whitespace.
 
     ``tools`` are OpenAI function definitions' ``function`` objects (name, parameters)."""
-    calls = []
-    for fn in tools:
-        if choice is not None and fn["name"] != choice:
-            continue
-        params = closed(fn.get("parameters") or {"type": "object", "properties": {}})
-        calls.append({"type": "object", "properties": {
-            "name": {"const": fn["name"]}, "arguments": params},
-            "required": ["name", "arguments"], "additionalProperties": False})
-    if not calls:
-        raise GrammarError(f"no tool is named {choice!r}")
+    calls = call_schemas(tools, choice, "arguments")
     items: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
     array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
     array["maxItems"] = len(calls) + 1 if parallel else 1
@@ -115,6 +106,80 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], choice: str | None, *, para
     lark = f"start: calls{' | text' if text else ''}\ncalls: %json {json.dumps(schema)}\n"
     if text:
         lark += "text: /[^{\\s](.|\\n)*/\n"
+    grammar = str(_llg().LLMatcher.grammar_from_lark(lark))
+    check(grammar)
+    return grammar
+
+
+SAFE_INTEGER = 2**53 - 1  # JSON's safe integers (what a JavaScript client can hold)
+
+
+def bounded(schema: Any) -> Any:
+    """``schema`` with every integer kept within +-``SAFE_INTEGER`` on the sides it leaves
+    open: 16 digits at most, where a small model greedy-decoding ``"minutes": 1000...`` otherwise writes
+    zeros until max_tokens and the call does not parse. Every document valid against the
+    result is valid against ``schema``."""
+    if isinstance(schema, list):
+        return [bounded(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {k: bounded(v) if k not in ("const", "enum", "default", "examples") else v
+           for k, v in schema.items()}
+    if out.get("type") in ("integer", ["integer"]):
+        low = out.get("minimum", out.get("exclusiveMinimum"))
+        high = out.get("maximum", out.get("exclusiveMaximum"))
+        if high is None and not (isinstance(low, int | float) and low > SAFE_INTEGER):
+            out["maximum"] = SAFE_INTEGER
+        if low is None and not (isinstance(high, int | float) and high < -SAFE_INTEGER):
+            out["minimum"] = -SAFE_INTEGER
+    return out
+
+
+def call_schemas(tools: Sequence[Mapping[str, Any]], choice: str | None, args_key: str
+                 ) -> list[dict[str, Any]]:
+    """One JSON schema per tool that may be called (only ``choice`` when it names one):
+    ``{"name": <the name>, <args_key>: <arguments valid against its parameters, closed and
+    bounded>}``."""
+    calls = []
+    for fn in tools:
+        if choice is not None and fn["name"] != choice:
+            continue
+        params = bounded(closed(fn.get("parameters") or {"type": "object", "properties": {}}))
+        calls.append({"type": "object", "properties": {
+            "name": {"const": fn["name"]}, args_key: params},
+            "required": ["name", args_key], "additionalProperties": False})
+    if not calls:
+        raise GrammarError(f"no tool is named {choice!r}")
+    return calls
+
+
+# A template's own JSON is what its ``tojson`` (Python's json.dumps) writes: ", " and ": "
+TEMPLATE_JSON: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ",
+                                 "key_separator": ": "}
+
+
+def tagged_tool_grammar(tools: Sequence[Mapping[str, Any]], choice: str | None, *,
+                        parallel: bool, text: bool, open_tag: str, close_tag: str,
+                        separator: str, args_key: str = "arguments") -> str:
+    """The grammar of a reply in a chat template's own call syntax: one or more
+    ``<open_tag>{"name": ..., "<args_key>": {...}}<close_tag>`` joined by ``separator`` (Qwen2.5's
+    ``<tool_call>\n...\n</tool_call>``), the JSON as the template's ``tojson`` writes it and
+    the arguments valid against the tool's parameters (``call_schemas``); one call unless
+    ``parallel``, else at most one more than the tools offered. With ``text`` (tool_choice auto)
+    the reply may instead be text that does not begin with the tag's first character or with
+    whitespace."""
+    calls = call_schemas(tools, choice, args_key)
+    one: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = {**one, "x-guidance": TEMPLATE_JSON}
+    most = len(calls) + 1 if parallel else 1
+    rows = [" ".join(["call"] + ["SEP call"] * k) for k in range(most)]
+    lark = (f"start: calls{' | text' if text else ''}\n"
+            f"calls: {' | '.join(rows)}\n"
+            f"call: {json.dumps(open_tag)} %json {json.dumps(schema)} {json.dumps(close_tag)}\n"
+            f"SEP: {json.dumps(separator)}\n")
+    if text:
+        first = re.escape(open_tag[:1])
+        lark += f"text: /[^{first}\\s](.|\\n)*/\n"
     grammar = str(_llg().LLMatcher.grammar_from_lark(lark))
     check(grammar)
     return grammar

@@ -19,6 +19,7 @@ import onnxruntime as ort
 
 from meshd.engine import graph as g
 from meshd.engine.batch import BatchStage, Slot
+from meshd.engine.kvbind import bind_cache
 from meshd.engine.loaded import CompiledStage
 from meshd.errors import LocalError
 
@@ -31,9 +32,7 @@ class FusedStep:
             raise LocalError("a fused step needs the whole model's fused stage")
         self.stage = stage
         self._layers = list(range(stage.start, stage.end))
-        arch = stage.model.manifest.arch
-        self._shape = (arch.num_kv_heads, arch.head_dim)
-        self._vocab = arch.vocab_size
+        self._vocab = stage.model.manifest.arch.vocab_size
         self._binding: ort.IOBinding | None = None
         self._key: tuple[int, ...] = ()
         self._outs: list[np.ndarray] = []
@@ -71,11 +70,10 @@ class FusedStep:
         if chunk_logits:
             rows = np.append(rows, n + t - 1)
         b.bind_cpu_input(g.LOGIT_ROWS, rows)
-        self.stage._run(b)
+        self.stage._run(b)  # writes both groups' new keys and values into their rows in place
         self.runs += 1
-        per = 2 * len(self._layers)
-        main.write(ordered, lo, 1, outs[1:1 + per])
-        pre.write([pslot], pslot.row, t, outs[1 + per:])
+        main.advance(ordered, 1)
+        pre.advance([pslot], t)
         logits = outs[0].copy()
         dec = logits[:n]
         if inv is not None:
@@ -89,19 +87,8 @@ class FusedStep:
             return self._binding, self._outs
         b = self._binding if self._binding is not None else self.stage._session.io_binding()
         for prefix, views in (("", main.cache(lo, n)), (g.CHUNK, pre.cache(prow, 1))):
-            for j, layer in enumerate(self._layers):
-                b.bind_ortvalue_input(prefix + g.past_key(layer),
-                                      ort.OrtValue.ortvalue_from_numpy(views[2 * j]))
-                b.bind_ortvalue_input(prefix + g.past_value(layer),
-                                      ort.OrtValue.ortvalue_from_numpy(views[2 * j + 1]))
-        kvh, d = self._shape
+            bind_cache(b, self._layers, views[0::2], views[1::2], prefix)
         outs = [np.empty((k, self._vocab), np.float32)]
-        for rows, steps in ((n, 1), (1, t)):
-            for _ in self._layers:
-                outs += [np.empty((rows, kvh, d, steps), np.float32),
-                         np.empty((rows, kvh, steps, d), np.float32)]
-        b.clear_binding_outputs()
-        for name, arr in zip(self.stage.output_names, outs, strict=True):
-            b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(arr))
+        b.bind_ortvalue_output(g.LOGITS, ort.OrtValue.ortvalue_from_numpy(outs[0]))
         self._binding, self._key, self._outs = b, key, outs
         return b, outs

@@ -11,25 +11,28 @@ Stage interface (``B`` sequences of ``T`` new tokens each, ``C`` cache slots, ``
   ``positions`` int64 [B, T], where row ``s`` must be ``P_s, P_s+1, ...`` and ``P_s`` is the
   number of tokens sequence ``s`` has cached (each sequence has its own position);
   ``logit_rows`` int64 [K] (last stage: which of the B*T rows, sequence-major, to project to
-  logits); per layer ``i`` of the range ``past_key.i`` float32 [B, kv_heads, head_dim, C]
-  (keys are stored transposed) and ``past_value.i`` float32 [B, kv_heads, C, head_dim]: row
-  ``s`` is sequence ``s``'s cache, of which only the first ``P_s`` slots are read (the rest is
-  masked).
+  logits); per layer ``i`` of the range ``past_key.i`` and ``past_value.i`` float32
+  [B, kv_heads, C, head_dim]: row ``s`` is sequence ``s``'s cache, of which only the first
+  ``P_s`` slots are read. ``T > 1`` with ``B > 1`` only when no sequence has cached anything.
 - outputs: ``hidden_out`` float32 [B, T, H] or ``logits`` float32 [K, V]; per layer
-  ``new_key.i`` [B, kv_heads, head_dim, T] and ``new_value.i`` [B, kv_heads, T, head_dim], the
-  keys (after RoPE) and values of the new tokens, which the caller writes into each
-  sequence's cache at slots ``P_s..P_s+T-1``.
+  ``present_key.i`` and ``present_value.i``, the same buffers as ``past_key.i`` and
+  ``past_value.i`` with the new tokens' keys (after RoPE) and values written at slots
+  ``P_s..P_s+T-1``: the caller binds each present output to its past input's buffer
+  (onnxruntime's IO binding), so the cache is updated in place and nothing of size ``C`` is
+  copied.
 
 A decode step of a batch is ``T = 1``; a prefill chunk of one prompt is ``B = 1``. The weight
-products (every ``Gemm``) run over all ``B*T`` rows at once, which is where batching gains: a
-decode step of a larger model is bound by reading the weights, once per step for the whole
-batch.
+products (every ``Gemm``/``MatMulNBits``) run over all ``B*T`` rows at once, which is where
+batching gains: a decode step of a larger model is bound by reading the weights, once per step
+for the whole batch.
 
-Attention scores the cached keys and the new keys separately and joins only the small score
-matrices, so a decode step reads the cache in place and copies nothing of size ``C``; each
-query head is one row against its kv head's cache (a matrix-vector product when T = 1), with
-the cache as the wide operand in the layout it is stored in. ``KV_LAYOUT`` names this layout;
-a stage graph file built for another layout is rebuilt from the weights at load.
+Attention is onnxruntime's ``GroupQueryAttention`` contrib operator, one node a layer: RoPE
+(from cos/sin tables of every position, folded when the session is built), the causal mask,
+each sequence's own length (``seqlens_k``, from ``positions``), a sliding window for local
+layers, grouped kv heads without repeating them, and the write into the shared cache buffer.
+(The same attention as standard ops took about 35 nodes a layer; on a small model's decode step
+each node's dispatch cost more than its arithmetic.) ``KV_LAYOUT`` names this layout; a stage
+graph file built for another layout is rebuilt from the weights at load.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from meshd.engine.planning import EMBED, FINAL_NORM, LM_HEAD, check_range
 from meshd.modeldir.manifest import TensorEntry
 from meshd.modeldir.onnx_graph import IR_VERSION, OPSET, GraphBuilder
 
-KV_LAYOUT = "3"  # keys [B, kvh, d, C], values [B, kvh, C, d]; graph metadata key ``meshd.kv_layout``
+KV_LAYOUT = "4"  # keys and values [B, kvh, C, d], updated in place (present = past buffer)
 KV_LAYOUT_KEY = "meshd.kv_layout"
 INPUT_IDS, HIDDEN_IN, POSITIONS, LOGIT_ROWS = "input_ids", "hidden_in", "positions", "logit_rows"
 HIDDEN_OUT, LOGITS = "hidden_out", "logits"
@@ -68,12 +71,12 @@ def past_value(i: int) -> str:
     return f"past_value.{i}"
 
 
-def new_key(i: int) -> str:
-    return f"new_key.{i}"
+def present_key(i: int) -> str:
+    return f"present_key.{i}"
 
 
-def new_value(i: int) -> str:
-    return f"new_value.{i}"
+def present_value(i: int) -> str:
+    return f"present_value.{i}"
 
 
 class QuantGraphBuilder(GraphBuilder):
@@ -124,11 +127,13 @@ class QuantGraphBuilder(GraphBuilder):
             return self.fp32[name]
         return self.raw(name)[0]
 
-    def matmuls(self, x: str, names: list[str], biases: list[str | None]) -> list[str]:
+    def matmuls(self, x: str, names: list[str], biases: list[str | None], *,
+                split: bool = True) -> list[str]:
         """``x @ W.T (+ bias)`` for several weights read from the same ``x`` (q, k and v; gate
         and up). Matrices stored as blocks of one kind run as one MatMulNBits over their rows
         joined (onnxruntime folds the Concat of initializers when the session is built), whose
-        output is split: fewer, larger kernels per layer."""
+        output is split: fewer, larger kernels per layer. With ``split`` false a joined product
+        comes back whole, as a list of one (the outputs side by side on the last axis)."""
         entries = [self.tensors[n] for n in names]
         kinds = {(e.dtype, e.shape[1:], n + ".mins" in self.tensors)
                  for e, n in zip(entries, names, strict=True)}
@@ -148,6 +153,8 @@ class QuantGraphBuilder(GraphBuilder):
                                                             shape=(rows, *e0.shape[1:]))}
         bias = self.op("Concat", [b for b in biases if b], axis=0) if biases[0] else None
         y = self.matmul(x, joined, bias)
+        if not split:
+            return [y]
         sizes = self.const("rows_" + "_".join(str(e.shape[0]) for e in entries),
                            np.array([e.shape[0] for e in entries], np.int64))
         return self.ops("Split", [y, sizes], len(names), axis=-1)
@@ -215,7 +222,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
 
     ``fused`` (whole models only) adds a second group of inputs, one prompt chunk
     (``chunk_ids`` [1, T'], ``chunk_positions``, ``chunk.past_key.i`` / ``chunk.past_value.i``
-    against its own cache; outputs ``chunk.new_key.i`` / ``chunk.new_value.i``): the weight
+    against its own cache; outputs ``chunk.present_key.i`` / ``chunk.present_value.i``): the weight
     products run over the decoding rows and the chunk's rows together, attention runs per group,
     and ``logit_rows`` index the B*T decoding rows followed by the chunk's T' rows."""
     check_range(arch.num_layers, start, end)
@@ -250,23 +257,22 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
         inputs.append(helper.make_tensor_value_info(LOGIT_ROWS, TensorProto.INT64, ["K"]))
     outputs = []
     for pre in prefixes:
-        bn, cn, tn = ("B", "C", "T") if not pre else (1, "C2", "T2")
+        bn, cn = ("B", "C") if not pre else (1, "C2")
         for i in range(start, end):
-            inputs.append(helper.make_tensor_value_info(pre + past_key(i), TensorProto.FLOAT,
-                                                        [bn, kvh, d, cn]))
-            inputs.append(helper.make_tensor_value_info(pre + past_value(i), TensorProto.FLOAT,
-                                                        [bn, kvh, cn, d]))
-            outputs.append(helper.make_tensor_value_info(pre + new_key(i), TensorProto.FLOAT,
-                                                         [bn, kvh, d, tn]))
-            outputs.append(helper.make_tensor_value_info(pre + new_value(i), TensorProto.FLOAT,
-                                                         [bn, kvh, tn, d]))
+            for name in (past_key(i), past_value(i)):
+                inputs.append(helper.make_tensor_value_info(pre + name, TensorProto.FLOAT,
+                                                            [bn, kvh, cn, d]))
+            for name in (present_key(i), present_value(i)):
+                outputs.append(helper.make_tensor_value_info(pre + name, TensorProto.FLOAT,
+                                                             [bn, kvh, cn, d]))
 
-    groups = [_group(b, arch, POSITIONS, past_key(start), "")]
+    tables = _rope_tables(b, arch)
+    groups = [_group(b, arch, POSITIONS, "", tables)]
     if fused:
-        groups.append(_group(b, arch, CHUNK_POSITIONS, CHUNK + past_key(start), CHUNK))
+        groups.append(_group(b, arch, CHUNK_POSITIONS, CHUNK, tables))
         rows = b.op("Concat", [groups[0].rows, groups[1].rows], axis=0)  # split of x's rows
     for i in range(start, end):
-        x = _layer(b, arch, i, x, groups, rows if fused else None)
+        x = _layer(b, arch, i, x, groups, rows if fused else None, tables)
 
     if last:
         x = b.op("Gather", [x, LOGIT_ROWS], axis=0)
@@ -298,94 +304,57 @@ class _Group:
     """The names one group of sequences' attention uses in every layer (a fused graph has two:
     the decoding rows and the prompt chunk, each against its own cache)."""
 
-    prefix: str  # of its cache inputs and new key/value outputs
-    cos: str
-    sin: str
-    cos_q: str
-    sin_q: str
-    mask: str
-    split_sizes: str
+    prefix: str  # of its cache inputs and present outputs
+    seqlens: str  # int32 [B]: each sequence's cached tokens after this step, minus one
+    total: str  # int32 scalar: the longest sequence's tokens after this step
     shapes: dict[str, str]
     rows: str  # [1]: B*T, its rows of x
     b_len: str
     t_len: str
-    local: tuple[str, str, str, str, str] | None = None  # sliding-window layers' cos, sin,
-    # cos_q, sin_q and mask
 
 
-def _group(b: QuantGraphBuilder, arch: Arch, positions: str, first_key: str, prefix: str) -> _Group:
-    """RoPE tables and the attention mask of one group (``positions`` [B, T], caches whose
-    first layer's keys are ``first_key``); a model with sliding-window layers also gets their
-    tables and mask (``local``)."""
-    c, i64, d, kvh = b.const, np.int64, arch.head_dim, arch.num_kv_heads
-    axes0, axes1, axes2 = (c(f"axes_{k}", np.array([k], i64)) for k in range(3))
+def _group(b: QuantGraphBuilder, arch: Arch, positions: str, prefix: str,
+           tables: dict[str, tuple[str, str]]) -> _Group:
+    """The per-step values one group's attention needs (``positions`` [B, T]): each sequence's
+    length from its last position, and the shapes its rows take."""
+    c, i64 = b.const, np.int64
     bt = b.op("Shape", [positions])  # [2]: B, T
     b_len = b.op("Slice", [bt, c("zero", np.array([0], i64)), c("one", np.array([1], i64))])
     t_len = b.op("Slice", [bt, c("one", np.array([1], i64)), c("two", np.array([2], i64))])
-    pos_f = b.op("Cast", [b.op("Reshape", [positions, c("flat", np.array([-1], i64))])],
-                 to=TensorProto.FLOAT)
-    # [B, 1, T, d]: broadcast over the heads of [B, heads, T, d]
-    one = c("one", np.array([1], i64))
-    rope_shape = b.op("Concat", [b_len, one, t_len, c(f"d_{d}", np.array([d], i64))], axis=0)
-    tables = _rope_tables(b, c("rope_inv_freq", rope_inv_freq(arch)), pos_f, rope_shape, d)
-
-    c_len = b.op("Slice", [b.op("Shape", [first_key]), c("three", np.array([3], i64)),
-                           c("four", np.array([4], i64))])
-    zero_s, one_s = c("zero_s", np.array(0, i64)), c("one_s", np.array(1, i64))
-    # slot j of sequence s holds a token iff j < positions[s, 0] (the tokens it has cached)
-    p_len = b.op("Slice", [positions, c("zero", np.array([0], i64)), c("one", np.array([1], i64)),
-                           axes1])  # [B, 1]
-    j_past = b.op("Range", [zero_s, b.op("Squeeze", [c_len, axes0]), one_s])  # [C]
-    past_bad = b.op("GreaterOrEqual", [j_past, b.op("Unsqueeze", [p_len, axes2])])  # [B, 1, C]
-    t_idx = b.op("Range", [zero_s, b.op("Squeeze", [t_len, axes0]), one_s])
-    new_bad = b.op("Greater", [b.op("Unsqueeze", [t_idx, axes0]),
-                               b.op("Unsqueeze", [t_idx, axes1])])  # [T, T]
-    btc = b.op("Concat", [b_len, t_len, c_len], axis=0)
-    btt = b.op("Concat", [b_len, t_len, t_len], axis=0)
-    bad = b.op("Concat", [b.op("Expand", [past_bad, btc]), b.op("Expand", [new_bad, btt])],
-               axis=2)  # [B, T, C+T]
-    axes12 = c("axes_12", np.array([1, 2], i64))
-    neg_inf, zero_f = c("neg_inf", np.array(-np.inf, np.float32)), c("zero_f", np.array(0.0, np.float32))
-    mask = b.op("Where", [b.op("Unsqueeze", [bad, axes12]), neg_inf, zero_f])  # [B, 1, 1, T, C+T]
-    local = None
-    if arch.sliding_window:
-        # a local layer's query at position p also masks the keys at positions <= p - window
-        window = c("window", np.array(arch.sliding_window, i64))
-        far_past = b.op("GreaterOrEqual", [b.op("Sub", [b.op("Unsqueeze", [positions, axes2]),
-                                                        j_past]), window])  # [B, T, C]
-        far_new = b.op("GreaterOrEqual", [b.op("Sub", [b.op("Unsqueeze", [t_idx, axes1]),
-                                                       b.op("Unsqueeze", [t_idx, axes0])]),
-                                          window])  # [T, T]
-        far = b.op("Concat", [far_past, b.op("Expand", [far_new, btt])], axis=2)
-        local_mask = b.op("Where", [b.op("Unsqueeze", [b.op("Or", [bad, far]), axes12]),
-                                    neg_inf, zero_f])
-        local = (*_rope_tables(b, c("rope_inv_freq_local", rope_inv_freq(arch, local=True)),
-                               pos_f, rope_shape, d), local_mask)
-    split_sizes = b.op("Concat", [c_len, t_len], axis=0)
-    nh, g = arch.num_heads, arch.group_size
+    last = b.op("ReduceMax", [positions], axes=[1], keepdims=0)  # [B]: P_s + T - 1
+    seqlens = b.op("Cast", [last], to=TensorProto.INT32)
+    total = b.op("Cast", [b.op("Add", [b.op("ReduceMax", [last], keepdims=0),
+                                       c("one_s", np.array(1, i64))])], to=TensorProto.INT32)
 
     def shape(*parts: str | list[int]) -> str:
         ins = [p if isinstance(p, str) else c("dims_" + "_".join(map(str, p)), np.array(p, i64))
                for p in parts]
         return b.op("Concat", ins, axis=0)
 
-    shapes = {"q": shape(b_len, [-1, nh, d]), "kv": shape(b_len, [-1, kvh, d]),
-              "qg": shape(b_len, [kvh, g, -1, d]), "heads": shape(b_len, [nh, -1, d])}
+    shapes = {"rows3": shape(b_len, t_len, [-1])}
     rows = b.op("Mul", [b_len, t_len])
-    return _Group(prefix, *tables, mask, split_sizes, shapes, rows, b_len, t_len, local)
+    return _Group(prefix, seqlens, total, shapes, rows, b_len, t_len)
 
 
-def _rope_tables(b: QuantGraphBuilder, inv: str, pos_f: str, rope_shape: str, d: int
-                 ) -> tuple[str, str, str, str]:
-    """cos and sin [B, 1, T, d] for keys, and for queries already scaled by 1/sqrt(d)."""
-    freqs = b.op("Mul", [b.op("Unsqueeze", [pos_f, b.const("axes_1", np.array([1], np.int64))]),
-                         inv])  # [N, d/2]
-    sin_half = b.op("Sin", [freqs])
-    cos = b.op("Cos", [b.op("Concat", [freqs, freqs], axis=1)])
-    sin = b.op("Concat", [b.op("Neg", [sin_half]), sin_half], axis=1)  # rotate_half's signs
-    cos, sin = b.op("Reshape", [cos, rope_shape]), b.op("Reshape", [sin, rope_shape])
-    scale = b.const("attn_scale", np.array(1.0 / np.sqrt(d), np.float32))
-    return cos, sin, b.op("Mul", [cos, scale]), b.op("Mul", [sin, scale])
+def _rope_tables(b: QuantGraphBuilder, arch: Arch) -> dict[str, tuple[str, str]]:
+    """cos and sin [positions, head_dim / 2] of every position of the context (global layers
+    under ``"global"``, a model's sliding-window layers under ``"local"``): computed from
+    constants, so onnxruntime folds them into initializers when the session is built and the
+    graph file stays small."""
+    c = b.const
+    n = arch.max_position_embeddings
+    pos = b.op("Cast", [b.op("Range", [c("zero_s", np.array(0, np.int64)),
+                                       c(f"ctx_{n}", np.array(n, np.int64)),
+                                       c("one_s", np.array(1, np.int64))])], to=TensorProto.FLOAT)
+    pos = b.op("Unsqueeze", [pos, c("axes_1", np.array([1], np.int64))])  # [P, 1]
+    out = {}
+    kinds = [("global", rope_inv_freq(arch))]
+    if arch.sliding_window:
+        kinds.append(("local", rope_inv_freq(arch, local=True)))
+    for kind, inv in kinds:
+        freqs = b.op("Mul", [pos, c(f"rope_inv_freq_{kind}", inv)])  # [P, d/2]
+        out[kind] = (b.op("Cos", [freqs]), b.op("Sin", [freqs]))
+    return out
 
 
 def _rms_norm(b: QuantGraphBuilder, x: str, w: str, eps: float) -> str:
@@ -395,40 +364,48 @@ def _rms_norm(b: QuantGraphBuilder, x: str, w: str, eps: float) -> str:
     return b.op("SimplifiedLayerNormalization", [x, w], axis=-1, epsilon=float(eps))
 
 
-def _linears(b: QuantGraphBuilder, x: str, prefixes: list[str], bias: bool) -> list[str]:
+def _linears(b: QuantGraphBuilder, x: str, prefixes: list[str], bias: bool, *,
+             split: bool = True) -> list[str]:
     return b.matmuls(x, [p + ".weight" for p in prefixes],
-                     [b.weight(p + ".bias") if bias else None for p in prefixes])
+                     [b.weight(p + ".bias") if bias else None for p in prefixes], split=split)
 
 
 def _linear(b: QuantGraphBuilder, x: str, prefix: str, bias: bool) -> str:
     return b.matmul(x, prefix + ".weight", b.weight(prefix + ".bias") if bias else None)
 
 
-def _rope(b: QuantGraphBuilder, x: str, cos: str, sin: str, half: str) -> str:
-    x1, x2 = b.ops("Split", [x, half], 2, axis=-1)
-    return b.op("Add", [b.op("Mul", [x, cos]),
-                        b.op("Mul", [b.op("Concat", [x2, x1], axis=-1), sin])])
-
-
 def _layer(b: QuantGraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group],
-           rows: str | None) -> str:
+           rows: str | None, tables: dict[str, tuple[str, str]]) -> str:
     """One decoder layer over x [N, H]: the weight products over all N rows at once, attention
     per group (``rows``: how x's rows split between the groups, when there are two)."""
     p = f"model.layers.{i}."
     eps = arch.rms_norm_eps
     h = _rms_norm(b, x, b.weight(p + "input_layernorm.weight"), eps)
-    q, k, v = _linears(b, h, [p + "self_attn." + n for n in ("q_proj", "k_proj", "v_proj")],
-                       arch.qkv_bias)
+    # q, k and v, or the three packed side by side (one product, no Split), which the attention
+    # takes as they are unless q and k are normed first
+    qkv: list[str | None] = list(_linears(
+        b, h, [p + "self_attn." + n for n in ("q_proj", "k_proj", "v_proj")], arch.qkv_bias,
+        split=arch.qk_norm))
+    if len(qkv) == 1:
+        qkv += [None, None]
     if arch.qk_norm:
-        q = _head_norm(b, q, b.weight(p + "self_attn.q_norm.weight"), arch.head_dim, eps)
-        k = _head_norm(b, k, b.weight(p + "self_attn.k_norm.weight"), arch.head_dim, eps)
+        q, k = qkv[0], qkv[1]
+        assert q is not None and k is not None
+        qkv[0] = _head_norm(b, q, b.weight(p + "self_attn.q_norm.weight"), arch.head_dim, eps)
+        qkv[1] = _head_norm(b, k, b.weight(p + "self_attn.k_norm.weight"), arch.head_dim, eps)
+    q, k, v = qkv
+    assert q is not None
     if rows is None:
-        o = _attention(b, arch, i, q, k, v, groups[0])
+        o = _attention(b, arch, i, q, k, v, groups[0], tables)
     else:
-        parts = zip(*(b.ops("Split", [t, rows], len(groups), axis=0) for t in (q, k, v)),
-                    strict=True)
-        o = b.op("Concat", [_attention(b, arch, i, qq, kk, vv, grp)
-                            for (qq, kk, vv), grp in zip(parts, groups, strict=True)], axis=0)
+        n = len(groups)
+        qs = b.ops("Split", [q, rows], n, axis=0)
+        ks: list[str | None] = [None] * n
+        vs: list[str | None] = [None] * n
+        if k is not None and v is not None:
+            ks, vs = list(b.ops("Split", [k, rows], n, axis=0)), list(b.ops("Split", [v, rows], n, axis=0))
+        o = b.op("Concat", [_attention(b, arch, i, qq, kk, vv, grp, tables)
+                            for qq, kk, vv, grp in zip(qs, ks, vs, groups, strict=True)], axis=0)
     o = _linear(b, o, p + "self_attn.o_proj", arch.o_bias)
     if arch.sandwich_norm:  # Gemma: the attention's output is normed before the residual
         o = _rms_norm(b, o, b.weight(p + "post_attention_layernorm.weight"), eps)
@@ -464,42 +441,24 @@ def _head_norm(b: QuantGraphBuilder, x: str, w: str, d: int, eps: float) -> str:
     return b.op("Reshape", [normed, b.const("shape_rows_keep", np.array([0, -1], np.int64))])
 
 
-def _attention(b: QuantGraphBuilder, arch: Arch, i: int, q: str, k: str, v: str, grp: _Group) -> str:
-    """One group's attention in layer ``i``: q [N, nh*d], k and v [N, kvh*d] of its rows;
-    writes its new keys and values (outputs) and returns [N, nh*d]."""
-    c = b.const
-    d = arch.head_dim
-    half = c(f"half_{d}", np.array([d // 2, d // 2], np.int64))
-    perm = [0, 2, 1, 3]
-    shapes, pre = grp.shapes, grp.prefix
-    # [N, heads*d] -> [B, heads, T, d]
-    q = b.op("Transpose", [b.op("Reshape", [q, shapes["q"]])], perm=perm)  # [B, nh, T, d]
-    k = b.op("Transpose", [b.op("Reshape", [k, shapes["kv"]])], perm=perm)  # [B, kvh, T, d]
-    v = b.op("Transpose", [b.op("Reshape", [v, shapes["kv"]])],
-             out=pre + new_value(i), perm=perm)  # [B, kvh, T, d], the layout of the value cache
-    cos, sin, cos_q, sin_q, mask = grp.cos, grp.sin, grp.cos_q, grp.sin_q, grp.mask
-    if grp.local is not None and arch.is_local(i):
-        cos, sin, cos_q, sin_q, mask = grp.local
-    q = _rope(b, q, cos_q, sin_q, half)  # [B, nh, T, d], already scaled by 1/sqrt(d)
-    k_t = b.op("Transpose", [_rope(b, k, cos, sin, half)], out=pre + new_key(i),
-               perm=[0, 1, 3, 2])  # [B, kvh, d, T], the layout of the key cache
-
-    # Grouped-query attention without repeating K/V: the heads of one group share a kv head
-    # through a broadcast batch dimension, [B, kvh, g, T, .] x [B, kvh, 1, ., .]. With one new
-    # token (T = 1) each head's product is a matrix-vector product whose long side is the cache,
-    # read in place in the layout it is stored in: keys [B, kvh, d, C] for the scores, values
-    # [B, kvh, C, d] for the output. onnxruntime runs those as its GEMV kernel; the transposed
-    # orientation ([C, d] x [d, g]) pads the narrow side to a full GEMM tile and costs twice as
-    # much per cached token. Each sequence reads only its own cache row.
-    axes2 = c("axes_2", np.array([2], np.int64))
-    qg = b.op("Reshape", [q, shapes["qg"]])  # [B, kvh, g, T, d]
-    s_past = b.op("MatMul", [qg, b.op("Unsqueeze", [pre + past_key(i), axes2])])
-    s_new = b.op("MatMul", [qg, b.op("Unsqueeze", [k_t, axes2])])  # [B, kvh, g, T, T]
-    s = b.op("Add", [b.op("Concat", [s_past, s_new], axis=-1), mask])
-    probs = b.op("Softmax", [s], axis=-1)
-    p_past, p_new = b.ops("Split", [probs, grp.split_sizes], 2, axis=-1)
-    o = b.op("Add", [b.op("MatMul", [p_past, b.op("Unsqueeze", [pre + past_value(i), axes2])]),
-                     b.op("MatMul", [p_new, b.op("Unsqueeze", [v, axes2])])])  # [B, kvh, g, T, d]
-    o = b.op("Reshape", [o, shapes["heads"]])  # [B, nh, T, d]
-    o = b.op("Transpose", [o], perm=perm)  # [B, T, nh, d]
-    return b.op("Reshape", [o, c("shape_flat", np.array([-1, arch.num_heads * d]))])
+def _attention(b: QuantGraphBuilder, arch: Arch, i: int, q: str, k: str | None, v: str | None,
+               grp: _Group, tables: dict[str, tuple[str, str]]) -> str:
+    """One group's attention in layer ``i``: q [N, nh*d] and k, v [N, kvh*d] of its rows (or q
+    the three packed side by side [N, (nh+2kvh)*d] and k, v None); writes the new keys and values
+    into the cache (the present outputs) and returns [N, nh*d]."""
+    rows3 = grp.shapes["rows3"]
+    local = arch.sliding_window and arch.is_local(i)
+    cos, sin = tables["local" if local else "global"]
+    pre = grp.prefix
+    ins = [b.op("Reshape", [t, rows3]) if t is not None else "" for t in (q, k, v)]
+    ins += [pre + past_key(i), pre + past_value(i), grp.seqlens, grp.total, cos, sin]
+    b.count += 1
+    o = f"attention_{b.count}"
+    b.nodes.append(helper.make_node(
+        "GroupQueryAttention", ins, [o, pre + present_key(i), pre + present_value(i)],
+        name=f"GroupQueryAttention_{b.count}", domain=MS_DOMAIN,
+        num_heads=arch.num_heads, kv_num_heads=arch.num_kv_heads, do_rotary=1,
+        rotary_interleaved=0, local_window_size=arch.sliding_window if local else -1))
+    b.uses_contrib = True
+    return b.op("Reshape", [o, b.const(f"shape_heads_{arch.num_heads * arch.head_dim}",
+                                       np.array([-1, arch.num_heads * arch.head_dim], np.int64))])

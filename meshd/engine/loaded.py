@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import onnxruntime as ort
 
 from meshd.engine.manifest import Manifest
+from meshd.engine.prefix import StagePrefixes
 from meshd.engine.protocols import StageSessionLike
 from meshd.engine.tokenizer import Tokenizer
 
@@ -45,6 +46,8 @@ class CompiledStage(Protocol):
     @property
     def _session(self) -> ort.InferenceSession: ...  # batch and fused bind their own buffers
 
+    def binding(self) -> ort.IOBinding: ...  # for one group's runs (a fused graph's chunk idle)
+
     def _run(self, binding: ort.IOBinding) -> None: ...
 
     def open_session(self, max_tokens: int | None = None) -> StageSessionLike: ...
@@ -74,3 +77,5 @@ class LoadedModel(Protocol):
     def stage(self, start: int, end: int, *, fused: bool = False) -> CompiledStage: ...
 
     def encode_prompt(self, prompt: str | list[int], *, chat: bool = False) -> list[int]: ...
+
+    def prefixes(self, start: int, end: int) -> StagePrefixes | None: ...  # the prefix cache

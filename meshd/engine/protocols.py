@@ -25,6 +25,12 @@ class StageSessionLike(Protocol):
 
     def memory_bytes(self) -> int: ...
 
+    def cache(self) -> list[np.ndarray]: ...  # per layer key and value buffers (views)
+
+    def reserve(self, need: int) -> None: ...
+
+    def restored(self, n: int) -> None: ...  # n tokens written through cache() (a prefix)
+
     def free(self) -> None: ...
 
 

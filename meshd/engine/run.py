@@ -22,6 +22,7 @@ import numpy as np
 
 from meshd.engine.generation import Generation, TokenEvent
 from meshd.engine.loaded import LoadedModel
+from meshd.engine.planning import PREFILL_CHUNK_TOKENS
 from meshd.engine.protocols import StageSessionLike
 from meshd.engine.sampling import GenerationConfig
 from meshd.errors import LocalError
@@ -55,8 +56,24 @@ def _prepare(model: LoadedModel, prompt: str | list[int], cfg: GenerationConfig 
     return ids, Generation(ids, cfg, model.tokenizer, max_new_tokens=max_new), session
 
 
-def _prefill_args(ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    return np.asarray(ids, dtype=np.int64), np.arange(len(ids), dtype=np.int64)
+def _prefill(model: LoadedModel, session: StageSessionLike, ids: list[int]) -> np.ndarray:
+    """Restore the prompt's longest cached prefix (the model's prefix cache, if it keeps one),
+    cut to whole prefill chunks so that the chunks after it are the ones a prompt prefilled
+    from its start runs, and at least the last token computed; prefill the rest and keep the
+    prompt's blocks. Returns the last token's logits."""
+    px = model.prefixes(0, model.num_layers)
+    if px is not None:
+        def grow(n: int) -> list[np.ndarray]:
+            session.reserve(n)
+            return session.cache()
+
+        session.restored(px.reuse(ids, len(ids) - 1, PREFILL_CHUNK_TOKENS, grow))
+    n = session.length
+    logits = session.step(np.asarray(ids[n:], dtype=np.int64),
+                          np.arange(n, len(ids), dtype=np.int64), last_only=True)
+    if px is not None:
+        px.keep(ids, session.cache())
+    return logits
 
 
 def _decode_args(token: int, position: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +84,7 @@ def generate_sync(model: LoadedModel, prompt: str | list[int], cfg: GenerationCo
                   *, chat: bool = False) -> Iterator[TokenEvent]:
     ids, gen, session = _prepare(model, prompt, cfg, chat)
     try:
-        logits = session.step(*_prefill_args(ids), last_only=True)
+        logits = _prefill(model, session, ids)
         while True:
             event = gen.feed(logits[-1])
             yield event
@@ -87,8 +104,7 @@ async def generate_async(model: LoadedModel, prompt: str | list[int],
     ids, gen, session = _prepare(model, prompt, cfg, chat)
 
     def prefill() -> list[TokenEvent]:
-        logits = session.step(*_prefill_args(ids), last_only=True)
-        return [gen.feed(logits[-1])]
+        return [gen.feed(_prefill(model, session, ids)[-1])]
 
     def decode(last: TokenEvent) -> list[TokenEvent]:
         out: list[TokenEvent] = []

@@ -21,11 +21,15 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from meshd.core.modelid import of_manifest
 from meshd.engine import graph as g
 from meshd.engine import planning
 from meshd.engine.generation import TokenEvent
+from meshd.engine.kvbind import bind_cache
 from meshd.engine.manifest import Manifest, StageEntry, read_manifest
 from meshd.engine.planning import StageMemory, check_range, stage_memory, stage_tensor_names
+from meshd.engine.prefix import StagePrefixes, stage_prefixes
+from meshd.engine.prefix_cache import PrefixCache
 from meshd.engine.run import generate_async, generate_sync
 from meshd.engine.sampling import GenerationConfig
 from meshd.engine.scheduler import Batcher
@@ -69,13 +73,18 @@ class Stage:
         arch = model.manifest.arch
         expected = [g.LOGITS if self.is_last else g.HIDDEN_OUT]
         for i in range(start, end):
-            expected += [g.new_key(i), g.new_value(i)]
+            expected += [g.present_key(i), g.present_value(i)]
         if fused:
             expected += [g.CHUNK + name for name in expected[1:]]
-        key_dims = session.get_outputs()[1].shape[1:3] if len(expected) > 2 else []
+        key_shape = session.get_outputs()[1].shape if len(expected) > 2 else []
+        key_dims = [key_shape[1], key_shape[3]] if len(key_shape) == 4 else []
         if self.output_names != expected or key_dims != [arch.num_kv_heads, arch.head_dim]:
             raise ModelError(f"{model.manifest.name} layers [{start}, {end}): the stage graph "
                              "does not have the outputs this meshd expects (re-import the model)")
+        # a fused graph run for one group only: its chunk group gets one token at position 0
+        # against a one-slot scratch cache per layer, whose output nobody reads
+        kvh, d = arch.num_kv_heads, arch.head_dim
+        self._idle = [np.zeros((1, kvh, 1, d), np.float32) for _ in range(2 * self.num_layers)]
         self._open: weakref.WeakSet[StageSession] = weakref.WeakSet()
         self._open_lock = threading.Lock()
         self.sessions_opened = 0
@@ -104,6 +113,18 @@ class Stage:
         return {"layers": [self.start, self.end], "provider": self.provider,
                 "sessions_opened": self.sessions_opened, "sessions_open": len(live),
                 "kv_bytes": sum(s.memory_bytes() for s in live)}
+
+    def binding(self) -> ort.IOBinding:
+        """A new IO binding for runs of the main group only: on a fused graph, with its chunk
+        group bound to an idle one-token chunk (so one session serves decode steps, prompt
+        chunks and both fused)."""
+        b = self._session.io_binding()
+        if self.fused:
+            b.bind_cpu_input(g.CHUNK_IDS, np.zeros((1, 1), np.int64))
+            b.bind_cpu_input(g.CHUNK_POSITIONS, np.zeros((1, 1), np.int64))
+            bind_cache(b, range(self.start, self.end), self._idle[0::2], self._idle[1::2],
+                       g.CHUNK)
+        return b
 
     def _run(self, binding: ort.IOBinding) -> None:
         try:
@@ -136,7 +157,7 @@ class StageSession:
         self._vocab = arch.vocab_size
         self._keys: list[np.ndarray] = []
         self._values: list[np.ndarray] = []
-        self._binding: ort.IOBinding | None = stage._session.io_binding()
+        self._binding: ort.IOBinding | None = stage.binding()
         self._capacity = 0
         self._bound_shape: tuple[int, int] | None = None
         self._outputs: list[np.ndarray] = []
@@ -154,6 +175,24 @@ class StageSession:
     @property
     def freed(self) -> bool:
         return self._freed
+
+    def cache(self) -> list[np.ndarray]:
+        """Per layer the key and value buffers of this session (views, a batch of one)."""
+        return [a for kv in zip(self._keys, self._values, strict=True) for a in kv]
+
+    def reserve(self, need: int) -> None:
+        """Grow the cache now to hold ``need`` tokens (before restoring a cached prefix)."""
+        if need > self.max_tokens:
+            raise LocalError(f"session is full: {need} tokens > max_tokens={self.max_tokens}")
+        self._ensure_capacity(need)
+
+    def restored(self, n: int) -> None:
+        """The first ``n`` tokens' keys and values were written through ``cache()`` (a
+        reused prefix): the next step starts at position ``n``."""
+        if self.length or not 0 <= n <= self._capacity:
+            raise LocalError(f"cannot restore {n} tokens into a session holding {self.length} "
+                             f"of {self._capacity}")
+        self.length = n
 
     def free(self) -> None:
         """Drop the cache; the session cannot be used afterwards."""
@@ -201,29 +240,21 @@ class StageSession:
             b.bind_cpu_input(g.LOGIT_ROWS, rows)
         k = 1 if last_only else t
         if (t, k) != self._bound_shape:
-            self._bind_outputs(t, k)
-        stage._run(b)
-        outs = self._outputs
-        for j in range(len(self._keys)):
-            self._keys[j][0, :, :, p:p + t] = outs[1 + 2 * j][0]
-            self._values[j][0, :, p:p + t] = outs[2 + 2 * j][0]
+            self._bind_main_output(t, k)
+        stage._run(b)  # writes the new keys and values into the cache buffers in place
         self.length += t
-        return outs[0].reshape(-1, outs[0].shape[-1]).copy()
+        out = self._outputs[0]
+        return out.reshape(-1, out.shape[-1]).copy()
 
-    def _bind_outputs(self, t: int, k: int) -> None:
-        """Bind numpy buffers as outputs, so onnxruntime writes results straight into them;
-        they are reused by every run of the same shape (every decode step)."""
+    def _bind_main_output(self, t: int, k: int) -> None:
+        """Bind a numpy buffer as the logits or hidden output, so onnxruntime writes results
+        straight into it; reused by every run of the same shape (every decode step)."""
         stage, b = self.stage, self._binding
         assert b is not None
-        kvh, d = self._shape
         main = (k, self._vocab) if stage.is_last else (1, t, self._hidden)
         self._outputs = [np.empty(main, np.float32)]
-        for _ in range(stage.num_layers):
-            self._outputs += [np.empty((1, kvh, d, t), np.float32),
-                              np.empty((1, kvh, t, d), np.float32)]
-        b.clear_binding_outputs()
-        for name, arr in zip(stage.output_names, self._outputs, strict=True):
-            b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(arr))
+        b.bind_ortvalue_output(stage.output_names[0],
+                               ort.OrtValue.ortvalue_from_numpy(self._outputs[0]))
         self._bound_shape = (t, k)
 
     def _check_input(self, x: np.ndarray, t: int) -> np.ndarray:
@@ -244,25 +275,27 @@ class StageSession:
         if need <= self._capacity:
             return
         grown = max(need, self._capacity + max(CACHE_CHUNK_TOKENS, self._capacity // 8))
-        cap = min(self.max_tokens, -(-grown // CACHE_CHUNK_TOKENS) * CACHE_CHUNK_TOKENS)
+        # a whole number of chunks even past max_tokens: attention's arithmetic over the cache
+        # depended in its last bits on the slot count (KV layout 3, SmolLM2 Q4_1: 151 slots and
+        # 192 give other keys from layer 2 on), so a capacity cut to max_tokens would make a
+        # quantized model's tokens depend on the max_tokens asked for, and a reused prefix's
+        # keys differ from the ones the prompt computes
+        cap = -(-grown // CACHE_CHUNK_TOKENS) * CACHE_CHUNK_TOKENS
         kvh, d = self._shape
         keep = self.length
         keys, values = [], []
         for j in range(self.stage.num_layers):
-            k = np.zeros((1, kvh, d, cap), np.float32)  # keys [1, kv_heads, head_dim, slot]
-            v = np.zeros((1, kvh, cap, d), np.float32)  # values [1, kv_heads, slot, head_dim]
+            k = np.zeros((1, kvh, cap, d), np.float32)  # [1, kv_heads, slot, head_dim]
+            v = np.zeros((1, kvh, cap, d), np.float32)
             if keep:
-                k[..., :keep] = self._keys[j][..., :keep]
+                k[:, :, :keep] = self._keys[j][:, :, :keep]
                 v[:, :, :keep] = self._values[j][:, :, :keep]
             keys.append(k)
             values.append(v)
         self._keys, self._values, self._capacity = keys, values, cap
         b = self._binding
         assert b is not None
-        for j, layer in enumerate(range(self.stage.start, self.stage.end)):
-            b.bind_ortvalue_input(g.past_key(layer), ort.OrtValue.ortvalue_from_numpy(keys[j]))
-            b.bind_ortvalue_input(g.past_value(layer),
-                                  ort.OrtValue.ortvalue_from_numpy(values[j]))
+        bind_cache(b, range(self.stage.start, self.stage.end), keys, values)
 
 
 class Model:
@@ -270,7 +303,7 @@ class Model:
 
     def __init__(self, path: Path, manifest: Manifest, tokenizer: Tokenizer,
                  providers: list[str], layers: tuple[int, int], threads: int | None,
-                 max_concurrent_runs: int) -> None:
+                 max_concurrent_runs: int, prefix_cache_bytes: int = 0) -> None:
         self.path = path
         self.manifest = manifest
         self.tokenizer = tokenizer
@@ -282,6 +315,25 @@ class Model:
         self._lock = threading.Lock()
         self._limiter: Any = None
         self._batcher: Batcher | None = None
+        self.prefix_cache: PrefixCache | None = None
+        self.set_prefix_budget(prefix_cache_bytes)
+
+    def set_prefix_budget(self, budget_bytes: int) -> None:
+        """Keep finished requests' KV blocks under ``budget_bytes`` (0: keep none); a new
+        budget starts an empty cache (docs/engine.md, "Prefix cache")."""
+        if budget_bytes < 0:
+            raise LocalError("the prefix cache budget must be >= 0 bytes")
+        self.prefix_cache = PrefixCache(budget_bytes) if budget_bytes else None
+
+    def prefixes(self, start: int, end: int) -> StagePrefixes | None:
+        """The prefix cache as the stage ``[start, end)`` uses it (None: none kept)."""
+        return stage_prefixes(self.prefix_cache, self.model_identity, start, end)
+
+    @property
+    def model_identity(self) -> str:
+        """What the model is (``meshd.core.modelid``, as adverts carry it): the identity its
+        prefix blocks are named with, so an entry node names a request's blocks the same way."""
+        return of_manifest(self.manifest.source or {}, self.manifest.content_hash)
 
     @property
     def num_layers(self) -> int:
@@ -325,13 +377,16 @@ class Model:
     def stage(self, start: int, end: int, *, fused: bool = False) -> Stage:
         """The stage of layers ``[start, end)`` (inside the loaded range), built on first use;
         ``fused``: the whole model's graph that also takes one prompt chunk (the batch
-        scheduler's decode step with a chunk, ``meshd.engine.fused``)."""
+        scheduler's decode step with a chunk, ``meshd.engine.fused``). Once the fused graph is
+        built it also serves every plain request for the whole model (``Stage.binding``), so a
+        batching model holds one copy of its weights, not two."""
         lo, hi = self.layers
         check_range(self.num_layers, start, end)
         if not (lo <= start and end <= hi):
             raise LocalError(f"layers [{start}, {end}) are not loaded (loaded: [{lo}, {hi}))")
         with self._lock:
-            stage = self._stages.get((start, end, fused))
+            stage = self._stages.get((start, end, fused)) or (
+                self._stages.get((start, end, True)) if not fused else None)
             if stage is None:
                 stage = Stage(self, start, end, self._build_session(start, end, fused),
                               fused=fused)
@@ -345,7 +400,9 @@ class Model:
         return {"model": self.manifest.name, "version": self.manifest.version,
                 "content_sha256": self.manifest.content_hash, "layers": list(self.layers),
                 "stages": stages,
-                "batch": self._batcher.statistics() if self._batcher is not None else None}
+                "batch": self._batcher.statistics() if self._batcher is not None else None,
+                "prefix_cache": (self.prefix_cache.statistics()
+                                 if self.prefix_cache is not None else None)}
 
     def close(self) -> None:
         """Drop every built stage session (open stage sessions must not be used afterwards)."""
@@ -438,10 +495,14 @@ def _prebuilt(stages: tuple[StageEntry, ...], start: int, end: int) -> StageEntr
 
 def load_model(path: str | Path, *, providers: list[str] | tuple[str, ...] | None = None,
                layers: tuple[int, int] | None = None, threads: int | None = None,
-               max_concurrent_runs: int = 1, verify: bool = True) -> Model:
+               max_concurrent_runs: int = 1, verify: bool = True, fused: bool = False,
+               prefix_cache_bytes: int = 0) -> Model:
     """Load a meshd model directory, checking the hashes of the weights it needs (unless
     ``verify`` is false; the file size is always checked), and build the session of ``layers``
-    (half open; default: every layer)."""
+    (half open; default: every layer). ``fused`` (whole models): build the fused graph, which
+    the batch scheduler needs and which serves plain runs too, as the model's only session.
+    ``prefix_cache_bytes``: the budget of the model's KV prefix cache (0: none;
+    docs/engine.md, "Prefix cache")."""
     t0 = time.perf_counter()
     path = Path(path)
     manifest = read_manifest(path)
@@ -461,8 +522,8 @@ def load_model(path: str | Path, *, providers: list[str] | tuple[str, ...] | Non
         raise ModelError(f"{tok_path}: hash mismatch (not this model's tokenizer)")
     tokenizer = Tokenizer(tok_path, manifest.tokenizer)
     model = Model(path, manifest, tokenizer, choose_providers(providers), span, threads,
-                  max_concurrent_runs)
-    stage = model.stage(*span)
+                  max_concurrent_runs, prefix_cache_bytes)
+    stage = model.stage(*span, fused=fused and span == (0, n))
     log.info("model loaded name=%s layers=%d-%d provider=%s load_ms=%.1f", manifest.name,
              span[0], span[1], stage.provider, (time.perf_counter() - t0) * 1e3)
     return model

@@ -39,6 +39,7 @@ from meshd.engine.batch import BatchStage, Slot
 from meshd.engine.fused import FusedStep
 from meshd.engine.generation import Generation, TokenEvent
 from meshd.engine.loaded import LoadedModel
+from meshd.engine.prefix import StagePrefixes
 from meshd.engine.run import check_prompt
 from meshd.engine.sampling import GenerationConfig
 from meshd.errors import LocalError, ModelError
@@ -122,9 +123,16 @@ class BatchScheduler:
         else:
             return
         if seq.slot is not None:
+            if stage is self.pre:  # an abandoned prompt: the chunks prefilled so far
+                self._keep(stage, seq.slot, seq.ids)
             stage.close(seq.slot)
             seq.slot = None
         self.stats["left"] += 1
+
+    @property
+    def prefixes(self) -> StagePrefixes | None:
+        """The model's prefix cache as the whole-model rows use it (None: it keeps none)."""
+        return self.model.prefixes(0, self.model.num_layers)
 
     @property
     def busy(self) -> bool:
@@ -219,6 +227,7 @@ class BatchScheduler:
             seq = self.waiting[0]
             if seq.slot is None:
                 seq.slot = self.pre.open(seq.max_tokens)
+                seq.prefilled = self._reuse(seq.slot, seq.ids)
             n = min(self.chunk(), len(seq.ids) - seq.prefilled)
             if seq.prefilled + n > self.pre.capacity:  # its row doubles: few copies of one row,
                 # and a chunk's attention reads at most twice the slots it needs
@@ -274,6 +283,7 @@ class BatchScheduler:
                         self.running.append(m)
                     else:
                         self.stats["left"] += 1
+                self._keep(self.pre, src, seq.ids)
                 self.pre.close(src)
                 if any(m.slot is not None for m in members):
                     what.append("join")
@@ -294,6 +304,30 @@ class BatchScheduler:
         self.stats["tokens"] += len(out)
         self.trace.append((start, (time.perf_counter() - start) * 1000, "+".join(what)))
         return out
+
+    def _reuse(self, slot: Slot, ids: list[int]) -> int:
+        """Restore the longest cached prefix of a prompt into its row, in whole chunks (the
+        chunks after it start where they would have without it) and leaving at least its last
+        token to prefill, for the first token's logits; returns its length."""
+        px = self.prefixes
+        if px is None:
+            return 0
+
+        def grow(n: int) -> list[np.ndarray]:
+            self.pre.reserve(n)
+            return self.pre.cache(slot.row, 1)
+
+        slot.length = px.reuse(ids, len(ids) - 1, self.chunk(), grow)
+        return slot.length
+
+    def _keep(self, stage: BatchStage, slot: Slot, ids: list[int]) -> None:
+        """Keep the full blocks a prompt's prefill put in its row (``ids``: the prompt). Only
+        prefilled tokens are kept: a decode step computes a token's keys and values with other
+        kernels (one row) than a prefill chunk, and a quantized model's next layers turn that
+        difference in the last bits into different tokens."""
+        px = self.prefixes
+        if px is not None and slot.length:
+            px.keep(ids[:slot.length], stage.cache(slot.row, 1))
 
     def _masks(self, seqs: list[BatchSequence]) -> list[np.ndarray | None]:
         """The grammar masks of the constrained ``seqs`` (None for the others), in one call."""
@@ -317,6 +351,7 @@ class BatchScheduler:
                 "zeroed_at_join": self.stage.zeroed_at_join,
                 "rows_moved": self.stage.rows_moved,
                 "prefill_ms_per_token": round(self.prefill_ms_per_token, 3),
+
                 "decode_ms_by_batch": {str(b): round(ms, 3)
                                        for b, ms in sorted(self.decode_ms.items())}}
 

@@ -6,11 +6,18 @@ every pending one-token step (decode) in one onnxruntime call, plus at most one 
 pending multi-token step (a prompt), so a long prompt holds the decoding sessions up for one
 chunk at a time. Every change to the rows (open, free) is applied by that task between runs,
 in the worker thread, so nothing touches the cache while onnxruntime reads it.
+
+With the model's prefix cache on (docs/engine.md, "Prefix cache"), a session can restore the
+longest cached block prefix of its tokens before its first step (``StageHandle.reuse``: this
+stage's layers only; a pipeline cuts every stage back to the shortest, ``truncate``) and keeps
+its blocks when it is freed with its tokens (``free(tokens)``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +46,16 @@ class _Job:
     error: BaseException | None = None
 
 
+@dataclass(eq=False)
+class _Reuse:
+    slot: Slot
+    ids: list[int]
+    limit: int
+    done: Any  # trio.Event
+    tokens: int = 0
+    error: BaseException | None = None
+
+
 class StageHandle:
     """One session's row; the interface of ``StageSession`` with an async ``step``."""
 
@@ -59,11 +76,39 @@ class StageHandle:
         rows = max(len(self._owner.batch.slots), 1)
         return 0 if self.freed else self._owner.batch.memory_bytes() // rows
 
-    def free(self) -> None:
+    def free(self, tokens: Sequence[int] | None = None) -> None:
+        """Release the row; with ``tokens`` (the prompt: tokens this row prefilled, not
+        decoded) their full blocks are kept in the model's prefix cache first."""
         if not self.freed:
             self.freed = True
-            self._owner._closes.append(self.slot)
+            self._owner._closes.append((self.slot, list(tokens) if tokens is not None else None))
             self._owner._poke()
+
+    async def reuse(self, ids: Sequence[int], limit: int | None = None) -> int:
+        """Before the first step: restore the longest cached prefix of ``ids`` (whole
+        prefill chunks, at most ``limit`` tokens; default all but the last) into this row.
+        Returns the tokens restored: the first step starts at that position (0: nothing
+        cached, or no cache). Keep only prefilled tokens' blocks (``free``)."""
+        import trio
+
+        if self.freed or self.slot.length:
+            raise LocalError("a prefix is restored into a fresh session only")
+        limit = len(ids) - 1 if limit is None else min(limit, len(ids))
+        job = _Reuse(self.slot, [int(i) for i in ids], min(limit, self.slot.max_tokens),
+                     trio.Event())
+        self._owner._reuses.append(job)
+        self._owner._poke()
+        await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.tokens
+
+    def truncate(self, n: int) -> None:
+        """Forget every cached token from position ``n`` on (a pipeline's stages agree on the
+        shortest restored prefix). Only between steps."""
+        if not 0 <= n <= self.slot.length:
+            raise LocalError(f"cannot truncate a session of {self.slot.length} tokens to {n}")
+        self.slot.length = n
 
     async def step(self, x: np.ndarray, positions: np.ndarray, *,
                    last_only: bool = False) -> np.ndarray:
@@ -95,7 +140,8 @@ class StageBatcher:
         self.batch = BatchStage(stage)
         self._limiter = limiter
         self._opens: list[Slot] = []
-        self._closes: list[Slot] = []
+        self._closes: list[tuple[Slot, list[int] | None]] = []
+        self._reuses: list[_Reuse] = []
         self._jobs: list[_Job] = []
         self._wake = trio.Event()
         self._busy = False
@@ -113,7 +159,7 @@ class StageBatcher:
     @property
     def pending(self) -> bool:
         """Steps or row changes not run yet."""
-        return bool(self._jobs or self._opens or self._closes) or self._busy
+        return bool(self._jobs or self._opens or self._closes or self._reuses) or self._busy
 
     def _poke(self) -> None:
         self._wake.set()
@@ -125,21 +171,21 @@ class StageBatcher:
         if task_status is not None:
             task_status.started()
         while True:
-            if not self._jobs and not self._closes and not self._opens:
+            if not (self._jobs or self._closes or self._opens or self._reuses):
                 await self._wake.wait()
                 self._wake = trio.Event()
                 continue
             # let the sessions woken by the last round ask for their next step first, so they
             # join this round instead of the next
             await trio.lowlevel.checkpoint()
-            opens, closes, jobs = self._opens, self._closes, self._jobs
-            self._opens, self._closes, self._jobs = [], [], []
+            opens, closes, jobs, reuses = self._opens, self._closes, self._jobs, self._reuses
+            self._opens, self._closes, self._jobs, self._reuses = [], [], [], []
             decode = [j for j in jobs if len(j.x) == 1]
             prefill = [j for j in jobs if len(j.x) > 1]
             chunk = prefill[0] if prefill else None
             self._busy = True
             try:
-                await trio.to_thread.run_sync(self._work, opens, closes, decode, chunk,
+                await trio.to_thread.run_sync(self._work, opens, closes, decode, chunk, reuses,
                                               limiter=limiter)
             except Exception as err:  # every step of the round fails, never the server
                 if not isinstance(err, MeshdError):
@@ -148,8 +194,12 @@ class StageBatcher:
                     err = MeshdError(f"stage batch round failed: {err!r}")
                 for j in decode + ([chunk] if chunk is not None else []):
                     j.error = err
+                for r in reuses:
+                    r.error = r.error or err
             finally:
                 self._busy = False
+            for r in reuses:
+                r.done.set()
             for j in decode:
                 j.done.set()
             if chunk is not None and (chunk.error is not None or chunk.result is not None):
@@ -157,16 +207,32 @@ class StageBatcher:
                 prefill = prefill[1:]
             self._jobs = prefill + self._jobs  # the prompt's next chunk, then the others
 
-    def _work(self, opens: list[Slot], closes: list[Slot], decode: list[_Job],
-              chunk: _Job | None) -> None:
-        """In the worker thread: apply row changes, then one batched decode step and at most
-        one prompt chunk."""
+    def _work(self, opens: list[Slot], closes: list[tuple[Slot, list[int] | None]],
+              decode: list[_Job], chunk: _Job | None, reuses: list[_Reuse] | None = None) -> None:
+        """In the worker thread: apply row changes (prefixes restored and kept), then one
+        batched decode step and at most one prompt chunk."""
+        px = self.stage.model.prefixes(self.stage.start, self.stage.end)
         for slot in opens:
             slot.row = len(self.batch.slots)
             self.batch.slots.append(slot)
-        for slot in closes:
+        for slot, tokens in closes:
             if slot.row >= 0:
+                if px is not None and tokens is not None and slot.length:
+                    px.keep(tokens[:slot.length], self.batch.cache(slot.row, 1))
                 self.batch.close(slot)
+        for r in reuses or []:
+            if r.slot.row < 0:
+                r.error = LocalError("stage session was freed")
+            elif px is not None and not r.slot.length:
+                r.tokens = r.slot.length = px.reuse(r.ids, r.limit, PREFILL_CHUNK_TOKENS,
+                                                    functools.partial(self._grow, r.slot))
+        self._round(decode, chunk)
+
+    def _grow(self, slot: Slot, n: int) -> list[np.ndarray]:
+        self.batch.reserve(n)
+        return self.batch.cache(slot.row, 1)
+
+    def _round(self, decode: list[_Job], chunk: _Job | None) -> None:
         for j in [j for j in decode + ([chunk] if chunk else []) if j.slot.row < 0]:
             j.error = LocalError("stage session was freed")  # freed while its step waited
         decode = [j for j in decode if j.error is None]

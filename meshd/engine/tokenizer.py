@@ -4,7 +4,8 @@ and streaming helpers: incremental detokenisation and stop-string hold-back.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +64,14 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]], *,
-                            add_generation_prompt: bool = True) -> str:
-        """Render ``messages`` (each ``{"role": ..., "content": ...}``) with the model's chat
-        template, as Hugging Face does (sandboxed Jinja)."""
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
+                            add_generation_prompt: bool = True,
+                            tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """Render ``messages`` (each ``{"role": ..., "content": ...}``, an assistant message may
+        carry ``tool_calls``, a tool message ``tool_call_id``) with the model's chat template, as
+        Hugging Face's ``apply_chat_template`` does (sandboxed Jinja, its ``tojson``): ``tools``
+        (OpenAI's ``{"type": "function", "function": {...}}`` objects) go to the template as its
+        ``tools`` variable, for a template with tool syntax (meshd.api.tool_template)."""
         if not self.info.chat_template:
             raise LocalError("this model ships no chat template")
         if self._template is None:
@@ -74,14 +79,17 @@ class Tokenizer:
         try:
             return str(self._template.render(
                 messages=list(messages), add_generation_prompt=add_generation_prompt,
+                tools=list(tools) if tools else None,
                 bos_token=self.info.bos_token or "", eos_token=self.info.eos_token or "",
             ))
         except Exception as err:  # template errors, raise_exception() inside the template
             raise ModelError(f"chat template failed: {err}") from None
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], *,
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """Token ids of a chat prompt (the template writes any BOS itself)."""
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        return self.encode(self.apply_chat_template(messages, tools=tools),
+                           add_special_tokens=False)
 
     def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
         """Token ids of a text prompt: as one user message through the chat template when
@@ -94,6 +102,7 @@ class Tokenizer:
 def _compile_template(source: str) -> Any:
     try:
         from jinja2 import TemplateError
+        from jinja2.ext import loopcontrols
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
         raise LocalError("chat templates need the 'jinja2' package") from None
@@ -106,7 +115,16 @@ def _compile_template(source: str) -> Any:
 
         return datetime.datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+        # Hugging Face's filter: Jinja's own escapes <, >, & and ' for HTML and sorts keys,
+        # which would render the tools and the calls unlike the model was trained on
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     try:

@@ -58,18 +58,25 @@ class ControlService:
                 {"data": {"version": rl.version if rl else 0, "disconnected": gone}},
             )
         elif t == MessageType.CACHE_REQ:
-            await out.send(MessageType.OK, {"data": await self.cache(msg["op"])})
+            await out.send(MessageType.OK, {"data": await self.cache(
+                msg["op"], msg.get("rid"), msg.get("verdict"))})
         else:
             raise RemoteError(f"message {t} is not a request", ErrorCode.UNSUPPORTED)
 
-    async def cache(self, op: str) -> dict[str, Any]:
-        """``meshd cache stats|clear``."""
+    async def cache(self, op: str, rid: str | None = None, verdict: str | None = None
+                    ) -> dict[str, Any]:
+        """``meshd cache stats|clear|feedback``."""
         cache = self.edge_cache
         if op == "clear":
             return {"cleared": await cache.clear(), **cache.statistics()}
         if op == "stats":
             return cache.statistics()
-        raise RemoteError(f"cache op must be stats or clear, not {op!r}", ErrorCode.MALFORMED)
+        if op == "feedback":
+            if not rid or not verdict:
+                raise RemoteError("cache feedback needs rid and verdict", ErrorCode.MALFORMED)
+            return await cache.feedback(rid, verdict)
+        raise RemoteError(f"cache op must be stats, clear or feedback, not {op!r}",
+                          ErrorCode.MALFORMED)
 
     async def submit(self, msg: Message, out: FramedStream) -> None:
         chain = self.entry

@@ -1,17 +1,24 @@
-"""The entry node's semantic cache as a daemon service: ``meshd.cache.SemanticCache`` with the
-embedding model, loaded off the event loop at start, used from worker threads.
+"""The entry node's answer cache as a daemon service: ``meshd.cache.SemanticCache``, opened at
+start for exact repeats, with the embedding model and the pair verifier attached later for
+paraphrases (docs/cache.md).
 
-The embedding model (about 90 MB, a few seconds of CPU) is loaded on the first request the cache
-could take part in, in a worker thread, so a node that never sees one stays light; until it is
-loaded (and for good, if the ``meshd[edge]`` extra is missing or the file cannot be opened)
-every lookup is a ``skip`` with the reason, said once in the log. The semantic lookup (``start_lookup``) and ``insert`` run in worker threads
-(one at a time: the embedding takes most of a core). Inserting happens after the answer has
-gone to the client, in this service's own nursery, so it never delays a response; so does
-writing a hit's ``last_used`` and hit count (``SemanticCache.flush``): a hit reads SQLite and
-the index and writes nothing. The very same prompt again is looked up on the event loop (one
-indexed read, never waiting for the cache's lock), everything else in a worker thread. The embedding graph is ``[cache] embed_precision`` (int8 by
-default: about half the CPU per prompt of fp32 and the same decisions on the labelled pairs,
-docs/cache.md); ``/v1/embeddings``, retrieval and the tier classifier use the float graph.
+The cache file is opened before the service starts (SQLite only: no model), so an exact repeat
+is answered from the first repeat on, on the event loop (``exact``: one indexed read, or none
+for an answer still being written), and never waits for the embedding model. The model, the
+verifier and its calibration (about 90 MB and a few seconds of CPU) are loaded on the first
+request that could take the semantic path, in a worker thread, so a node that never sees one
+stays light; until they are loaded (and for good, if the ``meshd[edge]`` extra is missing or a
+file cannot be opened) the semantic path says so and only exact repeats are answered. With
+``[cache] max_error = 0`` they are never loaded. The semantic lookup (``start_lookup``),
+``insert`` and ``flush`` run in worker threads, one at a time (the embedding takes most of a
+core); storing an answer happens after the client has it, in this service's own nursery, but
+the answer is an exact hit from that moment (``SemanticCache.stage``). The embedding graph is
+``[cache] embed_precision`` (int8 by default); ``/v1/embeddings``, retrieval and the tier
+classifier use the float graph.
+
+Feedback: the service remembers, for the last ``SERVED_MAX`` requests it answered from the
+cache or stored an answer of, which entry that was; ``feedback(rid, "wrong")`` removes the entry
+and, for a semantic hit, counts against the threshold that served it.
 """
 
 from __future__ import annotations
@@ -19,41 +26,42 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from meshd.config import Config
+from meshd.config import CacheConfig, Config
+from meshd.errors import ErrorCode, RemoteError
 
 log = logging.getLogger(__name__)
+SERVED_MAX = 10_000  # requests whose cache entry feedback can still name
 
 
-def cache_policy(c: Any, embed_dir: Path) -> tuple[Any, dict[str, Any]]:
-    """The policy and the verifier ``[cache] verifier`` names (docs/cache.md), as
-    ``(policy, SemanticCache keyword arguments)``: ``pair`` (the default), the learned pair
-    verifier shipped with meshd with its own threshold and bound unless ``threshold`` /
-    ``verifier_min_p`` are set, and the lexical guards in front of it only if its defaults were
-    chosen with them; ``words``, guards v4's verifier of an added run (a second
-    session of the embedding graph, +64.5 MiB); ``off``, the guards and the threshold only."""
-    from meshd.cache import FixedThreshold
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What a request's feedback applies to: the entry that answered it, or that stored its
+    answer."""
 
-    if c.verifier == "pair":
-        from meshd.embed.pair_verifier import PairVerifier
+    kind: str  # exact, semantic, or stored (a model's answer, kept)
+    entry_id: int | None
+    partition: str | None
+    key: str | None
+    score: float | None  # the verifier's, for a semantic hit
 
-        pv = PairVerifier(embed_dir=embed_dir)
-        policy = FixedThreshold(threshold=c.threshold or pv.info.threshold,
-                                pair_min_p=c.verifier_min_p or pv.info.min_p, guards=pv.info.guards)
-        return policy, {"pair_verifier": pv.probability}
-    policy = FixedThreshold(threshold=c.threshold or 0.85)
-    if c.verifier == "words":
-        from meshd.embed.token_states import TokenStates
 
-        # reads the encoder's word vectors of a candidate's two prompts: a second session of
-        # the same graph, used only above the threshold
-        states = TokenStates(embed_dir, precision=c.embed_precision)
-        return policy, {"word_states": states.words}
-    return policy, {}
+def semantic_parts(c: CacheConfig, embed_dir: Path | None = None) -> tuple[Any, Any, Any]:
+    """What the semantic path needs, as the daemon loads it: the embedding model (``[cache]
+    embed_precision``), the pair verifier shipped with meshd and its calibration
+    (``SemanticCache.attach``'s arguments)."""
+    from meshd.embed import load_embedder
+    from meshd.embed.pair_verifier import PairVerifier, read_calibration
+
+    embedder = load_embedder(embed_dir, precision=c.embed_precision)
+    verifier = PairVerifier(embed_dir=embedder.path)
+    return embedder, verifier.probability, read_calibration()
 
 
 def _close(cache: Any) -> None:
@@ -94,87 +102,132 @@ class EdgeCache:
         self.config = config
         c = config.cache
         self.path = config.path(c.path) if c.path else config.path(config.node.data_dir) / "semantic-cache.db"
-        self.cache: Any = None  # meshd.cache.SemanticCache once loaded
+        self.store: Any = None  # meshd.cache.SemanticCache once opened (exact repeats)
+        # the semantic path: off, idle (loads on the first request that could use it), loading,
+        # ready
         self.state = "off" if not c.enabled else "idle"
         self.reason = "disabled in [cache]" if not c.enabled else "loads on the first cacheable request"
         self._limiter = trio.CapacityLimiter(1)
         self._nursery: trio.Nursery | None = None
         self._flush_pending = False
+        self._served: OrderedDict[str, Served] = OrderedDict()
+        # set once the cache file is open (or could not be): the control socket takes requests
+        # before the node's services have all started, and they wait for it here
+        self.opened = trio.Event()
+        if not c.enabled:
+            self.opened.set()
         self._float: Any = None  # the float embedder, when the cache's is int8 (float_embedder)
         self._float_lock = threading.Lock()  # worker threads of the API and of retrieval ask
-        self.stats = {"hits": 0, "misses": 0, "skips": 0, "inserts": 0, "errors": 0}
+        self.stats = {"errors": 0, "loading_skips": 0, "other_model": 0}  # other_model: an answer
+        # not kept because another model under the same name gave it
+
+    @property
+    def cache(self) -> Any:
+        """The cache with its embedding model (the semantic path), else None."""
+        store = self.store
+        return store if store is not None and store.semantic else None
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """The service's nursery (loading, lookups, inserts, flushes) until the daemon stops;
-        then, once they have all ended, the cache is closed: the hits' counters written and
-        each HNSW graph saved beside the file, so that the next start loads the graphs
-        instead of rebuilding them from every row (``SemanticCache.close``)."""
+        """Open the cache file (before the node is ready: the exact path answers from the first
+        request on), then the service's nursery (loading, lookups, inserts, flushes) until the
+        daemon stops; then, once they have all ended, the cache is closed: the hits' counters
+        written and each HNSW graph saved beside the file (``SemanticCache.close``)."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.config.cache.enabled:
+                    await self._open_store()
                 task_status.started()
                 await trio.sleep_forever()
         finally:
             self._nursery = None
-            cache, self.cache = self.cache, None
-            if cache is not None:
+            store, self.store = self.store, None
+            if store is not None:
                 with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(_close, cache)
+                    await trio.to_thread.run_sync(_close, store)
 
-    def load(self) -> None:
-        """Start loading the model and the cache file (once); lookups skip until it is done."""
-        if self.state == "idle" and self._nursery is not None:
-            self.state, self.reason = "loading", "the embedding model is loading"
-            self._nursery.start_soon(self._load)
-
-    async def _load(self) -> None:
+    async def _open_store(self) -> None:
         try:
-            self.cache = await trio.to_thread.run_sync(self._open)
-            self.state, self.reason = "ready", ""
-            log.info("semantic cache ready path=%s entries=%d", self.path, len(self.cache))
-        except Exception as e:  # the extra is missing, the model or file is unusable
+            self.store = await trio.to_thread.run_sync(self._open, limiter=self._limiter)
+        except Exception as e:  # the file's folder is unusable
             self.state, self.reason = "off", str(e).splitlines()[0][:300]
             log.warning("semantic cache off reason=%s", self.reason)
+        finally:
+            self.opened.set()
 
     def _open(self) -> Any:
         from meshd.cache import CacheLimits, SemanticCache
-        from meshd.embed import load_embedder
 
         c = self.config.cache
         self.path.parent.mkdir(parents=True, exist_ok=True)
         limits = CacheLimits(max_entries=c.max_entries, max_bytes=int(c.max_size_mb * 2**20),
                              ttl_s=c.ttl_s)
-        embedder = load_embedder(precision=c.embed_precision)
-        policy, verifiers = cache_policy(c, embedder.path)
-        return SemanticCache(self.path, embedder, policy=policy, limits=limits, **verifiers)
+        return SemanticCache(self.path, limits=limits)
+
+    def load(self) -> None:
+        """Start loading the embedding model and the verifier (once)."""
+        if self.state == "idle" and self._nursery is not None and self.store is not None:
+            self.state, self.reason = "loading", "the embedding model is loading"
+            self._nursery.start_soon(self._load)
+
+    async def _load(self) -> None:
+        try:
+            await trio.to_thread.run_sync(self._attach, limiter=self._limiter)
+            self.state, self.reason = "ready", ""
+            log.info("semantic cache ready path=%s entries=%d", self.path, len(self.store))
+        except Exception as e:  # the extra is missing, the model or a file is unusable
+            self.state, self.reason = "off", str(e).splitlines()[0][:300]
+            log.warning("semantic path off reason=%s", self.reason)
+
+    def _attach(self) -> None:
+        self.store.attach(*semantic_parts(self.config.cache))
 
     @property
     def ready(self) -> bool:
         return self.cache is not None
 
-    def lookup_exact(self, req: Any) -> Any:
-        """On the event loop: the hit for the very same prompt (one indexed SQLite read, no
-        thread hop: each can wait tens of ms for a core on a loaded box); None when the
-        semantic lookup must decide (not cached word for word, or the cache is busy in a worker
-        thread); False when the cache is off or still loading (the first call starts it)."""
-        if self.cache is None:
-            self.load()
-            self.stats["skips"] += 1
-            return False
+    # -- lookups ---------------------------------------------------------------------------
+
+    async def exact(self, req: Any) -> Any:
+        """The exact hit for ``req``, or None: on the event loop (no thread hop: each can wait
+        tens of ms for a core on a loaded box) unless a worker thread holds the cache, then in
+        a thread of its own (never behind the embedding's limiter)."""
+        from meshd.cache.store import Busy
+
+        store = self.store
+        if store is None:
+            return None
         try:
-            got = self.cache.lookup_exact(req, blocking=False)
+            try:
+                got = store.lookup_exact(req, blocking=False)
+            except Busy:
+                got = await trio.to_thread.run_sync(store.lookup_exact, req)
         except Exception:
             self.stats["errors"] += 1
             log.exception("semantic cache lookup failed")
-            return False
+            return None
         if got is not None:
-            self._count(got)
+            self._hit()
         return got
+
+    def missed(self) -> None:
+        """A request the exact path missed and the semantic path does not take: counted."""
+        if self.store is not None:
+            self.store.missed()
+
+    def semantic_ready(self) -> bool:
+        """Whether a semantic lookup can run now; the first ask starts loading the model."""
+        if self.cache is not None:
+            return True
+        self.load()
+        if self.store is not None and self.state == "loading":
+            self.stats["loading_skips"] += 1
+        return False
 
     def start_lookup(self, req: Any) -> PendingLookup:
         """Start the semantic lookup of ``req`` in this service's nursery (a worker thread
-        embeds the prompt) and return at once; ``await pending.result()`` gives the ``Lookup``
-        (None on an error). The entry chain routes and starts the model meanwhile."""
+        embeds the question) and return at once; ``await pending.result()`` gives the
+        ``Lookup`` (None on an error). The entry chain routes meanwhile."""
         pending = PendingLookup()
         if self._nursery is None:
             pending.set(None)
@@ -189,11 +242,11 @@ class EdgeCache:
             pending.set(None)  # no-op once set; a cancelled lookup still wakes its waiter
 
     async def _semantic(self, req: Any, pending: PendingLookup) -> Any:
-        cache = self.cache
+        store = self.store
 
         def work() -> Any:
             pending.began = time.perf_counter()
-            got = cache.lookup(req)
+            got = store.lookup(req)
             pending.answered = time.perf_counter()
             return got
 
@@ -203,13 +256,12 @@ class EdgeCache:
             self.stats["errors"] += 1
             log.exception("semantic cache lookup failed")
             return None
-        self._count(got)
+        if got.hit:
+            self._hit()
         return got
 
-    def _count(self, got: Any) -> None:
-        key = {"hit": "hits", "skip": "skips"}.get(got.kind, "misses")
-        self.stats[key] += 1
-        if got.kind == "hit" and not self._flush_pending and self._nursery is not None:
+    def _hit(self) -> None:
+        if not self._flush_pending and self._nursery is not None:
             self._flush_pending = True
             self._nursery.start_soon(self._flush)
 
@@ -217,46 +269,94 @@ class EdgeCache:
         """Write the hits' counters (queued behind this lookup's caller, not in its way)."""
         await trio.lowlevel.checkpoint()  # let the hit's answer go out first
         self._flush_pending = False
-        cache = self.cache
-        if cache is None:
+        store = self.store
+        if store is None:
             return
         try:
-            await trio.to_thread.run_sync(cache.flush, limiter=self._limiter)
+            await trio.to_thread.run_sync(store.flush, limiter=self._limiter)
         except Exception:
             self.stats["errors"] += 1
             log.exception("semantic cache flush failed")
 
-    def remember(self, req: Any, answer: str, got: Any) -> None:
-        """Store ``answer`` for ``req`` after the client has it (and, for a ``verify`` lookup,
-        tell the entry whether the fresh answer matched the cached one)."""
-        if self.cache is None or self._nursery is None or got is None:
-            return
-        self._nursery.start_soon(self._insert, req, answer, got)
+    # -- storing, feedback -----------------------------------------------------------------
 
-    async def _insert(self, req: Any, answer: str, got: Any) -> None:
+    def served(self, rid: str, got: Any) -> None:
+        """``rid`` was answered from the cache by ``got`` (a hit): what its feedback names."""
+        self._remember_rid(rid, Served(got.kind, got.entry_id, got.partition, got.key,
+                                       got.score))
+
+    def remember(self, req: Any, answer: str, got: Any, rid: str) -> None:
+        """Keep ``answer`` for ``req``: an exact hit at once (in memory), written and (for the
+        semantic path) embedded after the client has it. ``got``: the request's semantic
+        lookup, whose vector is reused (None when it had none)."""
+        store = self.store
+        if store is None or self._nursery is None:
+            return
+        where = store.stage(req, answer)
+        if where is None:
+            return
+        self._remember_rid(rid, Served("stored", None, where[0], where[1], None))
+        vector = getattr(got, "vector", None)
+        self._nursery.start_soon(self._insert, req, answer, vector)
+
+    async def _insert(self, req: Any, answer: str, vector: Any) -> None:
+        store = self.store
+
         def work() -> None:
-            if got.kind == "verify":
-                self.cache.verify(got, answer)
-            self.cache.insert(req, answer, lookup=got)
+            store.insert(req, answer, vector=vector)
 
         try:
             await trio.to_thread.run_sync(work, limiter=self._limiter)
-            self.stats["inserts"] += 1
         except Exception:
             self.stats["errors"] += 1
             log.exception("semantic cache insert failed")
 
+    def _remember_rid(self, rid: str, served: Served) -> None:
+        self._served[rid] = served
+        self._served.move_to_end(rid)
+        while len(self._served) > SERVED_MAX:
+            self._served.popitem(last=False)
+
+    async def feedback(self, rid: str, verdict: str) -> dict[str, Any]:
+        """A client says the answer of ``rid`` was ``right`` or ``wrong``. Wrong: its entry is
+        removed, and a semantic hit's score counts as one more near miss served (the
+        threshold rises past it)."""
+        if verdict not in ("right", "wrong"):
+            raise RemoteError(f"verdict must be right or wrong, not {verdict!r}",
+                              ErrorCode.MALFORMED)
+        store = self.store
+        s = self._served.get(rid)
+        if store is None or s is None:
+            raise RemoteError(f"this node has no cached answer of request {rid!r} (it names "
+                              f"the last {SERVED_MAX:,} answers it served from the cache or "
+                              "kept, since it started)", ErrorCode.MALFORMED)
+        out: dict[str, Any] = {"request_id": rid, "verdict": verdict, "served": s.kind,
+                               "removed": 0}
+        if verdict == "right":
+            store.confirm()
+            return out
+        del self._served[rid]
+        score = s.score if s.kind == "semantic" else None
+        out["removed"] = await trio.to_thread.run_sync(
+            lambda: store.forget(entry_id=s.entry_id, partition=s.partition, key=s.key,
+                                 wrong_score=score), limiter=self._limiter)
+        out["counted_against_threshold"] = score is not None
+        return out
+
+    # -- embeddings for the API and retrieval ----------------------------------------------
+
     async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
         """(model name, vectors, tokens read) with the float graph of the cache's embedding model."""
-        from meshd.errors import ErrorCode, RemoteError
-
         if self.cache is None and self.state in ("idle", "loading"):
-            self.load()
             with trio.move_on_after(120):
+                while self.store is None and self.state != "off":
+                    await trio.sleep(0.05)
+                self.load()
                 while self.state == "loading":
                     await trio.sleep(0.05)
         if self.cache is None:
             raise RemoteError(f"this node has no embedding model: {self.reason}", ErrorCode.UNSUPPORTED)
+
         def work() -> tuple[str, list[list[float]], int]:
             embedder = self.float_embedder()
             tokens = sum(len(ids) for ids in embedder.token_ids(texts))
@@ -267,8 +367,7 @@ class EdgeCache:
     def float_embedder(self) -> Any:
         """The float graph of the cache's embedding model (the cache's own embedder when that is
         float; else loaded once, in the calling thread). The API's ``/v1/embeddings`` answers
-        with it (its vectors keep the 1e-4 bound to the reference, the int8 ones do not), and
-        fp32 retrieval collections embed their questions with it (meshd.node.rag)."""
+        with it, and fp32 retrieval collections embed their questions with it (meshd.node.rag)."""
         emb = self.cache.embedder
         if getattr(emb, "precision", "fp32") == "fp32":
             return emb
@@ -281,27 +380,33 @@ class EdgeCache:
 
     async def clear(self) -> int:
         """Drop every entry; returns how many there were."""
-        if self.cache is None:
+        store = self.store
+        if store is None:
             return 0
-        n = len(self.cache)
+        n = len(store)
         await trio.to_thread.run_sync(self._clear, limiter=self._limiter)
         return n
 
     def _clear(self) -> None:
-        cache = self.cache
-        self.cache = None
-        cache.close()
+        store = self.store
+        self.store = None
+        parts = (store.embedder, store.verifier, store.calibration)
+        store.close()
         for p in Path(self.path).parent.glob(Path(self.path).name + "*"):
             p.unlink(missing_ok=True)
-        self.cache = self._open()
+        fresh = self._open()
+        if parts[0] is not None:
+            fresh.attach(*parts)
+        self._served.clear()
+        self.store = fresh
 
     def statistics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, **self.stats}
         if self.reason:
             out["reason"] = self.reason
-        if self.cache is not None:
+        if self.store is not None:
             try:
-                out.update(self.cache.statistics())
+                out.update(self.store.statistics())
             except Exception:
                 pass
         return out

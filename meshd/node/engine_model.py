@@ -36,9 +36,12 @@ def load_engine_model(cfg: Config, path: Path, layers: tuple[int, int] | None) -
     from meshd import engine
 
     providers = None if cfg.engine.providers == "auto" else [PROVIDERS[cfg.engine.providers]]
+    # a batching model serves every run from its fused graph: one session, one copy of weights
     return engine.load_model(path, providers=providers, layers=layers,
                              threads=cfg.engine.threads or None,
-                             max_concurrent_runs=cfg.engine.workers)
+                             max_concurrent_runs=cfg.engine.workers,
+                             fused=cfg.engine.batching and cfg.engine.fused_prefill,
+                             prefix_cache_bytes=cfg.engine.prefix_cache_mb << 20)
 
 
 class EngineModel:
@@ -80,8 +83,8 @@ class EngineModel:
     def encode_prompt(self, text: str, *, chat: bool = False) -> list[int]:
         return list(self.model.encode_prompt(text, chat=chat))
 
-    def encode_messages(self, messages: list[Any]) -> list[int]:
-        return list(self.model.tokenizer.encode_chat(messages))
+    def encode_messages(self, messages: list[Any], *, tools: list[Any] | None = None) -> list[int]:
+        return list(self.model.tokenizer.encode_chat(messages, tools=tools))
 
     @property
     def weight_format(self) -> str:
@@ -111,6 +114,18 @@ class EngineModel:
 
     def generate(self, prompt: list[int], cfg: Any) -> Any:
         return self.model.generate(prompt, cfg)
+
+    def prefix_summary(self, start: int, end: int) -> tuple[bytes, ...]:
+        """The advert's summary of the prefixes cached for layers [start, end)."""
+        from meshd.engine.prefix_cache import layer_space
+
+        cache = self.model.prefix_cache
+        return () if cache is None else tuple(cache.summary(layer_space(start, end)))
+
+    def prefix_cache_statistics(self) -> dict[str, Any] | None:
+        """The model's KV prefix cache ([engine] prefix_cache_mb; None: it keeps none)."""
+        cache = self.model.prefix_cache
+        return None if cache is None else dict(cache.statistics())
 
     @property
     def manifest(self) -> Any:

@@ -121,7 +121,13 @@ class Served:
             "ttft_ms": round(self.ttft_ms, 1),
             "service_rate_rps": round(self.service_rate_rps(), 3),
             **({"batch": batcher.statistics()} if (batcher := self.batcher()) is not None else {}),
+            **({"prefix_cache": px} if (px := self.prefix_cache()) is not None else {}),
         }
+
+    def prefix_cache(self) -> dict[str, Any] | None:
+        """The model's KV prefix cache figures (None: it keeps none, or is not an engine model)."""
+        f = getattr(self.model, "prefix_cache_statistics", None)
+        return f() if f is not None else None
 
     def batcher(self) -> Any:
         """The model's running batch scheduler (None: not batched here)."""
@@ -208,12 +214,13 @@ class Runner:
         ids: list[int] = await f(text, chat=chat)
         return ids
 
-    async def aencode_messages(self, model: str, messages: list[Any]) -> list[int]:
+    async def aencode_messages(self, model: str, messages: list[Any], *,
+                               tools: list[Any] | None = None) -> list[int]:
         s = self.models.get(model)
         f = getattr(s.model, "aencode_messages", None) if s is not None else None
         if f is None:
-            return self.encode_messages(model, messages)
-        ids: list[int] = await f(messages)
+            return self.encode_messages(model, messages, tools=tools)
+        ids: list[int] = await f(messages, tools=tools) if tools else await f(messages)
         return ids
 
     def tokenizes_here(self, model: str) -> bool:
@@ -228,12 +235,15 @@ class Runner:
         s = self.models.get(model)
         return s is not None and bool(getattr(s.model, "ready", True))
 
-    def encode_messages(self, model: str, messages: list[Any]) -> list[int]:
-        """Token ids of chat ``messages`` through the model's chat template."""
+    def encode_messages(self, model: str, messages: list[Any], *,
+                        tools: list[Any] | None = None) -> list[int]:
+        """Token ids of chat ``messages`` through the model's chat template (with ``tools``: a
+        template with tool syntax renders them, meshd.api.tool_template)."""
         s = self.models.get(model)
         if s is None:
             raise ModelError(f"this node does not serve model {model!r}")
-        ids: list[int] = s.model.encode_messages(messages)
+        ids: list[int] = (s.model.encode_messages(messages, tools=tools) if tools
+                          else s.model.encode_messages(messages))
         return ids
 
     def vocab_size(self, model: str) -> int | None:
@@ -256,6 +266,13 @@ class Runner:
         if s is None or not getattr(s.model, "tokenizer_shareable", True):
             return ""
         return self.tokenizer_identity(model)
+
+    def prefix_summary(self, model: str) -> tuple[bytes, ...]:
+        """What the advert says of the prefixes this node's KV prefix cache holds for the model
+        (meshd.core.prefix_names.summary; empty: none, or no cache)."""
+        s = self.models.get(model)
+        f = getattr(s.model, "prefix_summary", None) if s is not None else None
+        return tuple(f(s.layer_start, s.layer_end)) if f is not None and s is not None else ()
 
     def model_identity(self, model: str) -> str:
         """What the model really is (meshd.core.modelid; "" when unknown)."""

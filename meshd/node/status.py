@@ -160,7 +160,9 @@ def advert_fields(a: Advert) -> dict[str, Any]:
              "prefill_tps": m.prefill_tps, "decode_tps": m.decode_tps, "ttft_ms": m.ttft_ms,
              **({"ctx": m.context_length} if m.context_length else {}),
              **({"mid": m.model_id} if m.model_id else {}),
-             **({"tok": m.tokenizer[:16]} if m.tokenizer else {})}
+             **({"tok": m.tokenizer[:16]} if m.tokenizer else {}),
+             # prompt prefixes its KV prefix cache lists (docs/routing.md, "Prefix credit")
+             **({"prefixes": len(m.prefixes)} if m.prefixes else {})}
             for m in a.models
         ],
         "queue_depth": a.queue_depth,

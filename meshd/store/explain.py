@@ -4,7 +4,8 @@ Pure: a dict in, a few lines of text out; it never raises, whatever the record h
 missing or of the wrong type is left out of the story). The record is::
 
     {"request_id", "decision": {"strategy", "candidates": [{name, peer_id, predicted_ttft_ms,
-      rtt_ms, rtt_source, queue_wait_ms, prefill_ms, score, excluded_by, joules_per_token}],
+      rtt_ms, rtt_source, queue_wait_ms, prefill_ms, score, excluded_by, joules_per_token,
+      prefix_tokens, prefix_credit_ms (both optional: the prompt's prefix cached there)}],
       "constraints": {},
       "chosen", "order": [peer ids, best first], "plan": {"hops": [{name, layer_start,
       layer_end, predicted_ms}]} | None},
@@ -100,7 +101,11 @@ def _breakdown(c: Mapping[str, Any]) -> str:
     if _num(c.get("queue_wait_ms")) is not None:
         parts.append(f"{_ms(c.get('queue_wait_ms'))} queue")
     if _num(c.get("prefill_ms")) is not None:
-        parts.append(f"{_ms(c.get('prefill_ms'))} prefill")
+        held = _num(c.get("prefix_tokens"))
+        credit = _num(c.get("prefix_credit_ms"))
+        cached = (f" ({held:.0f} prompt tokens cached there, {_ms(credit)} saved)"
+                  if held and credit is not None else "")
+        parts.append(f"{_ms(c.get('prefill_ms'))} prefill{cached}")
     total = _ms(c.get("predicted_ttft_ms"))
     where = " on this node" if source == "local" else ""
     return f"{total}: {' + '.join(parts)}{where}" if parts else f"{total}{where}"

@@ -36,6 +36,7 @@ class FakeModel:
     route: tuple[str, ...] = ("fake1",)
     # what meshd.node.model_facts would know of it (format, architecture, parameters, ...)
     facts: dict[str, Any] = field(default_factory=dict)
+    reply: tuple[str, ...] = ()  # the text pieces it answers, one per token (else " w0 w1 ...")
 
 
 @dataclass
@@ -53,6 +54,9 @@ class FakeChain:
     steps: int = 0
     in_flight: dict[str, int] = field(default_factory=dict)
     requests: list[EntryRequest] = field(default_factory=list)
+    feedback: list[tuple[str, str]] = field(default_factory=list)
+    # prompt -> how the cache answers it ({"kind": "exact"} or {"kind": "semantic", ...})
+    cache_hits: dict[str, dict[str, Any]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def new_request_id(self) -> str:
@@ -67,9 +71,28 @@ class FakeChain:
             out.append([x / n for x in v])
         return "fake-embed", out, sum(len(t.split()) for t in texts)
 
+    async def chat_template(self, model: str) -> str | None:
+        m = self.models_served.get(model)
+        return str(m.facts.get("chat_template") or "") or None if m is not None else None
+
     def models(self) -> list[dict[str, Any]]:
         return [{**m.facts, "id": m.name, "nodes": m.nodes, "context_length": m.context_length}
                 for m in self.models_served.values()]
+
+    async def cache_feedback(self, rid: str, verdict: str) -> dict[str, Any]:
+        """Feedback on a request this chain answered (``feedback`` lists it); others are
+        unknown, as to a cache that never kept them."""
+        from meshd.errors import RemoteError
+
+        if verdict not in ("right", "wrong"):
+            raise RemoteError(f"verdict must be right or wrong, not {verdict!r}",
+                              ErrorCode.MALFORMED)
+        if rid not in {r.request_id for r in self.requests}:
+            raise RemoteError(f"this node has no cached answer of request {rid!r}",
+                              ErrorCode.MALFORMED)
+        self.feedback.append((rid, verdict))
+        return {"request_id": rid, "verdict": verdict, "served": "stored",
+                "removed": int(verdict == "wrong")}
 
     async def submit(self, req: EntryRequest, emit: Emit) -> dict[str, Any]:
         self.requests.append(req)
@@ -111,6 +134,16 @@ class FakeChain:
             raise RoutingError("no node may serve the request")
         if self.busy:
             raise BusyError("every node is busy", wait_ms=2500.0)
+        how = self.cache_hits.get(text)
+        if how is not None:  # answered from the entry node's cache, as the real chain does
+            await emit("route", {"served_by": "fake1", "route": ["fake1"], "cached": True,
+                                 "cache": how})
+            await emit("tokens", {"ids": [7], "text": " cached"})
+            return {**stats, "text": " cached", "token_ids": [7], "served_by": "fake1",
+                    "route": ["fake1"], "ttft_ms": 0.1, "tokens": 1, "total_ms": 0.1,
+                    "prompt_tokens": prompt_tokens, "completion_tokens": 1,
+                    "finish_reason": "stop", "cached": True, "cache": how, "retries": 0,
+                    "hedges": 0}
         self.in_flight[req.client] = self.in_flight.get(req.client, 0) + 1
         self.active += 1
         try:
@@ -118,7 +151,7 @@ class FakeChain:
             ids: list[int] = []
             pieces: list[str] = []
             for i in itertools.count():
-                if i >= req.wanted_tokens:
+                if i >= req.wanted_tokens or (model.reply and i >= len(model.reply)):
                     break
                 if self.fail_after_tokens is not None and i >= self.fail_after_tokens:
                     from meshd.errors import PeerGoneError
@@ -128,7 +161,7 @@ class FakeChain:
                     await emit("route", {"served_by": "fake2", "route": ["fake2"]})
                 await trio.sleep(self.step_s)
                 self.steps += 1
-                piece = f" w{i}"
+                piece = model.reply[i] if model.reply else f" w{i}"
                 if any(s in "".join(pieces) + piece for s in req.sampling.stop):
                     break
                 ids.append(100 + i)
@@ -171,6 +204,8 @@ class FakeNode:
                 "links": {"pings": 9, "stalls": 1},
                 "upstreams": {"tiny-up": {"requests": 4, "in_flight": 1, "errors": 1,
                                           "errors_by_kind": {"peer_gone": 1}}},
+                "cache": {"state": "ready", "entries": 9, "exact_hits": 3, "semantic_hits": 2,
+                          "refused": 1, "misses": 4, "feedback_wrong": 1, "feedback_right": 0},
             },
         }
 

@@ -249,10 +249,13 @@ class UpstreamModel:
             return codec.encode_chat([{"role": "user", "content": text}])
         return codec.encode_text(text)
 
-    def encode_messages(self, messages: list[Any]) -> list[int]:
+    def encode_messages(self, messages: list[Any], *, tools: list[Any] | None = None) -> list[int]:
         self._need_ready()
         if self.gguf is not None:
-            return list(self.gguf.tokenizer.encode_chat(list(messages)))
+            return list(self.gguf.tokenizer.encode_chat(list(messages), tools=tools))
+        if tools:  # the API renders tools in the generic format for a model without a template
+            raise RemoteError(f"upstream model {self.model} cannot render tools in its chat "
+                              "template", ErrorCode.UNSUPPORTED)
         if self.mode == "ids":
             raise RemoteError(f"upstream model {self.model} tokenizes through its server: "
                               "use aencode_messages", ErrorCode.INTERNAL)
@@ -267,11 +270,12 @@ class UpstreamModel:
             return await self._server_tokenize(text, chat=False)
         return self.encode_prompt(text, chat=chat)
 
-    async def aencode_messages(self, messages: list[Any]) -> list[int]:
+    async def aencode_messages(self, messages: list[Any], *,
+                               tools: list[Any] | None = None) -> list[int]:
         self._need_ready()
-        if self.gguf is None and self.mode == "ids":
+        if self.gguf is None and self.mode == "ids" and not tools:
             return await self._server_tokenize(list(messages), chat=True)
-        return self.encode_messages(messages)
+        return self.encode_messages(messages, tools=tools)
 
     async def _server_tokenize(self, what: Any, *, chat: bool, kind: str = "") -> list[int]:
         from meshd.upstream import llamacpp

@@ -30,6 +30,8 @@ from hf_fixtures import CHAT_TEMPLATE, make_checkpoint  # noqa: E402
 
 from meshd.engine import import_hf  # noqa: E402
 
+from .openai_client import client
+
 pytestmark = pytest.mark.slow
 
 CAPPED = {"path": "default", "max_decode_tokens_per_s": 40.0, "max_concurrency": 4}
@@ -66,9 +68,6 @@ def models(url: str, key: str) -> list[str]:
     except openai.APIError:
         return []
 
-
-def client(url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
 
 
 def node(mesh: dict[str, Any], name: str) -> dict[str, Any]:

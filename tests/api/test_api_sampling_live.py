@@ -28,6 +28,8 @@ from hf_fixtures import CHAT_TEMPLATE, make_checkpoint  # noqa: E402
 
 from meshd.engine import import_hf  # noqa: E402
 
+from .openai_client import client, listed_models
+
 pytestmark = pytest.mark.slow
 
 FAR = "tiny-far"
@@ -47,21 +49,12 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         index["key"] = Path(index["api_key_file"]).read_text().strip()
         url = index["nodes"][0]["api_url"]
-        wait_for(lambda: FAR in _models(url, index["key"]), 30, "n1 to hear of tiny-far")
+        wait_for(lambda: FAR in listed_models(url, index["key"]), 30, "n1 to hear of tiny-far")
         yield index
     finally:
         down(root / "net")
 
 
-def _models(url: str, key: str) -> list[str]:
-    try:
-        return [m.id for m in client(url, key).models.list()]
-    except openai.APIError:
-        return []
-
-
-def client(url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
 
 
 @pytest.fixture()

@@ -285,6 +285,9 @@ def test_metrics_parse_and_move_as_requests_are_served(tmp_path: Path) -> None:
         assert after[("meshd_attestation_failures_total", (("reason", "wrong_ca"),))] == 1
         assert after[("meshd_engine_decode_step_seconds", (("model", "tiny"),))] == 0.02
         assert after[("meshd_busy_answers_total", (("model", "tiny"), ("reason", "queue_full")))] == 2
+        assert after[("meshd_cache_lookups_total", (("result", "exact"),))] == 3
+        assert after[("meshd_cache_lookups_total", (("result", "refused"),))] == 1
+        assert after[("meshd_cache_feedback_total", (("verdict", "wrong"),))] == 1
 
     run(tmp_path, FakeNode(), body)
 
@@ -297,3 +300,58 @@ def test_a_text_chunk_from_the_template_is_the_chunk_itself() -> None:
             ch = replies.Chunks(kind, "r1", 1, "tiny", usage)
             for text in (" w0", 'quote " and \\ back', "new\nline", "é ü 中", "\u0000"):
                 assert ch.text_event(text) == sse.event(ch.text(text))
+
+
+def test_the_cache_headers_say_how_an_answer_was_served(tmp_path: Path) -> None:
+    chain = FakeChain(cache_hits={
+        "again": {"kind": "exact", "similarity": 1.0, "entry": 3},
+        "paraphrase": {"kind": "semantic", "similarity": 0.9312, "score": 0.97, "entry": 3}})
+
+    def ask(content: str, **extra: Any) -> dict[str, Any]:
+        return {**CHAT, "messages": [{"role": "user", "content": content}], **extra}
+
+    async def body(c: httpx.AsyncClient, key: str) -> None:
+        for stream in (False, True):
+            r = await c.post("/v1/chat/completions", json=ask("hello there", stream=stream),
+                             headers=auth(key))
+            assert r.headers["x-meshd-cache"] == "miss"
+            assert "x-meshd-cache-similarity" not in r.headers
+            r = await c.post("/v1/chat/completions", json=ask("again", stream=stream),
+                             headers=auth(key))
+            assert r.headers["x-meshd-cache"] == "exact"
+            r = await c.post("/v1/chat/completions", json=ask("paraphrase", stream=stream),
+                             headers=auth(key))
+            assert r.headers["x-meshd-cache"] == "semantic"
+            assert r.headers["x-meshd-cache-similarity"] == "0.9312"
+        r = await c.post("/v1/completions", headers=auth(key),
+                         json={"model": "tiny", "prompt": "x", "cache_max_error": 0.05})
+        assert r.status_code == 200 and chain.requests[-1].cache_max_error == 0.05
+        r = await c.post("/v1/completions", headers=auth(key),
+                         json={"model": "tiny", "prompt": "x", "cache_max_error": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_max_error"
+
+    run(tmp_path, FakeNode(chain), body)
+
+
+def test_cache_feedback(tmp_path: Path) -> None:
+    chain = FakeChain()
+
+    async def body(c: httpx.AsyncClient, key: str) -> None:
+        r = await c.post("/v1/chat/completions", json=CHAT, headers=auth(key))
+        rid = r.headers["x-request-id"]
+        r = await c.post("/v1/cache/feedback", headers=auth(key),
+                         json={"request_id": f"chatcmpl-{rid}", "verdict": "wrong"})
+        assert r.status_code == 200 and r.json()["removed"] == 1
+        assert chain.feedback == [(rid, "wrong")]
+        r = await c.post("/v1/cache/feedback", headers=auth(key),
+                         json={"request_id": rid, "verdict": "right"})
+        assert r.status_code == 200 and r.json()["removed"] == 0
+        for bad, param in (({"request_id": rid, "verdict": "maybe"}, "verdict"),
+                           ({"verdict": "wrong"}, "request_id"),
+                           ({"request_id": "nope", "verdict": "wrong"}, None)):
+            r = await c.post("/v1/cache/feedback", json=bad, headers=auth(key))
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        r = await c.post("/v1/cache/feedback", json={"request_id": rid, "verdict": "wrong"})
+        assert r.status_code == 401
+
+    run(tmp_path, FakeNode(chain), body)

@@ -23,9 +23,16 @@ from meshd.paths import models_home
 from meshd.testnet.drive import wait_for
 from meshd.testnet.launcher import NodeSpec, down, up
 
+from .openai_client import client as _client
+from .openai_client import listed_models
+
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
+
+
+def client(url: str, key: str) -> openai.OpenAI:
+    return _client(url, key, timeout=120)  # the real model answers slower than the tiny ones
 
 
 def _model_dir() -> Path | None:
@@ -61,21 +68,12 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         index["key"] = Path(index["api_key_file"]).read_text().strip()
         url = index["nodes"][0]["api_url"]
-        wait_for(lambda: MODEL in _models(url, index["key"]), 60, "n1 to hear of the model")
+        wait_for(lambda: MODEL in listed_models(url, index["key"]), 60, "n1 to hear of the model")
         yield index
     finally:
         down(root / "net")
 
 
-def _models(url: str, key: str) -> list[str]:
-    try:
-        return [m.id for m in client(url, key).models.list()]
-    except openai.APIError:
-        return []
-
-
-def client(url: str, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=120)
 
 
 @pytest.fixture()
@@ -135,8 +133,14 @@ def test_a_two_turn_tool_loop(c: openai.OpenAI, stream: bool) -> None:
                  {"role": "tool", "tool_call_id": call["id"], "content": "18 C and sunny"}]
     answer = c.chat.completions.create(messages=messages, tool_choice="auto", **kw)
     text = answer.choices[0].message.content or ""
-    # observed: 'The weather in Paris is indeed 18 degrees Celsius and it was sunny.'
     print("second turn:", repr(text))
     assert answer.choices[0].finish_reason in ("stop", "length")
     assert text and answer.choices[0].message.tool_calls is None
-    assert "18" in text  # the model used the tool's answer (what SmolLM2 does, greedy)
+    # The answer is conditioned on what the tool returned: another result, another answer.
+    # (Whether a 135M model quotes the figure is a near tie: greedy, with the weights computed
+    # as in a batch it answers "The weather in Paris is indeed quite beautiful! ..."; computed
+    # one row alone, as before the engine always ran a batch, it said "... 18 degrees Celsius".)
+    other = messages[:-1] + [{"role": "tool", "tool_call_id": call["id"],
+                              "content": "-7 C, snow and strong wind"}]
+    text2 = c.chat.completions.create(messages=other, tool_choice="auto", **kw).choices[0]
+    assert text2.message.content and text2.message.content != text

@@ -1,4 +1,4 @@
-"""The pure parts of the semantic cache: partitions, guards, thresholds, eviction choice."""
+"""The pure parts of the cache: partitions, conversations, the semantic decision, eviction."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from dataclasses import replace
 import pytest
 
 from meshd.cache.eviction import CacheLimits, Candidate, choose_victims, entry_bytes, overflow
-from meshd.cache.guards import guard, minimal_edit, numbers
-from meshd.cache.keys import CacheRequest, admit
-from meshd.cache.policy import AdaptiveThreshold, FixedThreshold, answers_match, posterior
+from meshd.cache.keys import CacheRequest, admit, conversation
+from meshd.cache.policy import decide
 
 REQ = CacheRequest(model="m@abc", tenant="acme", client="alice", prompt="What is 2 + 2?")
 
@@ -38,6 +37,9 @@ def test_shared_partition_needs_both_sides_to_opt_in() -> None:
     ({"temperature": 0.7}, False),
     ({"temperature": 0.7, "cache_sampled": True}, True),
     ({"prompt": "   "}, False),
+    ({"n": 2}, False),  # a cached answer is one choice
+    ({"logprobs": 0}, False),  # and carries no log probabilities
+    ({"presence_penalty": 0.5, "logit_bias": ((7, -100.0),)}, True),  # keyed (below)
 ])
 def test_admission(change: dict[str, object], cacheable: bool) -> None:
     assert admit(replace(REQ, **change)).cacheable is cacheable  # type: ignore[arg-type]
@@ -50,77 +52,81 @@ def test_greedy_settings_ignore_top_k_top_p_seed() -> None:
     assert admit(s).write != admit(replace(s, seed=4)).write
 
 
-@pytest.mark.parametrize(("q", "c", "why"), [
-    ("What is 17 plus 25?", "What's 17 + 25?", None),
-    ("What is 17 plus 25?", "What is 17 plus 26?", "numbers differ"),
-    ("Calculate fifteen percent of 80", "What's 15% of 80?", None),
-    ("Is the store open on Sunday?", "Is the store not open on Sunday?", "negation differs"),
-    ("Is the store open?", "Isn't the store open?", "negation differs"),
-    ("What's the weather in Paris today?", "What's the weather in Paris tomorrow?",
-     "opposite words"),
-    ("Is it safe to drink tap water?", "Is it unsafe to drink tap water?", "opposite words"),
-    ("How do I turn on 2FA on my account?", "Steps to turn off 2FA on my account?",
-     "opposite words"),  # "on" twice vs once: counted as multisets
-    ("Convert 5 miles to kilometers.", "Convert 5 kilometers to miles.", "word order"),
-    ("Visa to visit Japan from the US?", "Visa to visit the US from Japan?", "word order"),
-    ("How many days are there in a leap year?", "In a leap year, how many days are there?",
-     None),  # a phrase moved to the front
-    ("What is the capital of France?", "What is the capital of Germany?", "minimal edit"),
-    ("Is 97 a prime number?", "Is 97 an even number?", "minimal edit"),
-    ("What is the capital of France?", "Which city is the capital of France?", None),  # framing
-    ("What's the weather in Paris today?", "How is the weather in Paris today?", None),
-    ("Who wrote Hamlet?", "When was Hamlet first published?", "question differs"),
-    ("Who wrote Hamlet?", "Hamlet was written by whom?", None),  # who = whom
-    ("Is tap water safe in Mexico City?", "Can I drink the tap water in Copenhagen?",
-     "names differ"),
-    ("Is the store open on Sunday?", "Are you open Sundays?", None),  # plural of a name
-    ("Who wrote Moby-Dick?", "Tell me who wrote Moby-Dick.", None),  # "Tell" opens it
-    ("What is the capital of France?", "Tell me the capital city of France.", None),
-    ("Same prompt", "same prompt", None),
+def test_penalties_and_logit_bias_are_part_of_the_settings() -> None:
+    a = admit(REQ).write
+    assert admit(replace(REQ, presence_penalty=0.0, frequency_penalty=0.0)).write == a
+    pp = admit(replace(REQ, presence_penalty=0.5)).write
+    fp = admit(replace(REQ, frequency_penalty=0.5)).write
+    bias = admit(replace(REQ, logit_bias=((7, -100.0),))).write
+    assert len({a, pp, fp, bias}) == 4
+    assert admit(replace(REQ, logit_bias=((9, 1.0), (7, -1.0)))).write == admit(
+        replace(REQ, logit_bias=((7, -1.0), (9, 1.0)))).write  # order aside
+
+
+def test_the_context_is_part_of_the_partition() -> None:
+    base = admit(REQ)
+    assert admit(replace(REQ, context="")).write == base.write  # as before contexts existed
+    assert admit(replace(REQ, context="a system prompt")).write != base.write
+    assert admit(replace(REQ, context="x")).write != admit(replace(REQ, context="y")).write
+
+
+def test_follow_ups_and_max_error_zero_take_the_exact_path_only() -> None:
+    assert admit(REQ).semantic
+    assert not admit(replace(REQ, follow_up=True)).semantic
+    assert not admit(replace(REQ, max_error=0.0)).semantic
+    assert admit(replace(REQ, follow_up=True)).cacheable  # exact repeats still
+
+
+def msgs(*pairs: tuple[str, str]) -> tuple[dict[str, str], ...]:
+    return tuple({"role": r, "content": c} for r, c in pairs)
+
+
+def test_a_conversation_keys_on_its_earlier_turns() -> None:
+    q, ctx, follow = conversation(msgs(("user", "What is the capital of France?")))
+    assert (q, ctx, follow) == ("What is the capital of France?", "", False)
+    # a system prompt is context, not a turn: the semantic path may still answer
+    q, ctx, follow = conversation(msgs(("system", "Be brief."), ("user", "Capital of France?")))
+    assert q == "Capital of France?" and ctx and not follow
+    one = msgs(("user", "Tell me about Python."), ("assistant", "Python is a language..."),
+               ("user", "How do I install it?"))
+    other = msgs(("user", "Tell me about Rust."), ("assistant", "Rust is a language..."),
+                 ("user", "How do I install it?"))
+    q1, c1, f1 = conversation(one)
+    q2, c2, f2 = conversation(other)
+    assert q1 == q2 == "How do I install it?" and f1 and f2
+    assert c1 != c2  # the same follow-up in another conversation: another partition
+    assert conversation(msgs(*[(m["role"], "  " + m["content"] + " ") for m in one]))[1] == c1
+    # the tools and the schema offered are context too
+    assert conversation(msgs(("user", "Weather?")), '{"tools":[1]}')[1] != \
+        conversation(msgs(("user", "Weather?")), '{"tools":[2]}')[1]
+    assert conversation(msgs(("user", "Hi"), ("assistant", "Hello")))[1] != \
+        conversation(msgs(("user", "Hi"), ("user", "Hello")))[1]  # the last role counts
+
+
+class Score:
+    def __init__(self, p: float) -> None:
+        self.p, self.calls = p, 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.p
+
+
+@pytest.mark.parametrize(("sim", "limit", "p", "kind", "asked"), [
+    (None, 0.8, 0.99, "miss", False),  # nothing cached
+    (0.70, 0.8, 0.99, "miss", False),  # below the gate: the verifier is spared
+    (0.95, None, 0.99, "refused", False),  # the bound cannot hold: not asked either
+    (0.95, 0.8, 0.80, "refused", True),  # strictly above the threshold, or refused
+    (0.95, 0.8, 0.81, "hit", True),
+    (0.79, 0.8, 0.99, "hit", True),  # at the gate
 ])
-def test_guards(q: str, c: str, why: str | None) -> None:
-    assert guard(q, c) == why
-
-
-def test_numbers_and_minimal_edit() -> None:
-    assert numbers("Book 4 seats at 7:30 for twenty") == ("4", "7:30", "20")
-    assert minimal_edit("a b c d", "a x c d") and not minimal_edit("a b c d", "x y z d")
-
-
-@pytest.mark.parametrize(("sim", "kind"), [(0.95, "hit"), (0.9, "hit"), (0.89, "miss")])
-def test_fixed_threshold(sim: float, kind: str) -> None:
-    assert FixedThreshold(0.9).decide(sim, "a b", "a b c").kind == kind
-
-
-def test_posterior_moves_with_evidence() -> None:
-    mode0, sd0 = posterior((), 0.8, 0.06, 60)
-    assert mode0 == pytest.approx(0.8) and sd0 == pytest.approx(0.06)
-    up, sd_up = posterior(((0.93, False), (0.95, False)), 0.8, 0.06, 60)
-    down, _ = posterior(((0.82, True), (0.85, True), (0.84, True)), 0.8, 0.06, 60)
-    assert up > 0.85 and sd_up < sd0 and down < 0.8
-
-
-Q, C = "how do i reset it", "steps to recover my password please"
-
-
-def test_adaptive_entry_learns_its_threshold() -> None:
-    p = AdaptiveThreshold()
-    fresh = p.threshold(())
-    assert p.decide(fresh - 0.01, Q, C).kind == "verify"
-    assert p.decide(fresh + 0.01, Q, C, u=0.5).kind == "hit"
-    assert p.decide(fresh + 0.01, Q, C, u=0.0).kind == "verify"  # explored
-    assert p.decide(0.5, Q, C).kind == "miss"
-    lenient = ((0.86, True), (0.88, True), (0.87, True), (0.9, True))
-    strict = ((0.97, False), (0.96, False))
-    assert p.threshold(lenient) < fresh < p.threshold(strict)
-    obs: tuple[tuple[float, bool], ...] = ()
-    for i in range(40):
-        obs = p.observe(obs, 0.9, i % 2 == 0)
-    assert len(obs) == p.max_observations
-
-
-def test_answers_match() -> None:
-    assert answers_match("Paris.\n", " Paris. ") and not answers_match("Paris", "Lyon")
+def test_decide(sim: float | None, limit: float | None, p: float, kind: str,
+                asked: bool) -> None:
+    score = Score(p)
+    d = decide(sim, 0.79, limit, score)
+    assert d.kind == kind and score.calls == int(asked)
+    if kind == "hit":
+        assert (d.similarity, d.score, d.threshold) == (sim, p, limit)
 
 
 def test_eviction_choice_is_lru_and_covers_both_bounds() -> None:

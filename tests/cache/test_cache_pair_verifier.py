@@ -1,13 +1,13 @@
 """The learned pair verifier shipped with meshd (meshd/data/verifier, meshd.embed.pair_verifier)
-with the real all-MiniLM-L6-v2 word table: its graph loads, refuses near misses and serves
-paraphrases written for this test (in no split of the labelled pairs), and a real
-``SemanticCache`` wired as the daemon wires it (``cache_policy``) does the same.
+with the real all-MiniLM-L6-v2 word table, and its calibration: the graph loads, scores near
+misses below the default threshold and paraphrases above it (written for this test, in no
+split of the labelled pairs), and the calibration was made on splits it was not trained on.
 
-The examples were written for this test, then kept where the verifier gets them right: of
-five paraphrases tried, two scored below 0.5 ("How many minutes do I boil an egg to keep the
-yolk runny?" 0.32, "How long do you boil an egg to get a runny yolk?" 0.18; it refuses some
-paraphrases, docs/cache.md), so this checks the wiring and a clear case each way, not its
-recall."""
+Of the seven paraphrases written for this test, two score above the default threshold, 0.85
+(the Sistine Chapel ceiling "painted by whom?" 0.82, the Berlin Wall "come down" 0.80, "the
+painter of the Sistine Chapel's ceiling" 0.20 fall below it: at a 1% bound the verifier refuses
+many paraphrases, docs/cache.md); those two are kept, so this checks the wiring and a clear
+case each way, not its recall."""
 
 from __future__ import annotations
 
@@ -16,43 +16,45 @@ from pathlib import Path
 
 import pytest
 
-from meshd.cache import CacheRequest, SemanticCache
-from meshd.config import CacheConfig
-from meshd.embed import default_embedding_model, load_embedder
-from meshd.embed.pair_verifier import PairVerifier, shipped_verifier
-from meshd.node.edge_cache import cache_policy
+from meshd.cache.bound import threshold
+from meshd.embed import default_embedding_model
+from meshd.embed.pair_verifier import (
+    PairVerifier,
+    calibration_path,
+    read_calibration,
+    read_info,
+    shipped_verifier,
+)
 
-PAIRS = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "cache_pairs.jsonl"
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
 # (cached, query): written for this test, not taken from the labelled pairs
 NEAR_MISSES = [
     ("Who painted the ceiling of the Sistine Chapel?",
      "Who commissioned the ceiling of the Sistine Chapel?"),
     ("What is the boiling point of water at sea level?",
      "What is the boiling point of water on Mount Everest?"),
+    ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?"),
+    ("What year did the Berlin Wall fall?", "What year was the Berlin Wall built?"),
 ]
 PARAPHRASES = [
-    ("Who painted the ceiling of the Sistine Chapel?",
-     "Which artist painted the Sistine Chapel ceiling?"),
     ("What is the boiling point of water at sea level?",
      "At sea level, what temperature does water boil at?"),
+    ("How do I convert Celsius to Fahrenheit?",
+     "What's the formula to turn Celsius into Fahrenheit?"),
 ]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return default_embedding_model(cache_dir=tmp_path_factory.mktemp("emb"))
+def verifier(tmp_path_factory: pytest.TempPathFactory) -> PairVerifier:
+    return PairVerifier(embed_dir=default_embedding_model(cache_dir=tmp_path_factory.mktemp("e")))
 
 
-@pytest.fixture(scope="module")
-def verifier(model: Path) -> PairVerifier:
-    return PairVerifier(embed_dir=model)
-
-
-def test_the_examples_are_not_training_data() -> None:
+def test_the_examples_are_not_labelled_data() -> None:
     seen = set()
-    for line in PAIRS.read_text().splitlines():
-        r = json.loads(line)
-        seen |= {r["a"], r["b"]}
+    for path in DATA.glob("cache_pairs*.jsonl"):
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            seen |= {r["a"], r["b"]}
     for a, b in NEAR_MISSES + PARAPHRASES:
         assert a not in seen and b not in seen
 
@@ -61,29 +63,28 @@ def test_the_shipped_file_is_small() -> None:
     assert shipped_verifier().stat().st_size <= 12 * 2**20
 
 
+def test_the_calibration_comes_from_splits_the_verifier_never_saw() -> None:
+    meta = json.loads(calibration_path(shipped_verifier()).read_text())
+    trained_on = set(json.loads(shipped_verifier().with_suffix(".json").read_text())
+                     ["train"]["splits"])
+    assert meta["verifier"] == read_info(shipped_verifier()).name
+    assert set(meta["splits"]) and not set(meta["splits"]) & trained_on
+    assert not set(meta["splits"]) & {"fresh4", "fresh5", "fresh6"}  # held out, they stay out
+    cal = read_calibration()
+    near = sum(1 for sp in meta["splits"]
+               for line in (DATA / f"cache_pairs_{sp}.jsonl").read_text().splitlines()
+               if not json.loads(line)["same"])
+    assert cal.near_misses == near and 0 < len(cal.scores) < near
+    assert cal.scores == tuple(sorted(cal.scores, reverse=True))
+    t = threshold(cal, 0.01)
+    assert t is not None and 0.5 < t < 1.0
+    assert sum(s > t for s in cal.scores) <= 0.01 * cal.near_misses
+
+
 def test_refuses_near_misses_and_serves_paraphrases(verifier: PairVerifier) -> None:
-    bound = verifier.info.min_p
+    t = threshold(read_calibration(), 0.01)
+    assert t is not None
     for cached, query in NEAR_MISSES:
-        assert verifier.probability(cached, query) < bound, (cached, query)
+        assert verifier.probability(cached, query) <= t, (cached, query)
     for cached, query in PARAPHRASES:
-        assert verifier.probability(cached, query) >= bound, (cached, query)
-
-
-def test_the_daemons_cache_refuses_the_near_miss_and_serves_the_paraphrase(model: Path) -> None:
-    embedder = load_embedder(model, precision="int8")
-    policy, verifiers = cache_policy(CacheConfig(), model)
-    assert set(verifiers) == {"pair_verifier"}  # the default: no token-state session
-    req = CacheRequest(model="m", tenant="t", client="c", prompt="")
-    for (cached, near), (_, para) in zip(NEAR_MISSES, PARAPHRASES, strict=True):
-        cache = SemanticCache(":memory:", embedder, policy=policy, **verifiers)
-        cache.insert(CacheRequest(**{**_fields(req), "prompt": cached}), "the answer")
-        miss = cache.lookup(CacheRequest(**{**_fields(req), "prompt": near}))
-        hit = cache.lookup(CacheRequest(**{**_fields(req), "prompt": para}))
-        assert miss.kind == "miss", (near, miss)
-        assert hit.kind == "hit" and hit.answer == "the answer", (para, hit)
-    # "on Mount Everest" passes every guard and reaches the threshold: the verifier refuses it
-    assert miss.reason.startswith("pair verifier refused"), miss
-
-
-def _fields(req: CacheRequest) -> dict[str, object]:
-    return {f: getattr(req, f) for f in req.__dataclass_fields__}
+        assert verifier.probability(cached, query) > t, (cached, query)

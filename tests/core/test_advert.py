@@ -133,3 +133,19 @@ def test_batch_capacity_and_curve_travel_and_older_adverts_read_as_unbatched() -
         d["models"][0]["batch_tps"] = bad
         with pytest.raises(ProtocolError, match="batch_tps"):
             decode_advert(pack(d))
+
+
+def test_prefix_summary_travels_bounded_and_older_adverts_read_as_none() -> None:
+    from meshd.core.prefix_names import SUMMARY_NAMES
+
+    names = tuple(bytes([i]) * 8 for i in range(SUMMARY_NAMES))
+    a = make(models=(ModelAdvert("tiny", 6, 0, 6, 500.0, 40.0, 1000, 192, prefixes=names),))
+    assert decode_advert(a.encode()).models[0].prefixes == names
+    # the summary's bound on the wire: 16 names of 8 bytes are 166 bytes of msgpack at most
+    assert len(a.encode()) - len(make().encode()) <= 166
+    assert "px" not in make().to_dict()["models"][0]  # none held: nothing on the wire
+    for bad in ([b"x" * 8] * (SUMMARY_NAMES + 1), [b"short"], ["text8chr"], [1]):
+        d = a.to_dict()
+        d["models"][0]["px"] = bad
+        with pytest.raises(ProtocolError, match="'px'"):
+            decode_advert(pack(d))

@@ -42,3 +42,14 @@ def test_error_codes_agree_in_code_and_docs() -> None:
     page = (ROOT / "proto" / "errors.md").read_text()
     for code in ERROR_CODES:
         assert f"| `{code}` |" in page, code
+
+
+def test_every_field_names_a_version_that_exists() -> None:
+    """A field's ``since`` is a protocol version, at most the current one; fields appended
+    later name a later version (append-only: a version never gains fields once released)."""
+    from meshd.core.messages import PROTOCOL_VERSION, SPECS
+
+    for spec in SPECS:
+        for f in spec.fields:
+            assert 1 <= f.since <= PROTOCOL_VERSION, (spec.name, f.name, f.since)
+    assert max(f.since for spec in SPECS for f in spec.fields) == PROTOCOL_VERSION

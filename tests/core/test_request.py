@@ -119,3 +119,36 @@ def test_over_the_context_is_refused_with_both_numbers(prompt: int, asked: int |
         token_budget(prompt, asked, context)
     assert err.value.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
     assert str(prompt) in str(err.value) and str(context) in str(err.value)
+
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+TOOL = {"type": "function", "function": {"name": "f"}}
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ({"prompt": "hi", "tools": [TOOL]}, "tools need chat messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": []}, "tools must be"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+     "tools must be"),
+    ({"messages": [{"role": "user", "content": "hi", "tool_calls": [CALL]}]},
+     "messages[0].tool_calls"),
+    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]},
+                   {"role": "user", "content": "hi"}]}, "messages[0].tool_calls"),
+    ({"messages": [{"role": "tool", "content": "18", "tool_call_id": 7}]},
+     "messages[0].tool_call_id"),
+])
+def test_tools_and_tool_messages_are_checked(fields: dict[str, Any], problem: str) -> None:
+    with pytest.raises(ProtocolError) as e:
+        parse_submit(fields, lambda: "r")
+    assert problem in str(e.value)
+
+
+def test_tool_messages_keep_what_a_chat_template_renders() -> None:
+    msgs = [{"role": "user", "content": "hi", "extra": 1},
+            {"role": "assistant", "content": "", "tool_calls": [CALL]},
+            {"role": "tool", "content": "18", "tool_call_id": "c1", "name": "f"}]
+    req = parse_submit({"messages": msgs, "tools": [TOOL]}, lambda: "r")
+    assert req.messages == ({"role": "user", "content": "hi"},
+                            {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                            {"role": "tool", "content": "18", "tool_call_id": "c1", "name": "f"})
+    assert req.tools == (TOOL,)

@@ -52,8 +52,8 @@ def make_checkpoint(
     layers: int = 4,
     hidden: int = 32,
     intermediate: int = 48,
-    heads: int = 4,
-    kv_heads: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
     head_dim: int | None = None,
     vocab: int = 320,
     tie: bool = False,
@@ -153,12 +153,12 @@ def make_checkpoint(
 
 
 LLAMA_GQA: dict[str, Any] = {
-    "arch": "llama", "layers": 4, "heads": 4, "kv_heads": 2, "tie": False,
+    "arch": "llama", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "tie": False,
     "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
     "chat_template": CHAT_TEMPLATE,
 }
 QWEN2_GQA: dict[str, Any] = {
-    "arch": "qwen2", "layers": 4, "heads": 6, "kv_heads": 2, "hidden": 48, "tie": True,
+    "arch": "qwen2", "layers": 4, "heads": 6, "kv_heads": 2, "hidden": 96, "tie": True,
     "seed": 1,
 }

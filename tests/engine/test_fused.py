@@ -3,10 +3,12 @@ join of the prefilled prompt into the decoding rows (meshd/engine/fused.py, batc
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from meshd.engine import GenerationConfig, Model
+from meshd.engine import GenerationConfig, Model, load_model
 from meshd.engine.batch import BatchStage
 from meshd.engine.fused import FusedStep
 from meshd.engine.scheduler import BatchScheduler, prepare
@@ -106,3 +108,23 @@ def test_a_chunk_rides_in_the_decode_step_and_the_join_grows_into_prepared_buffe
     assert sched.stage.prepared_bytes > 0 and sched.stage.zeroed_at_join == 0
     assert sched.stage.capacity > cap >= 0 and long in sched.running
     assert long.slot is not None and long.slot.length == len(long_ids)
+
+
+def test_a_model_loaded_fused_serves_every_run_from_its_one_session(
+        model_dirs: dict[str, Path], models: dict[str, Model]) -> None:
+    """``load_model(fused=True)`` (a batching daemon) builds only the fused graph: plain runs
+    (its own loop, batched decode steps, a prompt's chunks) go through it with the chunk group
+    idle, and give what the plain graph gives."""
+    model = load_model(model_dirs["llama"], fused=True)
+    plain = models["llama"]
+    prompt = [5, 6, 7, 8, 9]
+    want = [e.token_id for e in plain.generate_sync(prompt, GREEDY)]
+    assert [e.token_id for e in model.generate_sync(prompt, GREEDY)] == want
+    whole = model.stage(0, model.num_layers)
+    assert whole.fused and whole is model.stage(0, model.num_layers, fused=True)
+    assert [st["layers"] for st in model.statistics()["stages"]] == [[0, model.num_layers]]
+    sched = BatchScheduler(model)
+    seqs = [prepare(model, p, GREEDY, False) for p in (prompt, [11, 12, 13])]
+    got = run_with_joins(sched, seqs, {0: [0], 2: [1]})
+    assert got == [want, [e.token_id for e in plain.generate_sync([11, 12, 13], GREEDY)]]
+    assert len(model.statistics()["stages"]) == 1  # the scheduler built no second session

@@ -45,7 +45,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
     "llama-attention-bias-linear-rope": (
         {"attention_bias": True, "layers": 2, "kv_heads": 1,
          "rope_scaling": {"type": "linear", "factor": 2.0}}, {}, False),
-    "head-dim-override-mha": ({"layers": 2, "heads": 2, "kv_heads": 2, "head_dim": 24}, {},
+    "head-dim-override-mha": ({"layers": 2, "heads": 2, "kv_heads": 2, "head_dim": 32}, {},
                               False),
     "qwen2-untied": ({"arch": "qwen2", "layers": 2, "kv_heads": 1}, {}, False),
 }

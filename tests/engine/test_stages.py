@@ -94,7 +94,7 @@ def test_chunked_prefill_and_cache_growth(models: dict[str, Model],
         assert s.length == b
         assert s.capacity >= b
     np.testing.assert_allclose(np.concatenate(parts), whole, rtol=0, atol=1e-4)
-    assert s.memory_bytes() == 2 * model.num_layers * 2 * s.capacity * 8 * 4
+    assert s.memory_bytes() == 2 * model.num_layers * 2 * s.capacity * 16 * 4
 
 
 def test_long_inputs_run_in_chunks(models: dict[str, Model],
@@ -176,8 +176,8 @@ def test_prebuilt_stage_files_run_in_bare_onnxruntime(model_dirs: dict[str, Path
     ids = np.array(model.tokenizer.encode(PROMPT))
     feeds = {"input_ids": ids[None], "positions": np.arange(len(ids))[None]}
     for i in (0, 1):
-        feeds[f"past_key.{i}"] = np.zeros((1, 2, 8, len(ids)), np.float32)  # [B, kvh, d, C]
-        feeds[f"past_value.{i}"] = np.zeros((1, 2, len(ids), 8), np.float32)
+        feeds[f"past_key.{i}"] = np.zeros((1, 2, len(ids), 16), np.float32)  # [B, kvh, C, d]
+        feeds[f"past_value.{i}"] = np.zeros((1, 2, len(ids), 16), np.float32)
     hidden = bare.run(["hidden_out"], feeds)[0]
     ours = model.stage(0, 2).open_session().step(ids, np.arange(len(ids)))
     np.testing.assert_allclose(hidden[0], ours, rtol=0, atol=1e-5)

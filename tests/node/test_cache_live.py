@@ -1,6 +1,8 @@
-"""The semantic cache at the entry node, on real daemons with the real embedding model and real
-SQLite (issue 15): a paraphrase is answered from the cache of the node it entered, a different
-client is not, `cache: false` stays out, entries survive a restart, and the bound holds."""
+"""The answer cache at the entry node, on real daemons with the real embedding model, the pair
+verifier and real SQLite: an exact repeat is answered on the node it entered right after the
+first answer, without the embedding model; a paraphrase within the error bound is answered
+from the cache too, a different client is not, `cache: false` stays out; wrong-answer feedback
+removes an entry; entries survive a restart, and the size bound holds."""
 
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ PARAPHRASE = "In a leap year, how many days are there?"
 
 def specs() -> list[NodeSpec]:
     return [NodeSpec(name="c1", extra={"cache": {"enabled": True, "max_entries": 3}}),
-            NodeSpec(name="c2", extra={"cache": {"enabled": True}})]
+            NodeSpec(name="c2", extra={"cache": {"enabled": True}}),
+            # exact repeats only: the embedding model is never loaded
+            NodeSpec(name="c3", extra={"cache": {"enabled": True, "max_error": 0.0}})]
 
 
 @pytest.fixture(scope="module")
@@ -55,26 +59,90 @@ def ask(s: str, prompt: str, **extra: Any) -> dict[str, Any]:
 
 
 def warm(s: str) -> None:
-    """The cache loads its model on the first request it could take (a node that never gets one
-    stays light): ask once, then wait for it."""
+    """The cache loads its model on the first request the semantic path could take (a node
+    that never gets one stays light; an exact repeat is not one): ask a new question once,
+    then wait for it."""
     assert cache_stats(s)["state"] in ("idle", "loading", "ready")
-    ask(s, "Warm up.", client="warmup")
+    ask(s, f"Warm up number {time.monotonic_ns()}.", client="warmup")
     wait_for(lambda: cache_stats(s)["state"] == "ready", 180, "the semantic cache to load")
+
+
+def api(mesh: dict[str, Any], name: str) -> tuple[str, dict[str, str]]:
+    """(the node's API URL, the testnet key's headers: client "testnet")."""
+    n = next(n for n in mesh["index"]["nodes"] if n["name"] == name)
+    key = (Path(mesh["dir"]) / "api-key").read_text().strip()
+    return n["api_url"], {"authorization": f"Bearer {key}"}
+
+
+def test_an_exact_repeat_is_answered_at_once_without_the_embedding_model(
+        mesh: dict[str, Any]) -> None:
+    """Right after the first answer, with nothing waited for, the same greedy request is
+    answered from the cache of the node it entered, by the exact path: on the node whose cache
+    never loads an embedding model too."""
+    url, headers = api(mesh, "c3")
+    s3 = sock(mesh, "c3")
+    wait_for(lambda: cache_stats(s3).get("entries") is not None, 60, "the cache file to open")
+    body = {"model": "tiny-en", "prompt": "Name three primary colours.", "max_tokens": 8,
+            "temperature": 0}
+    first = httpx.post(f"{url}/completions", json=body, headers=headers, timeout=60)
+    again = httpx.post(f"{url}/completions", json=body, headers=headers, timeout=60)
+    assert first.status_code == again.status_code == 200, (first.text, again.text)
+    assert first.headers["x-meshd-cache"] == "miss" and again.headers["x-meshd-cache"] == "exact"
+    assert again.headers["x-meshd-served-by"] == "c3"
+    assert again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    st = cache_stats(s3)
+    assert st["state"] == "idle" and not st["semantic"]  # the model was never loaded...
+    assert st["embedded"] == 0  # ... nor any question embedded
+    assert (st["exact_hits"], st["misses"]) == (1, 1)
+    # and through the control socket, on a node whose model is still loading or not
+    s2 = sock(mesh, "c2")
+    wait_for(lambda: cache_stats(s2).get("entries") is not None, 60, "the cache file to open")
+    one = ask(s2, "Which planet is the largest?", client="erin")
+    two = ask(s2, "Which planet is the largest?", client="erin")
+    assert not one["cached"] and two["cached"] and two["cache"]["kind"] == "exact"
+    assert two["served_by"] == "c2" and two["text"] == one["text"]
+    explained = json.loads(meshd("explain", two["request_id"], "--json", "--socket", s2).stdout)
+    hit = next(e["payload"] for e in explained["events"] if e["kind"] == "cache_hit")
+    assert hit["kind"] == "exact" and "embed_ms" not in hit  # no embedding for it
+
+
+def test_wrong_answer_feedback_removes_the_entry(mesh: dict[str, Any]) -> None:
+    url, headers = api(mesh, "c3")
+    s3 = sock(mesh, "c3")
+    q = {"prompt": "Spell the word cat backwards.", "client": "frank"}
+    ask(s3, **q)
+    served = ask(s3, **q)
+    assert served["cached"]
+    out = meshd("cache", "feedback", served["request_id"], "--wrong", "--json", "--socket", s3)
+    assert json.loads(out.stdout)["removed"] == 1
+    assert not ask(s3, **q)["cached"]  # the model answers again
+    again = ask(s3, **q)  # ... and its answer is kept
+    r = httpx.post(f"{url}/cache/feedback", headers=headers, timeout=30,
+                   json={"request_id": again["request_id"], "verdict": "right"})
+    assert r.status_code == 200 and r.json()["removed"] == 0
+    st = cache_stats(s3)
+    assert (st["feedback_wrong"], st["feedback_right"]) == (1, 1)
+    metrics = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+    assert 'meshd_cache_feedback_total{verdict="wrong"} 1.0' in metrics
+    assert 'meshd_cache_lookups_total{result="exact"}' in metrics
 
 
 def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any]) -> None:
     s1 = sock(mesh, "c1")
     warm(s1)
+    stored = cache_stats(s1)["inserts"]
     first = ask(s1, ASKED, client="alice")
     assert not first["cached"]
-    wait_for(lambda: cache_stats(s1)["inserts"] >= 1, 30, "the answer to be stored")
+    wait_for(lambda: cache_stats(s1)["inserts"] > stored, 30, "the answer to be stored")
     again = ask(s1, PARAPHRASE, client="alice")
     assert again["cached"] is True and again["served_by"] == "c1" and again["route"] == ["c1"]
     assert again["text"] == first["text"]  # the greedy answer, not run again
-    # the default verifier (the learned pair verifier) brings its own threshold
-    from meshd.embed.pair_verifier import read_info, shipped_verifier
-    want = read_info(shipped_verifier()).threshold
-    assert again["cache"]["similarity"] >= again["cache"]["threshold"] == want
+    # served by the semantic path, above the threshold the calibration gives at the default
+    from meshd.cache.bound import threshold
+    from meshd.embed.pair_verifier import read_calibration
+    how = again["cache"]
+    assert how["kind"] == "semantic"
+    assert how["score"] > how["threshold"] == round(threshold(read_calibration(), 0.01), 4)
     # the same question from another client is not served alice's answer
     assert not ask(s1, PARAPHRASE, client="bob")["cached"]
     # cache: false stays out
@@ -83,22 +151,22 @@ def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any
     s2 = sock(mesh, "c2")
     warm(s2)
     assert not ask(s2, PARAPHRASE, client="alice")["cached"]
-    # the HTTP API marks a hit with x-meshd-cache (the testnet's key is client "testnet")
-    n1 = next(n for n in mesh["index"]["nodes"] if n["name"] == "c1")
-    key = (Path(mesh["dir"]) / "api-key").read_text().strip()
+    # a request may set its own bound: 0 keeps it to exact repeats
+    assert not ask(s1, PARAPHRASE, client="alice", cache_max_error=0.0)["cached"]
+    # the HTTP API says how: x-meshd-cache and the similarity (the testnet's client "testnet")
+    url, headers = api(mesh, "c1")
     body = {"model": "tiny-en", "prompt": ASKED, "max_tokens": 12, "temperature": 0}
     before = cache_stats(s1)["inserts"]
-    for expect_hit in (False, True):
-        if expect_hit:
-            wait_for(lambda: cache_stats(s1)["inserts"] > before, 30, "the API answer to be stored")
-        r = httpx.post(f"{n1['api_url']}/completions", json=body, timeout=60,
-                       headers={"authorization": f"Bearer {key}"})
-        assert r.status_code == 200, r.text
-        assert (r.headers.get("x-meshd-cache") == "hit") is expect_hit
+    r = httpx.post(f"{url}/completions", json=body, timeout=60, headers=headers)
+    assert r.status_code == 200 and r.headers["x-meshd-cache"] == "miss", r.text
+    wait_for(lambda: cache_stats(s1)["inserts"] > before, 30, "the API answer to be stored")
+    r = httpx.post(f"{url}/completions", json={**body, "prompt": PARAPHRASE}, timeout=60,
+                   headers=headers)
+    assert r.headers["x-meshd-cache"] == "semantic"
+    assert float(r.headers["x-meshd-cache-similarity"]) == pytest.approx(how["similarity"], abs=1e-3)
     # POST /v1/embeddings answers with the node's sentence-embedding model, in OpenAI's shape
-    r = httpx.post(f"{n1['api_url']}/embeddings", timeout=60,
-                   json={"input": [ASKED, PARAPHRASE, "Who wrote the Iliad?"]},
-                   headers={"authorization": f"Bearer {key}"})
+    r = httpx.post(f"{url}/embeddings", timeout=60,
+                   json={"input": [ASKED, PARAPHRASE, "Who wrote the Iliad?"]}, headers=headers)
     assert r.status_code == 200, r.text
     got = r.json()
     assert got["object"] == "list" and got["model"] == "all-minilm-l6-v2"
@@ -107,17 +175,57 @@ def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any
     dot = [sum(a * b for a, b in zip(vecs[0], v, strict=True)) for v in vecs]
     assert abs(dot[0] - 1) < 1e-4 and dot[1] > 0.9 > dot[2]  # paraphrase near, other far
     assert got["usage"]["prompt_tokens"] > 0
-    bad = httpx.post(f"{n1['api_url']}/embeddings", json={"input": []}, timeout=30,
-                     headers={"authorization": f"Bearer {key}"})
+    bad = httpx.post(f"{url}/embeddings", json={"input": []}, timeout=30, headers=headers)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
     # explain shows the hit: the journal of the request has the cache_hit event
     rid = again["request_id"]
     explained = json.loads(meshd("explain", rid, "--json", "--socket", s1).stdout)
     hit = next(e["payload"] for e in explained["events"] if e["kind"] == "cache_hit")
-    assert hit["entry"] == again["cache"]["entry"] and hit["similarity"] >= hit["threshold"]
+    assert hit["kind"] == "semantic" and hit["entry"] == how["entry"]
+    assert hit["score"] > hit["threshold"]
     # ... and where the lookup's time went: the paraphrase was embedded and searched
     assert hit["embed_ms"] > 0 and hit["search_ms"] > 0
     assert all(hit[k] >= 0 for k in ("start_ms", "queued_ms", "handoff_ms"))
+
+
+def test_a_follow_up_in_another_conversation_is_never_served_this_ones_answer(
+        mesh: dict[str, Any]) -> None:
+    """Chat through the HTTP API on a node whose semantic path is ready: the same follow-up
+    question after other earlier turns, or with none, is a miss; the very same conversation is
+    an exact hit with its own answer."""
+    url, headers = api(mesh, "c2")
+    s2 = sock(mesh, "c2")
+    warm(s2)
+
+    def turns(topic: str, said: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": f"Tell me about {topic}."},
+                {"role": "assistant", "content": said},
+                {"role": "user", "content": "How do I install it?"}]
+
+    def chat(messages: list[dict[str, str]]) -> httpx.Response:
+        r = httpx.post(f"{url}/chat/completions", headers=headers, timeout=60,
+                       json={"model": "tiny-en", "messages": messages, "max_tokens": 12,
+                             "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r
+
+    def text(r: httpx.Response) -> str:
+        return str(r.json()["choices"][0]["message"]["content"])
+
+    python = turns("Python", "Python is a programming language.")
+    rust = turns("Rust", "Rust is a programming language.")
+    before = cache_stats(s2)["inserts"]
+    first = chat(python)
+    assert first.headers["x-meshd-cache"] == "miss"
+    wait_for(lambda: cache_stats(s2)["inserts"] > before, 30, "the answer to be stored")
+    again = chat(python)
+    assert again.headers["x-meshd-cache"] == "exact" and text(again) == text(first)
+    for other in (rust, python[-1:], [python[0], {"role": "assistant", "content": "A snake."},
+                                      python[-1]]):
+        got = chat(other)
+        assert got.headers["x-meshd-cache"] == "miss", other  # another conversation: the model
+        assert "x-meshd-cache-similarity" not in got.headers
+    assert chat(python).headers["x-meshd-cache"] == "exact"
 
 
 def test_the_bound_holds_and_entries_survive_a_restart(mesh: dict[str, Any]) -> None:
@@ -162,7 +270,7 @@ def test_a_stopped_daemon_saves_its_index_for_the_next_start(tmp_path: Path,
     instead of rebuilding it from every row."""
     import numpy as np
 
-    from meshd.cache import CacheLimits, FixedThreshold, SemanticCache
+    from meshd.cache import CacheLimits, SemanticCache
     from meshd.cache.eviction import entry_bytes
     from meshd.cache.index import EXACT_MAX
     from meshd.cache.keys import prompt_key
@@ -183,8 +291,9 @@ def test_a_stopped_daemon_saves_its_index_for_the_next_start(tmp_path: Path,
     # in-process open build and save the graph
     emb = load_embedder(precision="int8")
     limits = CacheLimits(max_entries=EXACT_MAX * 2, max_bytes=2**36)
-    cache = SemanticCache(db, emb, policy=FixedThreshold(), limits=limits)
-    part = cache.db.execute("SELECT partition FROM entries LIMIT 1").fetchone()[0]
+    cache = SemanticCache(db, emb, limits=limits)
+    part = cache.db.execute("SELECT partition FROM entries WHERE prompt = ?",
+                            ["How tall is the Eiffel Tower?"]).fetchone()[0]  # dave's
     rng = np.random.default_rng(0)
     now = time.time()
     batch = []
@@ -200,7 +309,7 @@ def test_a_stopped_daemon_saves_its_index_for_the_next_start(tmp_path: Path,
             "last_used, expires_at, hits, nbytes, observations) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             batch)
     cache.close()
-    cache = SemanticCache(db, emb, policy=FixedThreshold(), limits=limits)
+    cache = SemanticCache(db, emb, limits=limits)
     cache.close()
     rows, saved = _stamps(db)
     assert saved[part] == rows[part]  # the graph of the filled partition, saved
@@ -209,7 +318,7 @@ def test_a_stopped_daemon_saves_its_index_for_the_next_start(tmp_path: Path,
     try:
         s = index["nodes"][0]["socket"]
         warm(s)
-        assert cache_stats(s)["entries"] == EXACT_MAX + 101
+        assert cache_stats(s)["entries"] >= EXACT_MAX + 101  # and the warm-up questions
         ask(s, "Who painted the Mona Lisa?", client="dave")
         wait_for(lambda: cache_stats(s)["inserts"] >= 1, 60, "the answer to be stored")
     finally:

@@ -57,8 +57,10 @@ def race(lookup_s: float, kind: str, model_s: tuple[float, float], served_by: st
     async def main() -> None:
         async def answer() -> None:
             await trio.sleep(lookup_s)
-            answer = "366 (cached)" if kind == "hit" else None
-            pending.set(Lookup(kind, "", answer, 7 if kind == "hit" else None, 0.93, 0.85))
+            hit = kind == "hit"
+            pending.set(Lookup("semantic" if hit else "miss", "", "366 (cached)" if hit else None,
+                               7 if hit else None, "p" if hit else None, None, 0.93, 0.97,
+                               0.85))
 
         async with trio.open_nursery() as n:
             n.start_soon(answer)

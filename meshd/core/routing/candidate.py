@@ -32,3 +32,7 @@ class Candidate(NamedTuple):
     score: float | None
     excluded_by: str | None
     joules_per_token: float | None = None
+    # prompt tokens whose KV the node's advert says it holds, and the prefill ms that saves
+    # (``prefill_ms`` is what is left); 0 when it holds none or the prompt's ids are unknown
+    prefix_tokens: int = 0
+    prefix_credit_ms: float = 0.0

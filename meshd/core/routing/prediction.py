@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshd.core.energy import joules_per_token
+from meshd.core.predict import uncached_tokens
+from meshd.core.prefix_names import block_hashes, summary_probes, summary_span
 from meshd.core.routing.index import Floats, Ints, ModelIndex, Positions, Vec, _Fixed
 from meshd.core.snapshot import Policy, RouteRequest
 
@@ -41,6 +43,36 @@ class _Predictions:
     # joules per generated token from measured power (meshd.core.energy; NaN: not measured);
     # None when no candidate measures its power
     energy: Vec | None = None
+    # prompt tokens each holds in its KV prefix cache (None: none advertised, or ids unknown)
+    cached: list[int] | Ints | None = None
+
+
+def _cached(req: RouteRequest, idx: ModelIndex, e: Positions) -> list[int] | Ints | None:
+    """Prompt tokens of ``req`` each node ``e`` holds in its KV prefix cache, from the prefix
+    summaries of the adverts (``prefix_names.matched_tokens``, as a lookup of the request's
+    few summary-depth names in the index's map: the block names are computed once per model
+    identity, and the cost grows with the nodes listing a match, not with the candidates).
+    None when no node lists a prefix of it or the ids are unknown."""
+    if not req.prompt_ids or not idx.px_at:
+        return None
+    # the probes go from shallow to deep: the deepest listed prefix of a node stays
+    span = req.prompt_ids[:summary_span(len(req.prompt_ids))]
+    probes = [p for mid in idx.px_models for p in summary_probes(block_hashes(span, mid))]
+    if isinstance(e, np.ndarray):
+        at = idx.px_arrays()
+        full = np.zeros(len(idx.nodes), dtype=np.intp)
+        for tokens, short in probes:
+            pos = at.get(short)
+            if pos is not None:
+                full[pos] = tokens
+        got: Ints = full[e]
+        return got if got.any() else None
+    held: dict[int, int] = {}
+    for tokens, short in probes:
+        for i in idx.px_at.get(short, ()):
+            held[i] = tokens
+    out = [held.get(i, 0) for i in e]
+    return out if any(out) else None
 
 
 def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -> _Predictions:
@@ -56,7 +88,12 @@ def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -
     rtt, advs, sent, cs, rates, ipf, idc, ages, cph = (
         idx.rtt, idx.adv, idx.sent, idx.c, idx.rate, idx.inv_pf, idx.inv_dc, idx.age, idx.cph,
     )  # fmt: skip
-    prefill = [p * ipf[i] for i in e]
+    cached = _cached(req, idx, e)
+    if cached is None:
+        prefill = [p * ipf[i] for i in e]
+    else:
+        n = max(req.prompt_tokens, 0)
+        prefill = [float(uncached_tokens(n, m)) * ipf[i] for m, i in zip(cached, e, strict=True)]
     svc = [max(pre + o * idc[i], 1e-3) for pre, i in zip(prefill, e, strict=True)]
     rate = [rates[i] if rates[i] > 0.0 else cs[i] * 1000.0 / s for i, s in zip(e, svc, strict=True)]
     age = [ages[i] for i in e]
@@ -85,7 +122,7 @@ def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -
             is None else j
             for k, i in enumerate(e)
         ]
-    return _Predictions(e, rate, wait, prefill, ttft, cost, age, None, energy)
+    return _Predictions(e, rate, wait, prefill, ttft, cost, age, None, energy, cached)
 
 
 def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) -> _Predictions:
@@ -100,7 +137,11 @@ def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) ->
     o = float(max(req.max_tokens - 1, 0))
     f = policy.stale_relax_factor
     c = part.c
-    prefill = p * part.inv_pf
+    cached = _cached(req, idx, ix)
+    if cached is None or p <= 0.0:
+        prefill = p * part.inv_pf
+    else:  # predict.uncached_tokens as a vector: the rest of the prompt, and its last token
+        prefill = (p - np.minimum(cached, p - 1.0)) * part.inv_pf
     svc = o * part.inv_dc
     svc += prefill
     np.maximum(svc, 1e-3, out=svc)
@@ -112,7 +153,7 @@ def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) ->
         fx = part.fixed(f if f > 0.0 else 0.0)
         ttft = fx.rtt_wait + prefill
         return _Predictions(ix, part.rate, fx.wait, prefill, ttft, cost, part.age, fx,
-                            _energy_np(req, idx, ix, svc, c))
+                            _energy_np(req, idx, ix, svc, c), cached)
     if part.measured.any():
         rate = np.where(part.measured, part.rate, part.c1000 / svc)
     else:
@@ -137,7 +178,7 @@ def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) ->
     ttft = part.rtt + wait
     ttft += prefill
     return _Predictions(ix, rate, wait, prefill, ttft, cost, part.age, None,
-                        _energy_np(req, idx, ix, svc, c))
+                        _energy_np(req, idx, ix, svc, c), cached)
 
 
 def _energy_np(req: RouteRequest, idx: ModelIndex, ix: Ints, svc: Floats, c: Floats) -> Floats | None:

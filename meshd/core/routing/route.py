@@ -134,6 +134,18 @@ def _candidates(
         [None if j != j else j for j in _take(pr.energy, at)] if pr.energy is not None
         else [None] * len(ks)
     )
+    if pr.cached is not None:  # nodes holding a prefix of the prompt: what it saves them
+        held = [int(pr.cached[k]) for k in ks]
+        inv = [idx.inv_pf[i] for i in (pr.e[at].tolist() if isinstance(pr.e, np.ndarray)
+                                        else [pr.e[k] for k in ks])]
+        return [
+            Candidate(n.peer_id, n.name, t if math.isfinite(t) and t < 1e15 else None,
+                      n.rtt_ms, n.rtt_source, w, p, sc, None, jpt, m,
+                      float(m) * ipf if m else 0.0)
+            for n, t, w, p, sc, jpt, m, ipf in zip(
+                nodes, _take(pr.ttft, ks), _take(pr.wait, ks), _take(pr.prefill, ks), scores,
+                energy, held, inv, strict=True)
+        ]
     return [
         Candidate(
             n.peer_id,

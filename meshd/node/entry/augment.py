@@ -27,7 +27,7 @@ from meshd.core.augment import Fit, Passage, build_prompt, fit_passages
 from meshd.core.request import EntryRequest
 from meshd.errors import ErrorCode, RemoteError
 from meshd.node.entry.context import EntryContext, EntryNode
-from meshd.node.entry.prepare import context_length
+from meshd.node.entry.prepare import context_length, template_tools
 
 
 async def augment(ctx: EntryContext, chain: Any) -> None:
@@ -78,8 +78,8 @@ async def augment(ctx: EntryContext, chain: Any) -> None:
 def question_of(req: EntryRequest) -> str:
     """What retrieval searches for: the prompt, or the last user message of a chat."""
     if req.messages is not None:
-        users = [m["content"] for m in req.messages if m.get("role") == "user"]
-        return users[-1] if users else req.messages[-1]["content"]
+        users = [str(m["content"]) for m in req.messages if m.get("role") == "user"]
+        return users[-1] if users else str(req.messages[-1]["content"])
     return req.prompt or ""
 
 
@@ -107,7 +107,8 @@ def _encoder(ctx: EntryContext, node: EntryNode) -> Callable[[EntryRequest], lis
 
         def local(req: EntryRequest) -> list[int]:
             if req.messages is not None:
-                return list(runner.encode_messages(model, list(req.messages)))
+                return list(runner.encode_messages(model, list(req.messages),
+                                                   tools=template_tools(req)))
             return list(runner.encode(model, req.prompt or "", chat=req.chat))
 
         return local
@@ -117,7 +118,8 @@ def _encoder(ctx: EntryContext, node: EntryNode) -> Callable[[EntryRequest], lis
 
     def edge(req: EntryRequest) -> list[int]:
         if req.messages is not None:
-            return list(tok.encode_chat(list(req.messages)))
+            return list(tok.encode_chat(list(req.messages),
+                                        tools=template_tools(req)))
         return list(tok.encode_prompt(req.prompt or "", chat=req.chat))
 
     return edge

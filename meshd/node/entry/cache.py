@@ -1,14 +1,17 @@
-"""Entry steps "edge answer" and "remember": the semantic cache (docs/cache.md).
+"""Entry steps "edge answer" and "remember": the answer cache (docs/cache.md).
 
-Before routing, the prompt is looked up in this node's cache (``meshd.node.edge_cache``): a
-request whose prompt means the same as one answered before, for the same model, settings and
-client (or a tenant's clients that all opted in to sharing), is answered from the cache, marked
-``cached``, without touching a model. Who may read what and when a similarity is a hit are the
-cache's pure rules (``meshd.cache.keys``, ``meshd.cache.policy``). Greedy requests take part by
-default; sampled ones only when they opt in; ``cache: false`` keeps a request out.
+Before routing, the request is looked up in this node's cache (``meshd.node.edge_cache``),
+for the same model, settings, context (system prompt, earlier turns, tools, schema) and client
+(or a tenant's clients that all opted in to sharing): first the very same request (the exact
+path, on the event loop, no model of any kind), then a question that means the same within the
+request's error bound (the semantic path, in a worker thread while routing goes on). A hit is
+answered from the cache, marked ``cached`` with how (``exact`` or ``semantic``), without
+touching a model. Who may read what and when a candidate is served are the cache's pure rules
+(``meshd.cache.keys``, ``meshd.cache.policy``, ``meshd.cache.bound``). Greedy requests take
+part by default; sampled ones only when they opt in; ``cache: false`` keeps a request out.
 
-After a request was answered by a model, "remember" stores the answer for next time, off the
-critical path (the client already has it).
+After a request was answered by a model, "remember" keeps the answer for next time: an exact
+hit at once, written after the client has it.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ _ENGINE = GenerationConfig()  # what the engine uses for the settings a request 
 
 
 def cache_request(ctx: EntryContext, node: EntryNode, tenant: str) -> Any:
-    from meshd.cache import CacheRequest
+    """The request as the cache sees it: the question (the last message, or the prompt), the
+    context it must share with a cached one (earlier messages, tools, schema), the bound."""
+    from meshd.cache import CacheRequest, conversation
 
     req, s = ctx.req, ctx.req.sampling
     if req.messages is not None:
-        prompt = "\n".join(f"{m['role']}: {m['content']}" for m in req.messages)
+        prompt, context, follow_up = conversation(req.messages, req.shape)
     else:
-        prompt = req.prompt or ""
+        prompt, context, follow_up = req.prompt or "", req.shape, False
+    max_error = req.cache_max_error
     return CacheRequest(
         model=model_identity(node, ctx.model), tenant=tenant, client=req.client, prompt=prompt,
         temperature=s.temperature if s.temperature is not None else _ENGINE.temperature,
@@ -44,6 +50,10 @@ def cache_request(ctx: EntryContext, node: EntryNode, tenant: str) -> Any:
         max_tokens=ctx.max_tokens, seed=s.seed, stop=s.stop,
         chat=req.chat or req.messages is not None,
         cache_sampled=bool(req.cache),  # an explicit cache: true opts a sampled request in
+        context=context, follow_up=follow_up,
+        max_error=max_error if max_error is not None else node.config.cache.max_error,
+        presence_penalty=s.presence_penalty or 0.0, frequency_penalty=s.frequency_penalty or 0.0,
+        logit_bias=s.logit_bias, n=s.n, logprobs=s.logprobs,
     )
 
 
@@ -82,29 +92,30 @@ def identity_of(node: EntryNode, model: str, served_by: str | None = None) -> st
 
 
 async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None:
-    """The very same prompt is answered here, at once. Anything else that the cache may take
-    starts its semantic lookup (the prompt's embedding, in a worker thread) and moves on:
+    """The very same request is answered here, at once. Anything else that the semantic path
+    may take starts its lookup (the question's embedding, in a worker thread) and moves on:
     routing and the model start meanwhile, and ``execute_or_cached`` settles which answers."""
-    if ctx.req.cache is False or ctx.req.rag or cache.state == "off":
+    if ctx.req.cache is False or ctx.req.rag:
         return  # a retrieval request's answer depends on context the cache key does not hold
-    if ctx.req.sampling.shapes_output:
-        return  # a grammar, n, logprobs or OpenAI's penalties: not in the cache's key
+    await cache.opened.wait()  # a request may come in while the node is still starting
+    if cache.store is None:
+        return
     from meshd.cache.keys import admit
 
     creq = cache_request(ctx, node, node.config.cache.tenant)
     adm = admit(creq)
     if not adm.cacheable:
-        cache.stats["skips"] += 1
         ctx.journal("cache_skip", {"reason": adm.reason})
         return
-    got = cache.lookup_exact(creq)
-    if got is False:  # off or still loading
-        return
-    if got is None:
+    ctx.extra["cache"] = (creq, None)  # a model's answer is kept for next time
+    got = await cache.exact(creq)
+    if got is not None:
+        ctx.extra["cache"] = (creq, got)
+        await _serve_hit(ctx, node, got)
+    elif adm.semantic and cache.semantic_ready():
         ctx.extra["cache_pending"] = (creq, cache.start_lookup(creq))
-        return
-    ctx.extra["cache"] = (creq, got)
-    await _serve_hit(ctx, node, got)
+    else:
+        cache.missed()
 
 
 async def execute_or_cached(ctx: EntryContext, node: EntryNode,
@@ -127,7 +138,7 @@ async def execute_or_cached(ctx: EntryContext, node: EntryNode,
         got = await _result(ctx, lookup)
         if got is not None:
             ctx.extra["cache"] = (creq, got)
-        if got is not None and got.kind == "hit":
+        if got is not None and got.hit:
             await _serve_hit(ctx, node, got)
         else:
             await run()
@@ -147,7 +158,7 @@ async def execute_or_cached(ctx: EntryContext, node: EntryNode,
             got = await _result(ctx, lookup)
             if got is not None:
                 ctx.extra["cache"] = (creq, got)
-            if got is not None and got.kind == "hit":
+            if got is not None and got.hit:
                 hit = got
                 model_scope.cancel()
             else:
@@ -175,7 +186,7 @@ async def cached_instead(ctx: EntryContext, node: EntryNode) -> bool:
         return False
     creq, lookup = pending
     got = await _result(ctx, lookup)
-    if got is None or got.kind != "hit":
+    if got is None or not got.hit:
         return False
     ctx.extra["cache"] = (creq, got)
     await _serve_hit(ctx, node, got)
@@ -209,13 +220,23 @@ class _Gate:
             self._flushing = False
 
 
+def _how(got: Any) -> dict[str, Any]:
+    """How a request was served by the cache, as the answer, the journal and the HTTP headers
+    say it."""
+    out: dict[str, Any] = {"kind": got.kind, "similarity": _round(got.similarity),
+                           "entry": got.entry_id}
+    if got.kind == "semantic":
+        out.update(score=_round(got.score), threshold=_round(got.threshold))
+    return out
+
+
 async def _serve_hit(ctx: EntryContext, node: EntryNode, got: Any) -> None:
     answer = str(got.answer)
     ttft_ms = (time.perf_counter() - ctx.started) * 1000.0
-    ctx.journal("cache_hit", {"similarity": _round(got.similarity), "entry": got.entry_id,
-                              "threshold": _round(got.threshold),
-                              **ctx.extra.get("cache_timing", {})})
-    await ctx.emit("route", {"served_by": node.node_name, "route": [node.node_name], "cached": True})
+    how = _how(got)
+    ctx.journal("cache_hit", {**how, **ctx.extra.get("cache_timing", {})})
+    await ctx.emit("route", {"served_by": node.node_name, "route": [node.node_name],
+                             "cached": True, "cache": how})
     ids: list[int] = []
     if node.runner.ready(ctx.model):
         ids = await node.runner.aencode(ctx.model, answer)
@@ -228,27 +249,32 @@ async def _serve_hit(ctx: EntryContext, node: EntryNode, got: Any) -> None:
         "hedges": 0, "request_id": ctx.req.request_id, "text": answer, "token_ids": ids,
         "model": ctx.model, "strategy": "cache", "prompt_tokens": ctx.prompt_tokens,
         "completion_tokens": len(ids), "finish_reason": "stop", "max_tokens": ctx.max_tokens,
-        "cached": True,
-        "cache": {"similarity": _round(got.similarity), "entry": got.entry_id,
-                  "threshold": _round(got.threshold)},
+        "cached": True, "cache": how,
     }
 
 
 async def remember(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None:
-    """After a model answered: keep the answer (a cache hit is not stored again)."""
-    if ctx.answer is None or ctx.answer.get("cached"):
+    """After the answer: a model's is kept for next time (an exact hit from now on); a cache
+    hit is noted, so that feedback on it can name its entry."""
+    if ctx.answer is None or "cache" not in ctx.extra:
         return
-    text = str(ctx.answer.get("text", ""))
-    if "cache" in ctx.extra:
-        creq, got = ctx.extra["cache"]
-        want = identity_of(node, ctx.model)
-        served = identity_of(node, ctx.model, str(ctx.answer.get("served_by") or ""))
-        if want and served and served != want:  # another model under the same name answered
-            cache.stats["skips"] += 1
-            ctx.journal("cache_skip", {"reason": f"answered by {served}, not {want}"})
-            return
-        if got.kind in ("miss", "verify"):
-            cache.remember(creq, text, got)
+    creq, got = ctx.extra["cache"]
+    rid = ctx.req.request_id
+    if ctx.answer.get("cached"):
+        cache.served(rid, got)
+        return
+    want = identity_of(node, ctx.model)
+    served = identity_of(node, ctx.model, str(ctx.answer.get("served_by") or ""))
+    if want and served and served != want:  # another model under the same name answered
+        cache.stats["other_model"] += 1
+        ctx.journal("cache_skip", {"reason": f"answered by {served}, not {want}"})
+        return
+    miss: dict[str, Any] = {"kind": "miss"}
+    if got is not None:
+        miss.update(reason=got.reason, similarity=_round(got.similarity),
+                    score=_round(got.score), threshold=_round(got.threshold))
+    ctx.answer["cache"] = miss
+    cache.remember(creq, str(ctx.answer.get("text", "")), got, rid)
 
 
 async def _result(ctx: EntryContext, lookup: Any) -> Any:

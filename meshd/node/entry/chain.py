@@ -53,7 +53,7 @@ from meshd.node.entry.augment import augment
 from meshd.node.entry.cache import cached_instead, edge_answer, execute_or_cached, remember
 from meshd.node.entry.context import Emit, EntryContext, EntryNode
 from meshd.node.entry.execute import execute
-from meshd.node.entry.prepare import models_heard, prepare
+from meshd.node.entry.prepare import chat_template, models_heard, prepare
 from meshd.node.entry.reach import reach
 from meshd.node.entry.record import Observer, record
 from meshd.node.entry.route import route
@@ -160,12 +160,24 @@ class EntryChain:
         return [{**facts.get(name, {}), "id": name, **row}
                 for name, row in sorted(models_heard(self.node).items())]
 
+    async def chat_template(self, model: str) -> str | None:
+        """The chat template this node renders ``model``'s chats with (None: none known)."""
+        if model not in models_heard(self.node) and self.node.runner.get(model) is None:
+            return None
+        return await chat_template(self.node, model)
+
     async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
         """Sentence embeddings with this node's model (the semantic cache's), for the API."""
         if self.cache is None:
             raise RemoteError("this node runs no semantic cache, so no embedding model",
                               ErrorCode.UNSUPPORTED)
         return await self.cache.embed(texts)
+
+    async def cache_feedback(self, rid: str, verdict: str) -> dict[str, Any]:
+        """The answer of ``rid`` was right or wrong (``EdgeCache.feedback``)."""
+        if self.cache is None:
+            raise RemoteError("this node runs no answer cache", ErrorCode.UNSUPPORTED)
+        return await self.cache.feedback(rid, verdict)
 
     def statistics(self) -> dict[str, Any]:
         return {**self.stats, "in_flight": len(self.in_flight),

@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from meshd.core.budget import token_budget
+from meshd.core.request import EntryRequest
 from meshd.errors import ErrorCode, RemoteError, UnknownModelError
 from meshd.node.entry.context import EntryContext, EntryNode
 
@@ -35,7 +36,8 @@ async def prepare(ctx: EntryContext, node: EntryNode) -> None:
     tokenized, why = "here", ""
     if node.runner.ready(ctx.model):  # served here (an upstream model: its server answers)
         if req.messages is not None:
-            ctx.prompt_ids = await node.runner.aencode_messages(ctx.model, list(req.messages))
+            ctx.prompt_ids = await node.runner.aencode_messages(ctx.model, list(req.messages),
+                                                                tools=template_tools(req))
         else:
             ctx.prompt_ids = await node.runner.aencode(ctx.model, req.prompt or "", chat=req.chat)
         ctx.tokenizer = node.runner.tokenizer_identity(ctx.model)
@@ -89,7 +91,7 @@ async def _edge_tokenize(ctx: EntryContext, node: EntryNode) -> str:
         if tok is not None:
             def encode() -> list[int]:
                 if req.messages is not None:
-                    return list(tok.encode_chat(list(req.messages)))
+                    return list(tok.encode_chat(list(req.messages), tools=template_tools(req)))
                 return list(tok.encode_prompt(req.prompt or "", chat=req.chat))
 
             text = (req.prompt or "") if req.messages is None else "".join(
@@ -104,6 +106,27 @@ async def _edge_tokenize(ctx: EntryContext, node: EntryNode) -> str:
     ctx.journal("tokenizer_unavailable", {"model": ctx.model, "tokenizer": identity[:12],
                                           "reason": why, "forwarded": "text"})
     return why
+
+
+async def chat_template(node: EntryNode, model: str) -> str | None:
+    """The chat template ``prepare`` renders ``model``'s chat messages with: the local model's
+    tokenizer's, else the one the mesh advertises for it (fetched as ``_edge_tokenize`` does);
+    None when there is none, or for an upstream model (its server renders, without tools)."""
+    if node.runner.ready(model):
+        served = node.runner.get(model)
+        tok = getattr(getattr(getattr(served, "model", None), "model", None), "tokenizer", None)
+        info = getattr(tok, "info", None)
+        return getattr(info, "chat_template", None) or None
+    identity = node.tokenizers.advertised(model)
+    if not identity or not node.config.routing.edge_tokenize:
+        return None
+    tok, _ = await node.tokenizers.get(identity, node.config.routing.tokenizer_wait_s)
+    return (tok.info.chat_template or None) if tok is not None else None
+
+
+def template_tools(req: EntryRequest) -> list[Any] | None:
+    """The tools the chat template renders (None: none, or rendered in the messages already)."""
+    return list(req.tools) if req.tools else None
 
 
 def pick_model(node: EntryNode, requested: str | None) -> str:

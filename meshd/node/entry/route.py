@@ -32,6 +32,7 @@ async def route(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int], r
     ctx.route_req = rreq = RouteRequest(
         request_id=req.request_id, model=ctx.model, prompt_tokens=ctx.prompt_tokens,
         max_tokens=ctx.max_tokens, residency=req.residency, client=req.client,
+        prompt_ids=tuple(ctx.prompt_ids),
     )
     snap = node.membership.snapshot()
     if policy.client_quota:  # the quota reads the requests in flight per client
@@ -88,6 +89,8 @@ def decision_record(decision: RouteDecision, req: RouteRequest) -> dict[str, Any
                 "score": c.score,
                 "excluded_by": c.excluded_by,
                 "joules_per_token": c.joules_per_token,
+                **({"prefix_tokens": c.prefix_tokens, "prefix_credit_ms": c.prefix_credit_ms}
+                   if c.prefix_tokens else {}),
             }
             for c in decision.candidates
         ],

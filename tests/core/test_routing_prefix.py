@@ -1,0 +1,123 @@
+"""Prefix-aware prediction: a node whose advert lists a prefix of the prompt is credited with
+the prefill it skips, in the same prediction as its queue (so a hot node is not piled on), in
+the loop and the numpy paths alike, and `meshd explain` states it."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from meshd.core import predict
+from meshd.core.prefix_names import BLOCK_TOKENS, block_hashes
+from meshd.core.routing import route
+from meshd.core.routing.index import NUMPY_MIN_NODES
+from meshd.core.snapshot import MeshSnapshot, NodeView, Policy, RouteRequest, Serving
+from meshd.store.explain import explain_text
+
+M, MID = "m", "gguf:0123"
+IDS = tuple(range(5, 5 + 20 * BLOCK_TOKENS + 7))  # 647 tokens
+NAMES = block_hashes(IDS, MID)
+
+
+def held(blocks: int) -> tuple[bytes, ...]:
+    """The summary of a node holding the prompt's first ``blocks`` blocks (depths 4, 8, 16)."""
+    return tuple(NAMES[d - 1][:8] for d in (4, 8, 16, 32) if d <= blocks)
+
+
+def node(pid: str, px: tuple[bytes, ...] = (), mid: str = MID, **kw: object) -> NodeView:
+    base: dict[str, object] = {
+        "peer_id": pid, "name": pid.upper(), "serving": (Serving(M, 8, 0, 8, model_id=mid,
+                                                                 prefixes=px),),
+        "max_concurrency": 4, "prefill_tps": 1000.0, "decode_tps": 50.0, "rtt_ms": 10.0,
+        "rtt_source": "measured",
+    }  # fmt: skip
+    base.update(kw)
+    return NodeView(**base)  # type: ignore[arg-type]
+
+
+def req(ids: tuple[int, ...] = IDS) -> RouteRequest:
+    return RouteRequest("r1", M, prompt_tokens=len(IDS), max_tokens=11, prompt_ids=ids)
+
+
+def candidates(nodes: list[NodeView], r: RouteRequest, strategy: str = "meshd"):  # type: ignore[no-untyped-def]
+    d = route(r, MeshSnapshot("a0", tuple(nodes)), Policy(strategy=strategy, explain_limit=200),
+              random.Random(1))
+    return d, {c.peer_id: c for c in d.candidates}
+
+
+@pytest.mark.parametrize(("prompt", "cached"), [(647, 0), (647, 512), (647, 640), (100, 512),
+                                                (1, 0), (0, 0), (513, 512)])
+def test_uncached_tokens_always_leave_the_last_token(prompt: int, cached: int) -> None:
+    got = predict.uncached_tokens(prompt, cached)
+    want = 0 if prompt <= 0 else prompt - min(cached, prompt - 1)
+    assert got == want and (prompt <= 0 or got >= 1)
+
+
+@pytest.mark.parametrize(("blocks", "credit_tokens"), [(0, 0), (5, 128), (9, 256), (20, 512)])
+def test_a_node_holding_the_prefix_is_credited_its_prefill(blocks: int, credit_tokens: int) -> None:
+    nodes = [node("a0", held(blocks)), node("b1")]
+    _, c = candidates(nodes, req())
+    ms_per_token = 1.0  # 1,000 tokens/s
+    assert c["a0"].prefix_tokens == credit_tokens
+    assert c["a0"].prefill_ms == pytest.approx((len(IDS) - credit_tokens) * ms_per_token)
+    assert c["a0"].prefix_credit_ms == pytest.approx(credit_tokens * ms_per_token)
+    assert c["b1"].prefix_tokens == 0 and c["b1"].prefill_ms == pytest.approx(len(IDS))
+    assert c["a0"].predicted_ttft_ms == pytest.approx(
+        c["b1"].predicted_ttft_ms - credit_tokens * ms_per_token)
+
+
+def test_no_credit_without_the_ids_or_for_another_prompt_and_names_per_model_identity() -> None:
+    other = block_hashes(IDS, "gguf:other")  # b1 serves m with other weights: its own names
+    nodes = [node("a0", held(20)), node("b1", (other[3][:8],), mid="gguf:other"), node("c2")]
+    for r in (req(ids=()), req(ids=tuple(i + 1 for i in IDS))):
+        _, c = candidates(nodes, r)
+        assert c["a0"].prefix_tokens == 0 and c["a0"].prefill_ms == pytest.approx(len(IDS))
+    _, c = candidates(nodes, req())
+    assert (c["a0"].prefix_tokens, c["b1"].prefix_tokens, c["c2"].prefix_tokens) == (512, 128, 0)
+
+
+def test_the_prefix_holder_wins_until_its_queue_costs_more_than_the_prefill_it_saves() -> None:
+    """The hot-node problem: the credit is weighed against the queue in one prediction."""
+    r = req()
+    idle = [node("a0", held(20)), node("b1"), node("c2")]
+    d, _ = candidates(idle, r)
+    assert d.chosen == "a0"  # 512 ms less prefill, same queue
+    busy = [node("a0", held(20), queue_depth=12, in_flight=4, service_rate_rps=8.0),
+            node("b1"), node("c2")]
+    d, c = candidates(busy, r)
+    assert c["a0"].queue_wait_ms > c["a0"].prefix_credit_ms  # ~1.6 s of queue vs 512 ms saved
+    assert d.chosen != "a0"
+
+
+def test_the_numpy_path_credits_the_same_as_the_loop() -> None:
+    rng = random.Random(3)
+    nodes = [node(f"n{i:03d}", held(rng.choice([0, 0, 5, 9, 20])),
+                  queue_depth=rng.randrange(0, 6), rtt_ms=rng.uniform(1, 80))
+             for i in range(NUMPY_MIN_NODES + 6)]
+    big, cb = candidates(nodes, req())
+    assert len(cb) == len(nodes)
+    small_nodes = nodes[:10]
+    _, cs = candidates(small_nodes, req())
+    for pid, c in cs.items():  # the same node's prediction in a loop-sized mesh
+        assert c.prefix_tokens == cb[pid].prefix_tokens
+        assert c.prefill_ms == pytest.approx(cb[pid].prefill_ms, rel=0, abs=1e-9)
+        assert c.prefix_credit_ms == pytest.approx(cb[pid].prefix_credit_ms, rel=0, abs=1e-9)
+    assert any(c.prefix_tokens for c in cb.values())
+    credited = np.array([c.prefix_tokens for c in cb.values()])
+    assert set(credited.tolist()) <= {0, 128, 256, 512}
+
+
+def test_explain_states_the_cached_prefix_and_the_prefill_it_saves() -> None:
+    from meshd.node.entry.route import decision_record
+
+    r = req()
+    d, _ = candidates([node("a0", held(20)), node("b1")], r)
+    rec = decision_record(d, r)
+    a0 = next(c for c in rec["candidates"] if c["peer_id"] == "a0")
+    assert a0["prefix_tokens"] == 512 and a0["prefix_credit_ms"] == pytest.approx(512.0)
+    b1 = next(c for c in rec["candidates"] if c["peer_id"] == "b1")
+    assert "prefix_tokens" not in b1
+    text = explain_text({"request_id": "r1", "decision": rec, "outcome": {}, "events": []})
+    assert "512 prompt tokens cached there, 512 ms saved" in text
