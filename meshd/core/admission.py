@@ -12,7 +12,9 @@ shortest wait. A refuser's reported wait is exact, the next candidate's predicti
 old, so going on is checked: the next candidate gets the refuser's wait as its bound, and if it
 cannot beat it the request goes back to that refuser, without a bound (``after_refusals``).
 
-Two pure parts, used by the daemon (``meshd.node.entry``, ``meshd.node.runner``):
+Pure parts, used by the router's decision (``meshd.core.decide``), the request's machine after
+it (``meshd.core.request_life``) and the serving node (``meshd.node.runner``, and the simulator's
+``meshd.sim.admission``):
 
 - ``wait_bounds``: the bound for each peer of a routing decision's order;
 - ``after_refusals``: where an attempt goes after refusals, and with what bound;
@@ -87,8 +89,8 @@ def back_to_refuser(next_predicted_ms: float | None, refused_ms: Sequence[float]
     ``refused_ms``, each the refuser's reported wait plus its RTT and prefill as the router saw
     them), or None to go on to the next candidate, predicted at ``next_predicted_ms`` (None when
     nothing was predicted there, or when there is no next candidate: then back to the soonest
-    refuser). Ties go to the next candidate. The daemon (``meshd.node.forward``) and the
-    simulator (``meshd.sim.admission``) both follow this rule."""
+    refuser). Ties go to the next candidate. The request's machine
+    (``meshd.core.request_life``), in the daemon and the simulator alike, follows this rule."""
     if not refused_ms:
         return None
     k = min(range(len(refused_ms)), key=lambda i: refused_ms[i])

@@ -10,6 +10,8 @@ functions, so the candidates a daemon's router sees are drawn the way the simula
   wait, from its members' waits;
 * ``rank_cells``: the cells worth probing, from their score (RTT to the cell plus its best
   wait): every cell within ``PROBE_SLACK_MS`` of the best, and at least the best ``4 * probes``;
+* ``local_best_ms``: what the entry's own cell offers: the best RTT plus typical wait among its
+  members serving the model whole (itself included, at RTT 0);
 * ``worth_probing``: whether to probe at all: only when the best other cell's score beats what
   the entry's own cell offers (the best RTT plus typical wait of its members) by more than
   ``PROBE_SLACK_MS``. A cell with a free member answers locally and sends no probe;
@@ -64,6 +66,15 @@ def rank_cells(scored: Iterable[tuple[float, C]], probes: int) -> list[C]:
     least = max(4, 4 * probes)
     cut = ordered[0][0] + PROBE_SLACK_MS if ordered else 0.0
     return [c for i, (sc, c) in enumerate(ordered) if i < least or sc <= cut]
+
+
+def local_best_ms(members: Iterable[tuple[float, float]]) -> float:
+    """The best ``rtt_ms + wait_ms`` over ``(rtt_ms, wait_ms)`` of the members of the entry's own
+    cell that serve the model whole and that the request's residency allows, as the entry node
+    sees them (itself at RTT 0; each wait by ``typical_wait_ms``); inf when there are none. What
+    ``worth_probing`` compares the other cells against, in the daemon (``meshd.node.cells``) and
+    the simulator (``meshd.sim.views``) alike."""
+    return min((rtt + wait for rtt, wait in members), default=float("inf"))
 
 
 def worth_probing(local_best_ms: float, remote_scores: Iterable[float],

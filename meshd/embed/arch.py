@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from meshd.errors import ModelError
+from meshd.modeldir.arch import arch_from_json, check_positive_ints
 
 # Hugging Face ``architectures`` entries of the BERT family that we import as sentence
 # encoders. Heads (masked LM, classification) are dropped: only the encoder is kept.
@@ -56,21 +57,13 @@ class BertArch:
 
     @classmethod
     def from_json(cls, data: Any, source: str = "manifest.json") -> BertArch:
-        try:
-            arch = cls(**data)
-        except TypeError as err:
-            raise ModelError(f"{source}: bad 'architecture' block ({err})") from None
-        arch.validate(source)
-        return arch
+        return arch_from_json(cls, data, source)
 
     def validate(self, source: str, names: dict[str, str] | None = None) -> None:
         names = names or {}
-        for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads", "vocab_size",
-                     "max_position_embeddings", "type_vocab_size", "max_seq_length"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ModelError(
-                    f"{source}: {names.get(name, name)}={value!r} must be a positive integer")
+        check_positive_ints(self, ("num_layers", "hidden_size", "intermediate_size", "num_heads",
+                                   "vocab_size", "max_position_embeddings", "type_vocab_size",
+                                   "max_seq_length"), source, names)
         if self.arch != "bert":
             raise ModelError(f"{source}: arch={self.arch!r} is not 'bert'")
         if self.hidden_size % self.num_heads:

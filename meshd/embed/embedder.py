@@ -33,9 +33,9 @@ import onnxruntime as ort
 from meshd.core.spin import spin_pays
 from meshd.embed.graph import ATTENTION_MASK, EMBEDDING, INPUT_IDS, UNFUSED_OPTIMIZERS
 from meshd.embed.manifest import EmbedManifest, read_embed_manifest
-from meshd.engine.runtime import choose_providers
-from meshd.engine.weights import file_sha256
 from meshd.errors import LocalError, ModelError
+from meshd.modeldir.providers import choose_providers
+from meshd.modeldir.weights import file_sha256
 
 log = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZE = 64

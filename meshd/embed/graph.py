@@ -1,8 +1,9 @@
 """Build the ONNX graph of a BERT sentence encoder: token ids in, L2-normalised embeddings out.
 
-Like a generative model's stage graph (meshd/engine/graph.py, whose ``GraphBuilder`` this
-uses), the graph holds no weights: initializers are external references into ``weights.bin``,
-and float16 storage is widened by a ``Cast`` that onnxruntime folds when it builds the session.
+Like a generative model's stage graph (meshd/engine/graph.py), it is built with the model
+folder's ``GraphBuilder`` (meshd/modeldir/onnx_graph.py): the graph holds no weights
+(initializers are external references into ``weights.bin``), and float16 storage is widened by
+a ``Cast`` that onnxruntime folds when it builds the session.
 
 Interface (``B`` sentences padded to ``T`` tokens):
 
@@ -33,8 +34,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from meshd.embed.arch import BertArch
-from meshd.engine.graph import IR_VERSION, OPSET, GraphBuilder
-from meshd.engine.manifest import TensorEntry
+from meshd.modeldir.manifest import TensorEntry
+from meshd.modeldir.onnx_graph import IR_VERSION, OPSET, GraphBuilder
 
 INPUT_IDS, ATTENTION_MASK, EMBEDDING = "input_ids", "attention_mask", "embedding"
 GRAPH_KIND_KEY, GRAPH_KIND = "meshd.graph", "bert-encoder-1"

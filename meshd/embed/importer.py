@@ -12,9 +12,7 @@ it also writes ``encoder-int8.onnx``, the dynamically quantized graph (meshd.emb
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -26,27 +24,21 @@ from meshd.embed.arch import bert_tensors, parse_bert_config
 from meshd.embed.graph import build_encoder_graph
 from meshd.embed.manifest import EmbedManifest
 from meshd.embed.quantize import with_int8
-from meshd.engine.importer import check_output_dir
-from meshd.engine.manifest import MANIFEST
-from meshd.engine.safetensors_io import Checkpoint
-from meshd.engine.weights import WeightsWriter
 from meshd.errors import LocalError, ModelError
+from meshd.modeldir.importing import (
+    check_output_dir,
+    load_tokenizer,
+    read_json,
+    read_json_object,
+    staging,
+)
+from meshd.modeldir.safetensors_io import Checkpoint
+from meshd.modeldir.weights import WeightsWriter, file_sha256
 
 log = logging.getLogger(__name__)
 WEIGHTS_FILE, TOKENIZER_FILE, GRAPH_FILE = "weights.bin", "tokenizer.json", "encoder.onnx"
 # Head models (BertForMaskedLM, ...) name the encoder's tensors with this prefix.
 HEAD_PREFIX = "bert."
-
-
-def read_json(path: Path, *, missing_ok: bool = False) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        if missing_ok:
-            return None
-        raise ModelError(f"{path.parent}: {path.name} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelError(f"{path.name}: not valid JSON ({err})") from None
 
 
 def import_bert(hf_dir: Path, out: Path, *, dtype: str = "fp32", name: str | None = None,
@@ -60,9 +52,7 @@ def import_bert(hf_dir: Path, out: Path, *, dtype: str = "fp32", name: str | Non
     if not hf_dir.is_dir():
         raise ModelError(f"{hf_dir}: no such directory")
     check_output_dir(out, force)
-    cfg = read_json(hf_dir / "config.json")
-    if not isinstance(cfg, dict):
-        raise ModelError("config.json: expected a JSON object")
+    cfg = read_json_object(hf_dir / "config.json")
     pooling = read_json(hf_dir / "1_Pooling" / "config.json", missing_ok=True)
     modules = read_json(hf_dir / "modules.json", missing_ok=True)
     st_cfg = read_json(hf_dir / "sentence_bert_config.json", missing_ok=True)
@@ -72,15 +62,9 @@ def import_bert(hf_dir: Path, out: Path, *, dtype: str = "fp32", name: str | Non
     ckpt = Checkpoint(hf_dir)
     prefix = "" if "embeddings.word_embeddings.weight" in ckpt else HEAD_PREFIX
     tok_path = hf_dir / TOKENIZER_FILE
-    if not tok_path.is_file():
-        raise ModelError(f"{hf_dir}: {TOKENIZER_FILE} is missing (only fast tokenizers work)")
-    _check_tokenizer(tok_path, arch.vocab_size)
+    load_tokenizer(tok_path, arch.vocab_size)
 
-    tmp = out.parent / f".{out.name}.importing-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    with staging(out, force) as tmp:
         source_dtypes = set()
         with (tmp / WEIGHTS_FILE).open("wb") as f:
             writer = WeightsWriter(f)
@@ -109,7 +93,7 @@ def import_bert(hf_dir: Path, out: Path, *, dtype: str = "fp32", name: str | Non
             name=name or out.name, version=version, arch=arch, dtype=dtype,
             weights_file=WEIGHTS_FILE, weights_bytes=writer.nbytes, weights_sha256=writer.sha256,
             tensors=tuple(writer.entries), tokenizer_file=TOKENIZER_FILE,
-            tokenizer_sha256=_sha256(tmp / TOKENIZER_FILE), graph_file=GRAPH_FILE,
+            tokenizer_sha256=file_sha256(tmp / TOKENIZER_FILE), graph_file=GRAPH_FILE,
             graph_sha256=hashlib.sha256(graph).hexdigest(),
             source={"architectures": cfg.get("architectures"),
                     "model_type": cfg.get("model_type"), "dtypes": sorted(source_dtypes),
@@ -119,39 +103,7 @@ def import_bert(hf_dir: Path, out: Path, *, dtype: str = "fp32", name: str | Non
         if int8:
             manifest = with_int8(tmp, manifest)
         manifest.write(tmp)
-        _install(tmp, out, force)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("embedding model imported name=%s layers=%d dim=%d dtype=%s out=%s", manifest.name,
              arch.num_layers, arch.dim, dtype, out)
     return manifest
 
-
-def _install(tmp: Path, out: Path, force: bool) -> None:
-    if force and out.exists():
-        shutil.rmtree(out)
-    try:
-        tmp.rename(out)
-    except OSError:
-        # Another process finished the same import first (first use from two processes).
-        if not (out / MANIFEST).is_file():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _check_tokenizer(path: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer
-
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as err:  # the library raises a bare Exception on any parse error
-        raise ModelError(f"{TOKENIZER_FILE}: cannot load ({str(err).splitlines()[0]})") from None
-    n = tok.get_vocab_size(with_added_tokens=True)
-    if n > vocab_size:
-        raise ModelError(f"{TOKENIZER_FILE}: {n} tokens but config.json has "
-                         f"vocab_size={vocab_size}")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -10,18 +10,26 @@ older reader would misread.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from meshd.embed.arch import BertArch
-from meshd.engine.manifest import DTYPES, MANIFEST, TensorEntry, read_manifest_json
 from meshd.errors import ModelError
+from meshd.modeldir.manifest import (
+    MANIFEST,
+    TensorEntry,
+    check_file_names,
+    check_tensors,
+    manifest_format,
+    parse_tensors,
+    read_manifest_json,
+    write_manifest,
+)
 
 FORMAT = "meshd-embedding"
 FORMAT_VERSION = 1
+DTYPES = ("fp32", "fp16")  # of the model and of each tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,24 +82,12 @@ class EmbedManifest:
         }
 
     def write(self, directory: Path) -> None:
-        data = self.to_json()
-        rows = data["weights"]["tensors"]
-        data["weights"]["tensors"] = "@@tensors@@"
-        # One line per tensor, as in a generative model's manifest, so diffs stay readable.
-        lines = ",\n".join(f"   {json.dumps(r)}" for r in rows)
-        text = json.dumps(data, indent=1).replace('"@@tensors@@"', f"[\n{lines}\n  ]")
-        part = directory / f".{MANIFEST}.{os.getpid()}"
-        part.write_text(text + "\n")
-        os.replace(part, directory / MANIFEST)  # a reader never sees half a manifest
+        write_manifest(directory, self.to_json())
 
 
 def is_embedding_dir(directory: Path) -> bool:
     """Whether ``directory`` holds an embedding model (and not a generative one)."""
-    try:
-        data = json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("format") == FORMAT
+    return manifest_format(directory) == FORMAT
 
 
 def read_embed_manifest(directory: Path) -> EmbedManifest:
@@ -115,9 +111,7 @@ def parse_embed_manifest(data: Any, source: str = MANIFEST) -> EmbedManifest:
             weights_file=str(w["file"]),
             weights_bytes=int(w["bytes"]),
             weights_sha256=str(w["sha256"]),
-            tensors=tuple(TensorEntry(t["name"], t["dtype"], tuple(int(s) for s in t["shape"]),
-                                      int(t["offset"]), int(t["nbytes"]), str(t["sha256"]))
-                          for t in w["tensors"]),
+            tensors=parse_tensors(w["tensors"]),
             tokenizer_file=str(tok["file"]),
             tokenizer_sha256=str(tok["sha256"]),
             graph_file=str(graph["file"]),
@@ -132,12 +126,7 @@ def parse_embed_manifest(data: Any, source: str = MANIFEST) -> EmbedManifest:
         raise ModelError(f"{source}: malformed manifest ({type(err).__name__}: {err})") from None
     if m.dtype not in DTYPES:
         raise ModelError(f"{source}: dtype={m.dtype!r} is not supported (fp32, fp16)")
-    for t in m.tensors:
-        if t.dtype not in DTYPES:
-            raise ModelError(f"{source}: tensor {t.name!r} has unsupported dtype {t.dtype!r}")
-        if t.offset < 0 or t.offset + t.nbytes > m.weights_bytes:
-            raise ModelError(f"{source}: tensor {t.name!r} lies outside {m.weights_file}")
-    for name in (m.weights_file, m.tokenizer_file, m.graph_file, *filter(None, [m.int8_file])):
-        if "/" in name or "\\" in name or name.startswith("."):
-            raise ModelError(f"{source}: file name {name!r} must be a plain name in the directory")
+    check_tensors(source, m.tensors, DTYPES, m.weights_file, m.weights_bytes)
+    check_file_names(source, (m.weights_file, m.tokenizer_file, m.graph_file,
+                              *filter(None, [m.int8_file])))
     return m

@@ -19,8 +19,8 @@ from pathlib import Path
 from meshd.embed.importer import import_bert
 from meshd.embed.manifest import is_embedding_dir
 from meshd.embed.quantize import ensure_int8
-from meshd.engine.weights import file_sha256
 from meshd.errors import ModelError
+from meshd.modeldir.weights import file_sha256
 from meshd.paths import cache_home
 
 log = logging.getLogger(__name__)

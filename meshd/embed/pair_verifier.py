@@ -32,9 +32,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from meshd.cache.bound import Calibration
 from meshd.embed.manifest import read_embed_manifest
-from meshd.engine.graph import IR_VERSION, OPSET
-from meshd.engine.runtime import choose_providers
 from meshd.errors import ModelError
+from meshd.modeldir.onnx_graph import IR_VERSION, OPSET
+from meshd.modeldir.providers import choose_providers
 
 NAME = "pair-verifier-v1"
 WORDS = "embeddings.word_embeddings.weight"

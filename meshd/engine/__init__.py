@@ -17,13 +17,14 @@ from meshd.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from meshd.engine.importer import import_hf
-    from meshd.engine.runtime import Model, Stage, StageSession, choose_providers, load_model
+    from meshd.engine.runtime import Model, Stage, StageSession, load_model
+    from meshd.modeldir.providers import choose_providers
 
 # Imported on first use: onnxruntime and onnx (~20 MB) stay out of a node that only needs a
 # tokenizer (edge tokenization on a node serving no model: docs/edge-tokenization.md).
 _LAZY = {"import_hf": "meshd.engine.importer", "Model": "meshd.engine.runtime",
          "Stage": "meshd.engine.runtime", "StageSession": "meshd.engine.runtime",
-         "choose_providers": "meshd.engine.runtime", "load_model": "meshd.engine.runtime"}
+         "choose_providers": "meshd.modeldir.providers", "load_model": "meshd.engine.runtime"}
 
 
 def __getattr__(name: str) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from meshd.errors import ModelError
+from meshd.modeldir.arch import arch_from_json, check_positive_ints
 
 # Hugging Face ``architectures`` entries we import, and the family each one maps to.
 SUPPORTED_ARCHITECTURES = {
@@ -76,22 +77,14 @@ class Arch:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str = "manifest.json") -> Arch:
-        try:
-            arch = cls(**data)
-        except TypeError as err:
-            raise ModelError(f"{source}: bad 'architecture' block ({err})") from None
-        arch.validate(source)
-        return arch
+        return arch_from_json(cls, data, source)
 
     def validate(self, source: str, names: dict[str, str] | None = None) -> None:
         """Raise ``ModelError`` naming the bad field (spelled as in ``names``, if given)."""
         names = names or {}
-        for name in ("num_layers", "hidden_size", "intermediate_size", "num_heads",
-                     "num_kv_heads", "head_dim", "vocab_size", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ModelError(
-                    f"{source}: {names.get(name, name)}={value!r} must be a positive integer")
+        check_positive_ints(self, ("num_layers", "hidden_size", "intermediate_size", "num_heads",
+                                   "num_kv_heads", "head_dim", "vocab_size",
+                                   "max_position_embeddings"), source, names)
         if self.num_heads % self.num_kv_heads:
             raise ModelError(
                 f"{source}: num_attention_heads={self.num_heads} is not a multiple of "

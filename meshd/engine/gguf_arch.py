@@ -7,7 +7,6 @@ maps its tensors to Hugging Face names; their bytes are read through a memory ma
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from meshd.engine.gguf_meta import TensorInfo, read_gguf
 from meshd.engine.gguf_vocab import GgufTokenizer, tokenizer_from_gguf
 from meshd.engine.planning import EMBED, FINAL_NORM, LM_HEAD
 from meshd.errors import ModelError
+from meshd.modeldir.weights import file_sha256
 
 FAMILIES = ("llama", "qwen2", "gemma3")
 
@@ -203,12 +203,5 @@ def read_gguf_model(path: Path) -> GgufModel:
         raise ModelError(f"{path.name}: {vocab.vocab_size} tokens but the model's vocabulary "
                          f"has {arch.vocab_size} rows")
     return GgufModel(path, arch.arch, str(meta.get("general.name", "")),
-                     meta.get("general.file_type"), _file_sha256(path), arch, vocab, tensors)
+                     meta.get("general.file_type"), file_sha256(path), arch, vocab, tensors)
 
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

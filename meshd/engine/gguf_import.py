@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,18 +22,13 @@ import numpy as np
 from meshd import __version__
 from meshd.engine.gguf_arch import GgufModel, GgufTensor, gguf_tensor_name, read_gguf_model
 from meshd.engine.graph import build_stage_graph
-from meshd.engine.importer import (
-    TOKENIZER_FILE,
-    WEIGHTS_FILE,
-    check_output_dir,
-    quant_bits,
-    stage_file_name,
-)
+from meshd.engine.importer import TOKENIZER_FILE, WEIGHTS_FILE, quant_bits, stage_file_name
 from meshd.engine.manifest import Manifest, StageEntry, TokenizerInfo
 from meshd.engine.planning import model_tensors, plan_stages, stage_memory
 from meshd.engine.quant import GGUF_FLOAT_TYPES, Blockwise, from_gguf, quantize
-from meshd.engine.weights import WeightsWriter
 from meshd.errors import LocalError, ModelError
+from meshd.modeldir.importing import check_output_dir, staging
+from meshd.modeldir.weights import WeightsWriter, file_sha256
 
 log = logging.getLogger(__name__)
 GGUF_DTYPES = ("auto", "int4", "int8", "fp16", "fp32")
@@ -54,50 +47,41 @@ def import_gguf(gguf_path: Path, out: Path, *, stages: int = 1, dtype: str = "au
     arch = model.arch
     ranges = plan_stages(arch.num_layers, stages)
 
-    tmp = out.parent / f".{out.name}.importing-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     try:
-        kinds: set[str] = set()
-        with (tmp / WEIGHTS_FILE).open("wb") as f:
-            writer = WeightsWriter(f)
-            for tname, shape in model_tensors(arch):
-                kinds.add(_write_tensor(writer, model, tname, shape, dtype))
-        (tmp / TOKENIZER_FILE).write_text(model.vocab.tokenizer_json)
-        tok_info = TokenizerInfo(
-            file=TOKENIZER_FILE, sha256=_sha256(tmp / TOKENIZER_FILE),
-            bos_token_id=model.vocab.bos_token_id,
-            eos_token_ids=tuple(model.vocab.eos_token_ids), bos_token=model.vocab.bos_token,
-            eos_token=model.vocab.eos_token, chat_template=model.vocab.chat_template)
-        stored = {e.name: (e.dtype, e.nbytes) for e in writer.entries}
-        model_dtype = _model_dtype(kinds) if dtype == "auto" else dtype
-        entries = {e.name: e for e in writer.entries}
-        stage_entries = []
-        for start, end in ranges:
-            data = build_stage_graph(arch, entries, start, end, WEIGHTS_FILE).SerializeToString()
-            fname = stage_file_name(start, end)
-            (tmp / fname).write_bytes(data)
-            memory = stage_memory(arch, start, end, model_dtype, stored)
-            stage_entries.append(StageEntry(start, end, fname, hashlib.sha256(data).hexdigest(),
-                                            memory.to_json()))
-        manifest = Manifest(
-            name=name or out.name, version=version, arch=arch, dtype=model_dtype,
-            weights_file=WEIGHTS_FILE, weights_bytes=writer.nbytes,
-            weights_sha256=writer.sha256, tensors=tuple(writer.entries), tokenizer=tok_info,
-            stages=tuple(stage_entries),
-            source={"gguf": gguf_path.name, "gguf_sha256": model.file_sha256,
-                    "general.architecture": model.family, "general.name": model.title,
-                    "file_type": model.file_type, "tensor_types": sorted(model.tensor_types())},
-            created_by=f"meshd {__version__}",
-        )
-        manifest.write(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with staging(out, force) as tmp:
+            kinds: set[str] = set()
+            with (tmp / WEIGHTS_FILE).open("wb") as f:
+                writer = WeightsWriter(f)
+                for tname, shape in model_tensors(arch):
+                    kinds.add(_write_tensor(writer, model, tname, shape, dtype))
+            (tmp / TOKENIZER_FILE).write_text(model.vocab.tokenizer_json)
+            tok_info = TokenizerInfo(
+                file=TOKENIZER_FILE, sha256=file_sha256(tmp / TOKENIZER_FILE),
+                bos_token_id=model.vocab.bos_token_id,
+                eos_token_ids=tuple(model.vocab.eos_token_ids), bos_token=model.vocab.bos_token,
+                eos_token=model.vocab.eos_token, chat_template=model.vocab.chat_template)
+            stored = {e.name: (e.dtype, e.nbytes) for e in writer.entries}
+            model_dtype = _model_dtype(kinds) if dtype == "auto" else dtype
+            entries = {e.name: e for e in writer.entries}
+            stage_entries = []
+            for start, end in ranges:
+                data = build_stage_graph(arch, entries, start, end, WEIGHTS_FILE).SerializeToString()
+                fname = stage_file_name(start, end)
+                (tmp / fname).write_bytes(data)
+                memory = stage_memory(arch, start, end, model_dtype, stored)
+                stage_entries.append(StageEntry(start, end, fname, hashlib.sha256(data).hexdigest(),
+                                                memory.to_json()))
+            manifest = Manifest(
+                name=name or out.name, version=version, arch=arch, dtype=model_dtype,
+                weights_file=WEIGHTS_FILE, weights_bytes=writer.nbytes,
+                weights_sha256=writer.sha256, tensors=tuple(writer.entries), tokenizer=tok_info,
+                stages=tuple(stage_entries),
+                source={"gguf": gguf_path.name, "gguf_sha256": model.file_sha256,
+                        "general.architecture": model.family, "general.name": model.title,
+                        "file_type": model.file_type, "tensor_types": sorted(model.tensor_types())},
+                created_by=f"meshd {__version__}",
+            )
+            manifest.write(tmp)
     finally:
         model.close()
     log.info("model imported name=%s source=gguf layers=%d dtype=%s out=%s", manifest.name,
@@ -163,6 +147,3 @@ def _model_dtype(kinds: set[str]) -> str:
             return dtype
     return "fp32"
 
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()

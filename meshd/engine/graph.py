@@ -39,18 +39,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from meshd.engine.arch import Arch, rope_inv_freq
-from meshd.engine.manifest import TensorEntry
 from meshd.engine.planning import EMBED, FINAL_NORM, LM_HEAD, check_range
+from meshd.modeldir.manifest import TensorEntry
+from meshd.modeldir.onnx_graph import IR_VERSION, OPSET, GraphBuilder
 
-OPSET = 17
-IR_VERSION = 8
 KV_LAYOUT = "4"  # keys and values [B, kvh, C, d], updated in place (present = past buffer)
 KV_LAYOUT_KEY = "meshd.kv_layout"
 INPUT_IDS, HIDDEN_IN, POSITIONS, LOGIT_ROWS = "input_ids", "hidden_in", "positions", "logit_rows"
@@ -58,8 +56,6 @@ HIDDEN_OUT, LOGITS = "hidden_out", "logits"
 # A fused graph's second group (one prompt chunk): its inputs and outputs are these names, and
 # the chunk's cache inputs/outputs are the per-layer names with this prefix.
 CHUNK, CHUNK_IDS, CHUNK_POSITIONS = "chunk.", "chunk_ids", "chunk_positions"
-_ONNX_DTYPE = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "q4": TensorProto.UINT8,
-               "q8": TensorProto.UINT8, "u8": TensorProto.UINT8}
 # onnxruntime's contrib operators (MatMulNBits): the domain a quantized model's graph imports
 MS_DOMAIN = "com.microsoft"
 # MatMulNBits' accuracy_level: 4 quantizes the activations to int8 per block and runs integer
@@ -83,65 +79,14 @@ def present_value(i: int) -> str:
     return f"present_value.{i}"
 
 
-class GraphBuilder:
-    """Nodes and initializers of one graph; weights as external data into the weights file
-    (shared with ``meshd.embed.graph``)."""
+class QuantGraphBuilder(GraphBuilder):
+    """A stage graph's builder: ``GraphBuilder`` (meshd.modeldir.onnx_graph) with weight
+    products over 4/8-bit blocks (MatMulNBits)."""
 
     def __init__(self, tensors: Mapping[str, TensorEntry], weights_file: str) -> None:
-        self.tensors = tensors
-        self.weights_file = weights_file
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: dict[str, TensorProto] = {}
-        self.fp32: dict[str, str] = {}
+        super().__init__(tensors, weights_file)
         self.block_sums: dict[tuple[str, int], str] = {}
-        self.count = 0
         self.uses_contrib = False
-
-    def ops(self, op_type: str, inputs: list[str], n_out: int, **attrs: Any) -> list[str]:
-        """Add a node; return its ``n_out`` output names."""
-        self.count += 1
-        outputs = [f"{op_type.lower()}_{self.count}_{k}" for k in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, inputs, outputs,
-                                           name=f"{op_type}_{self.count}", **attrs))
-        return outputs
-
-    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
-        """Add a one-output node; its output is named ``out`` if given."""
-        if out is None:
-            return self.ops(op_type, inputs, 1, **attrs)[0]
-        self.count += 1
-        self.nodes.append(helper.make_node(op_type, inputs, [out],
-                                           name=f"{op_type}_{self.count}", **attrs))
-        return out
-
-    def const(self, name: str, value: np.ndarray) -> str:
-        if name not in self.inits:
-            self.inits[name] = numpy_helper.from_array(value, name)
-        return name
-
-    def raw(self, name: str) -> tuple[str, str]:
-        """The stored tensor (external data) and its dtype."""
-        entry = self.tensors[name]
-        if name not in self.inits:
-            t = TensorProto()
-            t.name = name
-            t.data_type = _ONNX_DTYPE[entry.dtype]
-            t.dims.extend(entry.shape)
-            t.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", self.weights_file), ("offset", str(entry.offset)),
-                               ("length", str(entry.nbytes))):
-                kv = t.external_data.add()
-                kv.key, kv.value = key, value
-            self.inits[name] = t
-        return name, entry.dtype
-
-    def weight(self, name: str) -> str:
-        """The tensor as float32 (a Cast for float16 storage, folded by onnxruntime)."""
-        if name not in self.fp32:
-            raw, dtype = self.raw(name)
-            self.fp32[name] = raw if dtype == "fp32" else self.op(
-                "Cast", [raw], to=TensorProto.FLOAT)
-        return self.fp32[name]
 
     def quantized(self, name: str) -> bool:
         """Whether ``name`` is stored as 4- or 8-bit blocks (meshd.engine.quant.Blockwise):
@@ -284,7 +229,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     first, last = start == 0, end == arch.num_layers
     if fused and not (first and last):
         raise ValueError("a fused graph covers a whole model")
-    b = GraphBuilder(tensors, weights_file)
+    b = QuantGraphBuilder(tensors, weights_file)
     h_dim, d, kvh = arch.hidden_size, arch.head_dim, arch.num_kv_heads
     i64 = np.int64
     c = b.const
@@ -368,7 +313,7 @@ class _Group:
     t_len: str
 
 
-def _group(b: GraphBuilder, arch: Arch, positions: str, prefix: str,
+def _group(b: QuantGraphBuilder, arch: Arch, positions: str, prefix: str,
            tables: dict[str, tuple[str, str]]) -> _Group:
     """The per-step values one group's attention needs (``positions`` [B, T]): each sequence's
     length from its last position, and the shapes its rows take."""
@@ -391,7 +336,7 @@ def _group(b: GraphBuilder, arch: Arch, positions: str, prefix: str,
     return _Group(prefix, seqlens, total, shapes, rows, b_len, t_len)
 
 
-def _rope_tables(b: GraphBuilder, arch: Arch) -> dict[str, tuple[str, str]]:
+def _rope_tables(b: QuantGraphBuilder, arch: Arch) -> dict[str, tuple[str, str]]:
     """cos and sin [positions, head_dim / 2] of every position of the context (global layers
     under ``"global"``, a model's sliding-window layers under ``"local"``): computed from
     constants, so onnxruntime folds them into initializers when the session is built and the
@@ -412,24 +357,24 @@ def _rope_tables(b: GraphBuilder, arch: Arch) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _rms_norm(b: GraphBuilder, x: str, w: str, eps: float) -> str:
+def _rms_norm(b: QuantGraphBuilder, x: str, w: str, eps: float) -> str:
     """RMSNorm over the last axis, as onnxruntime's SimplifiedLayerNormalization (a contrib
     operator of the default domain): one node, where Pow/ReduceMean/Sqrt/Div/Mul was five that
     onnxruntime fused only where the normed value had one consumer."""
     return b.op("SimplifiedLayerNormalization", [x, w], axis=-1, epsilon=float(eps))
 
 
-def _linears(b: GraphBuilder, x: str, prefixes: list[str], bias: bool, *,
+def _linears(b: QuantGraphBuilder, x: str, prefixes: list[str], bias: bool, *,
              split: bool = True) -> list[str]:
     return b.matmuls(x, [p + ".weight" for p in prefixes],
                      [b.weight(p + ".bias") if bias else None for p in prefixes], split=split)
 
 
-def _linear(b: GraphBuilder, x: str, prefix: str, bias: bool) -> str:
+def _linear(b: QuantGraphBuilder, x: str, prefix: str, bias: bool) -> str:
     return b.matmul(x, prefix + ".weight", b.weight(prefix + ".bias") if bias else None)
 
 
-def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group],
+def _layer(b: QuantGraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group],
            rows: str | None, tables: dict[str, tuple[str, str]]) -> str:
     """One decoder layer over x [N, H]: the weight products over all N rows at once, attention
     per group (``rows``: how x's rows split between the groups, when there are two)."""
@@ -477,7 +422,7 @@ def _layer(b: GraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group],
     return b.op("Add", [x, m])
 
 
-def _activation(b: GraphBuilder, x: str, act: str) -> str:
+def _activation(b: QuantGraphBuilder, x: str, act: str) -> str:
     if act == "silu":
         return b.op("Mul", [x, b.op("Sigmoid", [x])])
     # gelu with the tanh approximation (opset 17 has no Gelu): 0.5 x (1 + tanh(a (x + 0.044715 x^3)))
@@ -489,14 +434,14 @@ def _activation(b: GraphBuilder, x: str, act: str) -> str:
     return b.op("Mul", [b.op("Mul", [x, one_plus]), c("half_f", np.array(0.5, np.float32))])
 
 
-def _head_norm(b: GraphBuilder, x: str, w: str, d: int, eps: float) -> str:
+def _head_norm(b: QuantGraphBuilder, x: str, w: str, d: int, eps: float) -> str:
     """RMSNorm of each head's d values of x [N, heads*d] (Gemma 3's q and k norms)."""
     heads = b.op("Reshape", [x, b.const(f"per_head_{d}", np.array([0, -1, d], np.int64))])
     normed = _rms_norm(b, heads, w, eps)
     return b.op("Reshape", [normed, b.const("shape_rows_keep", np.array([0, -1], np.int64))])
 
 
-def _attention(b: GraphBuilder, arch: Arch, i: int, q: str, k: str | None, v: str | None,
+def _attention(b: QuantGraphBuilder, arch: Arch, i: int, q: str, k: str | None, v: str | None,
                grp: _Group, tables: dict[str, tuple[str, str]]) -> str:
     """One group's attention in layer ``i``: q [N, nh*d] and k, v [N, kvh*d] of its rows (or q
     the three packed side by side [N, (nh+2kvh)*d] and k, v None); writes the new keys and values

@@ -9,9 +9,7 @@ into place, so a failed import leaves nothing half-written.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -22,12 +20,13 @@ import numpy as np
 from meshd import __version__
 from meshd.engine.arch import Arch, parse_hf_config
 from meshd.engine.graph import build_stage_graph
-from meshd.engine.manifest import DTYPES, MANIFEST, Manifest, StageEntry, TokenizerInfo
+from meshd.engine.manifest import DTYPES, Manifest, StageEntry, TokenizerInfo
 from meshd.engine.planning import EMBED, LM_HEAD, model_tensors, plan_stages, stage_memory
 from meshd.engine.quant import BLOCK, quantize
-from meshd.engine.safetensors_io import Checkpoint
-from meshd.engine.weights import WeightsWriter
 from meshd.errors import LocalError, ModelError
+from meshd.modeldir.importing import check_output_dir, load_tokenizer, read_json_object, staging
+from meshd.modeldir.safetensors_io import Checkpoint
+from meshd.modeldir.weights import WeightsWriter, file_sha256
 
 log = logging.getLogger(__name__)
 WEIGHTS_FILE = "weights.bin"
@@ -47,17 +46,13 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
     if not hf_dir.is_dir():
         raise ModelError(f"{hf_dir}: no such directory")
     check_output_dir(out, force)
-    cfg = _read_json(hf_dir / "config.json")
+    cfg = read_json_object(hf_dir / "config.json")
     arch = parse_hf_config(cfg)
     ranges = plan_stages(arch.num_layers, stages)
     ckpt = Checkpoint(hf_dir)
     tok_info = _tokenizer_info(hf_dir, cfg, arch)
 
-    tmp = out.parent / f".{out.name}.importing-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    with staging(out, force) as tmp:
         with (tmp / WEIGHTS_FILE).open("wb") as f:
             writer = WeightsWriter(f)
             source_dtypes = set()
@@ -78,7 +73,7 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
                         )
                 writer.add(tname, array, "fp16" if dtype == "fp16" else "fp32")
         shutil.copyfile(hf_dir / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
-        tok_info = replace(tok_info, sha256=_sha256(tmp / TOKENIZER_FILE))
+        tok_info = replace(tok_info, sha256=file_sha256(tmp / TOKENIZER_FILE))
         entries = {e.name: e for e in writer.entries}
         stage_entries = []
         for start, end in ranges:
@@ -105,12 +100,6 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
             created_by=f"meshd {__version__}",
         )
         manifest.write(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("model imported name=%s layers=%d dtype=%s out=%s", manifest.name,
              arch.num_layers, dtype, out)
     return manifest
@@ -126,34 +115,6 @@ def quant_bits(name: str, shape: tuple[int, ...], dtype: str) -> int:
     if dtype == "int8" or name in (EMBED, LM_HEAD):
         return 8
     return 4
-
-
-def check_output_dir(out: Path, force: bool) -> None:
-    """Whether a model may be imported into ``out``: absent or empty, or (with ``force``) a
-    meshd model to replace; a ``LocalError`` otherwise. The embedding importer uses it too."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise LocalError(f"{out}: exists and is not a directory")
-    if not any(out.iterdir()):
-        out.rmdir()
-        return
-    if not force:
-        raise LocalError(f"{out}: already exists (use --force to replace a meshd model)")
-    if not (out / MANIFEST).is_file():
-        raise LocalError(f"{out}: refusing to replace a directory that is not a meshd model")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelError(f"{path.parent}: {path.name} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelError(f"{path.name}: not valid JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise ModelError(f"{path.name}: expected a JSON object")
-    return data
 
 
 def _read_tensor(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -184,21 +145,9 @@ def _ids(value: Any) -> list[int]:
 
 
 def _tokenizer_info(hf_dir: Path, cfg: dict[str, Any], arch: Arch) -> TokenizerInfo:
-    from tokenizers import Tokenizer as _HfTokenizer
-
-    path = hf_dir / TOKENIZER_FILE
-    if not path.is_file():
-        raise ModelError(f"{hf_dir}: {TOKENIZER_FILE} is missing (only fast tokenizers work)")
-    try:
-        tok = _HfTokenizer.from_file(str(path))
-    except Exception as err:
-        raise ModelError(f"{TOKENIZER_FILE}: cannot load ({str(err).splitlines()[0]})") from None
-    n_tokens = tok.get_vocab_size(with_added_tokens=True)
-    if n_tokens > arch.vocab_size:
-        raise ModelError(f"{TOKENIZER_FILE}: {n_tokens} tokens but config.json has "
-                         f"vocab_size={arch.vocab_size}")
+    tok = load_tokenizer(hf_dir / TOKENIZER_FILE, arch.vocab_size)
     tcfg_path = hf_dir / "tokenizer_config.json"
-    tcfg = _read_json(tcfg_path) if tcfg_path.is_file() else {}
+    tcfg = read_json_object(tcfg_path) if tcfg_path.is_file() else {}
     bos, eos = _token_text(tcfg.get("bos_token")), _token_text(tcfg.get("eos_token"))
     template = tcfg.get("chat_template")
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
@@ -208,7 +157,7 @@ def _tokenizer_info(hf_dir: Path, cfg: dict[str, Any], arch: Arch) -> TokenizerI
     if not template and jinja.is_file():
         template = jinja.read_text()
     gen_path = hf_dir / "generation_config.json"
-    gen = _read_json(gen_path) if gen_path.is_file() else {}
+    gen = read_json_object(gen_path) if gen_path.is_file() else {}
 
     bos_ids = _ids(cfg.get("bos_token_id"))
     bos_id = tok.token_to_id(bos) if bos is not None else None
@@ -228,6 +177,3 @@ def _tokenizer_info(hf_dir: Path, cfg: dict[str, Any], arch: Arch) -> TokenizerI
         chat_template=template if isinstance(template, str) and template else None,
     )
 
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,12 +1,12 @@
 """``manifest.json`` of a meshd model directory: read, validate, write.
 
 The format is documented in docs/model-format.md; bump ``FORMAT_VERSION`` for any change that an
-older reader would misread.
+older reader would misread. The tensor list, file names and writing are every model folder's
+(``meshd.modeldir.manifest``).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +15,19 @@ from typing import Any
 from meshd.engine.arch import Arch
 from meshd.engine.planning import QUANT_PARTS
 from meshd.errors import ModelError
+from meshd.modeldir.manifest import (
+    MANIFEST,
+    TensorEntry,
+    check_file_names,
+    check_tensors,
+    parse_tensors,
+    read_manifest_json,
+    write_manifest,
+)
 
 FORMAT = "meshd-model"
 FORMAT_VERSION = 2  # 2: 4/8-bit block-quantized tensors; version 1 manifests still read
 READS_VERSIONS = (1, 2)
-MANIFEST = "manifest.json"
 # A model's dtype: how its weight matrices are stored (docs/model-format.md). int4 and int8
 # models keep norms in float32 and may hold some matrices at 8 bits (an int4 GGUF's embedding).
 DTYPES = ("fp32", "fp16", "int4", "int8")
@@ -27,22 +35,6 @@ DTYPES = ("fp32", "fp16", "int4", "int8")
 # codes' zero points)
 TENSOR_DTYPES = ("fp32", "fp16", "q4", "q8", "u8")
 
-
-
-@dataclass(frozen=True, slots=True)
-class TensorEntry:
-    """One tensor in the weights file: stored in Hugging Face layout and naming."""
-
-    name: str
-    dtype: str  # one of TENSOR_DTYPES
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
-    sha256: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
-                "offset": self.offset, "nbytes": self.nbytes, "sha256": self.sha256}
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,40 +131,7 @@ class Manifest:
         }
 
     def write(self, directory: Path) -> None:
-        (directory / MANIFEST).write_text(dumps_manifest(self.to_json()))
-
-
-def dumps_manifest(data: dict[str, Any]) -> str:
-    """Indented JSON with one line per tensor and per stage, so that diffs stay readable."""
-    data = json.loads(json.dumps(data))
-    compact: dict[str, str] = {}
-    for key, rows, pad in (("tensors", data["weights"]["tensors"], "  "),
-                           ("stages", data["stages"], " ")):
-        marker = f"@@{key}@@"
-        lines = ",\n".join(f"{pad} {json.dumps(row)}" for row in rows)
-        compact[json.dumps(marker)] = f"[\n{lines}\n{pad}]" if rows else "[]"
-        if key == "tensors":
-            data["weights"]["tensors"] = marker
-        else:
-            data["stages"] = marker
-    text = json.dumps(data, indent=1)
-    for marker, value in compact.items():
-        text = text.replace(marker, value)
-    return text + "\n"
-
-
-def read_manifest_json(directory: Path) -> tuple[Any, str]:
-    """The parsed ``manifest.json`` of a model directory and its path, or ``ModelError`` saying
-    why not (no such file, unreadable, not JSON). Shared by the generation and embedding models."""
-    path = directory / MANIFEST
-    try:
-        return json.loads(path.read_text()), str(path)
-    except FileNotFoundError:
-        raise ModelError(f"{directory}: not a meshd model directory (no {MANIFEST})") from None
-    except OSError as err:
-        raise ModelError(f"{path}: cannot read ({err.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelError(f"{path}: not valid JSON ({err})") from None
+        write_manifest(directory, self.to_json())
 
 
 def read_manifest(directory: Path) -> Manifest:
@@ -192,11 +151,7 @@ def parse_manifest(data: Any, source: str = MANIFEST) -> Manifest:
         dtype = data["dtype"]
         if dtype not in DTYPES:
             raise ModelError(f"{source}: dtype={dtype!r} is not supported ({', '.join(DTYPES)})")
-        tensors = tuple(
-            TensorEntry(t["name"], t["dtype"], tuple(int(s) for s in t["shape"]),
-                        int(t["offset"]), int(t["nbytes"]), str(t["sha256"]))
-            for t in w["tensors"]
-        )
+        tensors = parse_tensors(w["tensors"])
         stages = tuple(
             StageEntry(int(s["layers"][0]), int(s["layers"][1]), str(s["file"]),
                        str(s["sha256"]), dict(s.get("memory", {})))
@@ -225,14 +180,10 @@ def parse_manifest(data: Any, source: str = MANIFEST) -> Manifest:
         )
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise ModelError(f"{source}: malformed manifest ({type(err).__name__}: {err})") from None
-    for t in manifest.tensors:
-        if t.dtype not in TENSOR_DTYPES:
-            raise ModelError(f"{source}: tensor {t.name!r} has unsupported dtype {t.dtype!r}")
-        if t.offset < 0 or t.offset + t.nbytes > manifest.weights_bytes:
-            raise ModelError(f"{source}: tensor {t.name!r} lies outside {manifest.weights_file}")
-    for name in (manifest.weights_file, manifest.tokenizer.file, *(s.file for s in stages)):
-        if "/" in name or "\\" in name or name.startswith("."):
-            raise ModelError(f"{source}: file name {name!r} must be a plain name in the directory")
+    check_tensors(source, manifest.tensors, TENSOR_DTYPES, manifest.weights_file,
+                  manifest.weights_bytes)
+    check_file_names(source, (manifest.weights_file, manifest.tokenizer.file,
+                              *(s.file for s in stages)))
     return manifest
 
 

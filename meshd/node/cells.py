@@ -379,7 +379,8 @@ class Cells:
         """The best RTT plus typical wait among the members of this node's cell that serve
         ``model`` whole, itself included (RTT 0), scored from their adverts as ``build_summary``
         scores them (``member_wait_ms``), with the RTT the router would use
-        (``meshd.node.view.peer_rtt``); inf when none does. ``residency``: only members whose
+        (``meshd.node.view.peer_rtt``): ``meshd.core.probes.local_best_ms``, the simulator's
+        figure too; inf when none does. ``residency``: only members whose
         labels allow it count (``labels_allow``, as the router filters them)."""
         m = self.membership
         now = trio.current_time()
@@ -387,7 +388,7 @@ class Cells:
         for e in m.table.live():
             if m.via.get(e.advert.peer_id) != "probe":
                 candidates.append((e.advert, None))
-        best = math.inf
+        members: list[tuple[float, float]] = []
         for a, rtt in candidates:
             if model not in whole_models(a):
                 continue
@@ -395,8 +396,8 @@ class Cells:
                 continue
             if rtt is None:
                 rtt = peer_rtt(m.table.entries[a.peer_id], m.coord, now)[0]
-            best = min(best, rtt + member_wait_ms(a))
-        return best
+            members.append((rtt, member_wait_ms(a)))
+        return probes.local_best_ms(members)
 
     def pick(self, model: str, scored: _Scored | None = None) -> list[tuple[str, tuple[str, ...]]]:
         """The nodes to probe for ``model`` (``meshd.core.probes``: the simulator's picks), with

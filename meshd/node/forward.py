@@ -1,40 +1,58 @@
-"""The execute step for one node: serve or forward a request, fail over, hedge.
+"""The execute step's I/O: a thin trio loop around the request's life (``meshd.core.request_life``).
 
-``serve_request`` turns one routed request into a stream of events for the client. The route
-comes from the pure ``meshd.core.decide.decide`` over a snapshot (the entry chain's route step);
-this module does the I/O the decision asks for:
+The route comes from the pure ``meshd.core.decide.decide`` (the entry chain's route step); what
+happens next is decided by ``RequestLife``, the machine the simulator drives too: which peer to
+try after a failure, when a wait refusal sends the request on or back, when to hedge, when to
+decide again, when to give up. ``drive`` feeds it what happens and does what it says:
 
-- the chosen node runs it (this node, or a peer over its long-lived request stream);
-- if no first token arrives by the hedge deadline, a second copy goes to the next-best node and
-  the first to answer wins (the other is cancelled);
-- if the serving node dies, stalls or answers busy, the request moves to the next candidate;
-  after k tokens it resumes there from the prompt plus those k tokens, so the client sees one
-  uninterrupted stream (identical under greedy decoding);
-- a first attempt may carry a wait bound (``meshd.core.admission``): a node that cannot start
-  the request within it answers busy at once with its estimated wait, and the request moves on;
-  the last attempt goes to whichever is predicted sooner, the next candidate or the refuser that
-  reported the shortest wait;
-- every decision, retry, hedge and the outcome go to the journal.
+- an attempt runs here or on a peer over its long-lived request stream (``start``), or along a
+  pipeline's stages (``meshd.node.pipeline.run_plan``); after k tokens a new attempt resumes
+  from the prompt plus those k tokens, so the client sees one uninterrupted stream (identical
+  under greedy decoding);
+- its tokens go to the client (``sink``) as they come; the first attempt with a token wins a
+  hedge race and the other copy is cancelled;
+- every attempt, retry, hedge, new decision and the outcome go to the journal.
+
+``serve_request`` runs a one-node decision with given targets (the unit tests' entry).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
 
-from meshd.core.admission import after_refusals
+from meshd.core.request_life import (
+    Action,
+    ArmTimer,
+    BackToRefuser,
+    Busy,
+    Cancel,
+    Decided,
+    Fail,
+    Failed,
+    Finish,
+    Finished,
+    FirstToken,
+    FirstTokenLate,
+    HedgeDue,
+    NoRoute,
+    Redecide,
+    RequestLife,
+    Route,
+    Send,
+    SendPlan,
+    StageFailed,
+)
 from meshd.core.routing import RouteDecision
 from meshd.core.snapshot import Policy
-from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
+from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError, RoutingError
 
 log = logging.getLogger(__name__)
-
-MAX_ATTEMPTS = 4
 
 
 @dataclass(slots=True)
@@ -79,7 +97,29 @@ class Outcome:
         }
 
 
+class StageFailure(RemoteError):
+    """A stage of a pipeline attempt failed (died, stalled, refused): ``culprits`` are the peers
+    to plan around; ``code`` is what the client is told if nothing else serves."""
+
+    def __init__(self, message: str, culprits: set[str], code: str = ErrorCode.PEER_GONE) -> None:
+        super().__init__(message, code)
+        self.culprits = culprits
+
+
 Sink = Callable[[str, dict[str, Any]], Awaitable[None]]
+Journal = Callable[[str, dict[str, Any]], None]
+Channel = Any  # a send channel of (kind, payload): "route", "tokens", "done" (attempts report)
+Start = Callable[[Send | SendPlan, Target | None, list[int], Channel], Awaitable[None]]
+"""``start(action, target, resume_ids, channel)`` runs one attempt: ``target`` for a ``Send``
+(None for a ``SendPlan``); reports ``("tokens", {"ids", "text"})`` and ``("done", {...})`` (a
+plan attempt also ``("route", {"served_by", "route"})`` once its chain is ready) on
+``channel``; raises on failure (``BusyError`` with its wait, ``StageFailure``, or any other)."""
+Redecider = Callable[[Redecide, Any, StageFailure | None, int],
+                     Awaitable[tuple[Any, dict[str, Target]]]]
+"""``await redecide(action, plan, stage_failure, tokens_so_far)``: a new ``Decision`` on a
+fresh snapshot without ``action.exclude``, and the targets of its candidates; ``plan`` and
+``stage_failure``: the plan whose stage failed and how, when a pipeline attempt's failure led
+here (else None); raises ``RoutingError``."""
 
 
 async def serve_request(
@@ -91,202 +131,255 @@ async def serve_request(
     entry_name: str,
     hedge_after_s: float | None,
     first_token_timeout_s: float,
-    journal: Callable[[str, dict[str, Any]], None],
+    journal: Journal,
     policy: Policy | None = None,
 ) -> Outcome:
-    """Run the request along ``decision.order`` with failover and hedging (``policy``: the
-    wait-bound settings of checked attempts after refusals; None: the defaults).
+    """Run a one-node decision along ``decision.order`` (the peers of ``targets``), with wait
+    refusals, failover and a hedge after ``hedge_after_s``; no new decision (nothing to decide
+    with). ``start_attempt(target, resume_ids, channel)``: one attempt (``Start``)."""
 
-    ``start_attempt(target, resume_ids, channel)`` runs one attempt and reports on ``channel``
-    tuples ``(kind, payload)`` with kind "tokens" ({"ids", "text"}), "done" ({"stats"}), or
-    "error" ({"exc"}). ``sink(kind, payload)`` forwards events to the client: "route" and
-    "tokens".
-    """
-    out = Outcome()
-    policy = policy or Policy()
-    queue = [targets[p] for p in decision.order if p in targets]
-    refused: list[tuple[float, Target]] = []  # (predicted TTFT back there, who) after wait refusals
-    attempts = 0
-    while True:
-        if not queue and refused:  # nobody else: back to the soonest node that was only busy
-            queue.append(replace(min(refused, key=lambda r: r[0])[1], max_wait_ms=None))
-            refused.clear()
-        if not queue or attempts >= MAX_ATTEMPTS:
-            out.error = out.error or "no candidate could serve the request"
-            out.error_code = out.error_code or ErrorCode.NO_ROUTE
-            break
-        primary = queue.pop(0)
-        if primary.max_wait_ms is None and refused:
-            primary = _after_refusals(primary, queue, refused, policy, journal)
-        attempts += 1
-        n_refused = len(refused)
-        result = await _race(primary, queue, out, start_attempt, sink, entry_name,
-                             hedge_after_s if not out.tokens else None,
-                             first_token_timeout_s, journal, refused)
-        if result == "done":
+    async def start(action: Send | SendPlan, target: Target | None, resume: list[int],
+                    chan: Channel) -> None:
+        assert target is not None
+        await start_attempt(target, resume, chan)
+
+    first = Decided(route_from(decision.order, targets,
+                               hedge_after_s * 1000.0 if hedge_after_s else None))
+    d = Driver(targets, start, sink, entry_name=entry_name, journal=journal,
+               life=RequestLife(started_s=trio.current_time(), policy=policy,
+                                first_token_timeout_s=first_token_timeout_s))
+    return await d.drive(first)
+
+
+def route_from(order: Any, targets: dict[str, Target], hedge_ms: float | None) -> Route[str]:
+    """The machine's ``Route`` from the decision's order and its targets' bounds and predictions."""
+    peers = tuple(p for p in order if p in targets)
+    bounds = {p: t.max_wait_ms for p in peers if (t := targets[p]).max_wait_ms is not None}
+    pred = {p: (t.predicted_ms, t.known_ms) for p in peers if (t := targets[p]).predicted_ms is not None}
+    return Route(peers, bounds, pred, hedge_ms)
+
+
+class Driver:
+    """The trio loop of one request: attempts as tasks, their reports and two timers turned into
+    the machine's events, its actions carried out (see the module's docstring)."""
+
+    def __init__(self, targets: dict[str, Target], start: Start, sink: Sink, *, entry_name: str,
+                 journal: Journal, life: RequestLife[str], redecide: Redecider | None = None,
+                 gone: Container[str] = frozenset()) -> None:
+        self.targets = targets
+        self.start = start
+        self.sink = sink
+        self.entry_name = entry_name
+        self.journal = journal
+        self.life = life
+        self.redecide = redecide
+        self.gone = gone  # peers this node knows are dead (skipped)
+        self.out = Outcome()
+        self.last_plan: Any = None  # the last plan run (pipelines)
+        self._hedge_ms: float | None = None
+        self._stage_failure: StageFailure | None = None  # the last failure, if a stage's
+        self._scopes: dict[int, trio.CancelScope] = {}
+        self._names: dict[int, str] = {}
+        self._plans: set[int] = set()
+        self._timers: dict[str, float] = {}
+        self._send, self._recv = trio.open_memory_channel[Any](4096)
+        self._nursery: trio.Nursery | None = None
+
+    async def drive(self, first: Decided) -> Outcome:
+        life = self.life
+        out = self.out
+        self._hedge_ms = first.route.hedge_ms if first.route is not None else None
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._do(life.handle(first, trio.current_time()))
+            while not life.over:
+                at = min(self._timers.values(), default=None)
+                item = None
+                if at is None:
+                    item = await self._recv.receive()
+                else:
+                    with trio.move_on_at(at):
+                        item = await self._recv.receive()
+                if item is None:
+                    await self._timer(trio.current_time())
+                else:
+                    await self._report(*item)
+            nursery.cancel_scope.cancel()
+        if life.state == "done":
             out.error = out.error_code = None
-            break
-        if len(refused) > n_refused:
-            attempts -= 1  # a wait refusal costs a round trip, not one of the attempts
-        # failed: move on (the failed target is not retried, except as _after_refusals says)
-    out.ended = time.perf_counter()
-    return out
+        elif out.error is None:
+            out.error, out.error_code = life.reason, life.code
+        out.ended = time.perf_counter()
+        return out
 
+    # ------------------------------------------------------------------ what happens
 
-def _after_refusals(
-    nxt: Target, queue: list[Target], refused: list[tuple[float, Target]], policy: Policy,
-    journal: Callable[[str, dict[str, Any]], None],
-) -> Target:
-    """The planned bounded attempts are over: go on to ``nxt``, bounded by the best refuser's
-    wait while checks are left, or back to the refuser whose reported wait makes it sooner,
-    without a bound (``meshd.core.admission.after_refusals``, the simulator's rule too). A
-    refuser gone back to leaves ``refused``."""
-    k, bound = after_refusals(nxt.predicted_ms, nxt.known_ms, [ms for ms, _ in refused], policy)
-    if k is None:
-        return replace(nxt, max_wait_ms=bound)
-    best_ms, best = refused.pop(k)
-    queue.insert(0, nxt)
-    journal("back_to_refuser", {"target": best.name, "predicted_ms": round(best_ms, 1),
-                                "instead_of": nxt.name})
-    return replace(best, max_wait_ms=None)
-
-
-async def _race(
-    primary: Target,
-    queue: list[Target],
-    out: Outcome,
-    start_attempt: Callable[[Target, list[int], trio.MemorySendChannel[Any]], Awaitable[None]],
-    sink: Sink,
-    entry_name: str,
-    hedge_after_s: float | None,
-    first_token_timeout_s: float,
-    journal: Callable[[str, dict[str, Any]], None],
-    refused: list[tuple[float, Target]],
-) -> str:
-    """One attempt (plus at most one hedge). Returns "done" or "failed"; a target that refused
-    for its wait bound, with an estimate, goes to ``refused``."""
-    send, recv = trio.open_memory_channel[Any](4096)
-    resume = list(out.tokens)
-    scopes: dict[int, trio.CancelScope] = {}
-    names: dict[int, Target] = {}
-    alive: set[int] = set()
-    winner: list[int] = []
-    losers: list[Target] = []  # cancelled because another copy answered first: still usable
-    status = "failed"
-
-    async def launch(idx: int, target: Target, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        with trio.CancelScope() as scope:
-            scopes[idx] = scope
-            names[idx] = target
-            alive.add(idx)
-            task_status.started()
-            chan = _Tagged(send, idx)
-            try:
-                await start_attempt(target, resume, chan)  # type: ignore[arg-type]
-            except Exception as e:  # reported, never raised into the race
-                await chan.send(("error", {"exc": e}))
-        alive.discard(idx)
-        if scope.cancelled_caught:
-            return
-
-    async with trio.open_nursery() as nursery:
-        await nursery.start(launch, 0, primary)
-        journal("forwarded" if not primary.is_local else "routed",
-                {"target": primary.name, "resume_tokens": len(resume)})
-        route_sent = False
-        deadline_first = trio.current_time() + first_token_timeout_s
-        hedge_at = trio.current_time() + hedge_after_s if hedge_after_s else None
-        next_idx = 1
-        while True:
-            timeout = deadline_first if not winner else None
-            if hedge_at is not None and not winner:
-                timeout = min(timeout, hedge_at) if timeout is not None else hedge_at
-            if timeout is not None:
-                with trio.move_on_at(timeout) as ms:
-                    item = await recv.receive()
-                if ms.cancelled_caught:
-                    now = trio.current_time()
-                    if hedge_at is not None and now >= hedge_at and queue:
-                        hedge = queue.pop(0)
-                        out.hedges.append({"target": hedge.name, "after_ms": round(hedge_after_s * 1000, 1)})  # type: ignore[operator]
-                        journal("hedge", {"target": hedge.name, "primary": primary.name})
-                        await nursery.start(launch, next_idx, hedge)
-                        next_idx += 1
-                        hedge_at = None
-                        continue
-                    hedge_at = None if hedge_at is not None and now >= hedge_at else hedge_at
-                    if now >= deadline_first:
-                        for idx in list(alive):
-                            out.retries.append({"target": names[idx].name, "reason": "no first token in time"})
-                        journal("retry", {"reason": "first-token timeout", "targets": [names[i].name for i in alive]})
-                        nursery.cancel_scope.cancel()
-                        break
-                    continue
-            else:
-                item = await recv.receive()
-            idx, (kind, payload) = item
-            if winner and idx != winner[0]:
+    async def _timer(self, now: float) -> None:
+        for kind, at in sorted(self._timers.items(), key=lambda kv: kv[1]):
+            if at > now:
                 continue
-            if kind == "tokens":
-                if not winner:
-                    winner.append(idx)
-                    for j, s in scopes.items():
-                        if j != idx:
-                            s.cancel()
-                            if j in alive:
-                                losers.append(names[j])
-                    if not route_sent:
-                        await _announce(out, names[idx], entry_name, sink)
-                        route_sent = True
-                if out.first_at is None:
-                    out.first_at = time.perf_counter()
-                    out.ttft_ms = (out.first_at - out.started) * 1000
-                    journal("first_token", {"target": names[idx].name, "ttft_ms": round(out.ttft_ms, 3)})
-                out.tokens.extend(payload["ids"])
-                out.text.append(payload["text"])
-                await sink("tokens", payload)
-            elif kind == "done":
-                if not winner:
-                    winner.append(idx)
-                    await _announce(out, names[idx], entry_name, sink)
-                status = "done"
-                nursery.cancel_scope.cancel()
-                break
-            elif kind == "error":
-                exc = payload["exc"]
-                reason = str(exc)
-                target = names[idx]
-                is_busy = isinstance(exc, BusyError) or getattr(exc, "code", "") == ErrorCode.BUSY
-                out.retries.append({"target": target.name, "reason": reason, "busy": is_busy,
-                                    "after_tokens": len(out.tokens)})
-                wait_ms = getattr(exc, "wait_ms", None)
-                if is_busy and target.max_wait_ms is not None and wait_ms is not None:
-                    refused.append((wait_ms + (target.known_ms or 0.0), target))
-                journal("retry", {"target": target.name, "reason": reason,
-                                  "after_tokens": len(out.tokens)})
-                code = getattr(exc, "code", ErrorCode.PEER_GONE)
-                if not isinstance(exc, PeerGoneError | BusyError | RemoteError):
-                    code = ErrorCode.INTERNAL
-                out.error, out.error_code = reason, code
-                if winner and idx == winner[0]:
-                    nursery.cancel_scope.cancel()
-                    break
-                alive.discard(idx)
-                if not alive:
-                    nursery.cancel_scope.cancel()
-                    break
-    if status != "done":
-        # a hedge copy that lost the race did nothing wrong: it is the next one to fail over to
-        queue[:0] = [t for t in losers if t not in queue]
-    return status
+            del self._timers[kind]
+            if kind == "hedge":
+                await self._do(self.life.handle(HedgeDue(self.gone), now))
+            else:
+                late = [self._names[k] for k in sorted(self.life.live)]
+                acts = self.life.handle(FirstTokenLate(self.gone), now)
+                if any(isinstance(a, Cancel) and a.why == "late" for a in acts):
+                    for name in late:
+                        self.out.retries.append({"target": name, "reason": "no first token in time"})
+                    self.journal("retry", {"reason": "first-token timeout", "targets": late})
+                await self._do(acts)
 
+    async def _report(self, k: int, kind: str, payload: dict[str, Any]) -> None:
+        life, out = self.life, self.out
+        if k not in life.live:
+            return  # a cancelled or finished attempt's last words
+        now = trio.current_time()
+        if kind == "route":  # a plan attempt's chain is ready
+            for name in payload["route"]:
+                if name not in out.route:
+                    out.route.append(name)
+            out.served_by = payload["served_by"]
+            await self.sink("route", {"served_by": out.served_by, "route": list(out.route)})
+        elif kind == "tokens":
+            if life.winner != k:
+                await self._do(life.handle(FirstToken(k), now))
+                await self._announce(k)
+            if out.first_at is None:
+                out.first_at = time.perf_counter()
+                out.ttft_ms = (out.first_at - out.started) * 1000
+                self.journal("first_token", {"target": out.served_by or self._names[k],
+                                             "ttft_ms": round(out.ttft_ms, 3)})
+            out.tokens.extend(payload["ids"])
+            out.text.append(payload["text"])
+            await self.sink("tokens", payload)
+        elif kind == "done":
+            if life.winner != k:
+                await self._announce(k)
+            await self._do(life.handle(Finished(k), now))
+        elif kind == "error":
+            await self._do(life.handle(self._failure(k, payload["exc"]), now))
 
-async def _announce(out: Outcome, t: Target, entry_name: str, sink: Sink) -> None:
-    """Tell the client who serves, and through which nodes: after a failover the route is the
-    path of the node now serving (the nodes that failed are in ``out.retries``)."""
-    out.route = [t.name] if t.is_local else [entry_name, t.name]
-    out.served_by = t.name
-    await sink("route", {"served_by": t.name, "route": list(out.route)})
+    def _failure(self, k: int, exc: BaseException) -> object:
+        """The machine's event for attempt ``k``'s error, noted in the outcome and journal."""
+        out, name, reason = self.out, self._names[k], str(exc)
+        self._stage_failure = exc if isinstance(exc, StageFailure) else None
+        code = getattr(exc, "code", ErrorCode.PEER_GONE)
+        if not isinstance(exc, PeerGoneError | BusyError | RemoteError):
+            code = ErrorCode.INTERNAL
+        out.error, out.error_code = reason, code
+        if isinstance(exc, StageFailure):
+            names = {h.peer_id: h.name for h in self.last_plan.hops} if self.last_plan else {}
+            out.retries.append({"target": ",".join(names.get(p, p) for p in sorted(exc.culprits)),
+                                "reason": reason, "after_tokens": len(out.tokens)})
+            log.info("pipeline stage failed attempt=%d error=%s", k, exc)
+            return StageFailed(k, frozenset(exc.culprits), str(code), reason, self.gone)
+        is_busy = isinstance(exc, BusyError) or code == ErrorCode.BUSY
+        out.retries.append({"target": name, "reason": reason, "busy": is_busy,
+                            "after_tokens": len(out.tokens)})
+        self.journal("retry", {"target": name, "reason": reason, "after_tokens": len(out.tokens)})
+        if is_busy:
+            return Busy(k, getattr(exc, "wait_ms", None), reason, self.gone)
+        return Failed(k, str(code), reason, self.gone)
+
+    # ------------------------------------------------------------------ what to do
+
+    async def _do(self, acts: list[Action]) -> None:
+        for a in acts:
+            if isinstance(a, Send):
+                await self._launch_node(a)
+            elif isinstance(a, SendPlan):
+                await self._launch_plan(a)
+            elif isinstance(a, Cancel):
+                scope = self._scopes.pop(a.attempt, None)
+                if scope is not None:
+                    scope.cancel()
+            elif isinstance(a, ArmTimer):
+                self._timers[a.kind] = a.at
+            elif isinstance(a, Redecide):
+                await self._redecide(a)
+            elif isinstance(a, BackToRefuser):
+                if a.instead_of is not None:
+                    self.journal("back_to_refuser", {
+                        "target": self._name(a.peer), "predicted_ms": round(a.predicted_ms, 1),
+                        "instead_of": self._name(a.instead_of)})
+            elif isinstance(a, Finish):
+                self._timers.clear()
+            elif isinstance(a, Fail):
+                self._timers.clear()
+                self.out.error, self.out.error_code = a.reason, a.code
+            # Drop: the failure is noted already; the sibling runs on
+
+    def _name(self, peer: str) -> str:
+        t = self.targets.get(peer)
+        return t.name if t is not None else peer
+
+    async def _launch_node(self, a: Send) -> None:
+        target = replace(self.targets[a.peer], max_wait_ms=a.max_wait_ms)
+        resume = list(self.out.tokens)
+        if a.hedge:
+            primary = next((self._names[k] for k in sorted(self.life.live) if k != a.attempt), "")
+            after = self._hedge_ms
+            self.out.hedges.append({"target": target.name,
+                                    "after_ms": round(after, 1) if after is not None else None})
+            self.journal("hedge", {"target": target.name, "primary": primary})
+        else:
+            self.journal("forwarded" if not target.is_local else "routed",
+                         {"target": target.name, "resume_tokens": len(resume)})
+        self._names[a.attempt] = target.name
+        assert self._nursery is not None
+        await self._nursery.start(self._run, a, target, resume)
+
+    async def _launch_plan(self, a: SendPlan) -> None:
+        self.last_plan = a.plan
+        self._plans.add(a.attempt)
+        self._names[a.attempt] = " -> ".join(h.name for h in a.plan.hops)
+        assert self._nursery is not None
+        await self._nursery.start(self._run, a, None, list(self.out.tokens))
+
+    async def _run(self, a: Send | SendPlan, target: Target | None, resume: list[int],
+                   task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            self._scopes[a.attempt] = scope
+            task_status.started()
+            chan = _Tagged(self._send, a.attempt)
+            try:
+                await self.start(a, target, resume, chan)
+            except Exception as e:  # reported, never raised into the loop
+                await chan.send(("error", {"exc": e}))
+
+    async def _announce(self, k: int) -> None:
+        """Tell the client who serves, and through which nodes: after a failover the route is the
+        path of the node now serving (the nodes that failed are in ``out.retries``). A plan
+        attempt announced its chain when it was ready."""
+        if k in self._plans:
+            return
+        peer = self.life.peer_of(k)
+        t = self.targets[peer]
+        out = self.out
+        out.route = [t.name] if t.is_local else [self.entry_name, t.name]
+        out.served_by = t.name
+        await self.sink("route", {"served_by": t.name, "route": list(out.route)})
+
+    async def _redecide(self, a: Redecide) -> None:
+        now = trio.current_time()
+        if self.redecide is None:
+            await self._do(self.life.handle(NoRoute("no new decision here"), now))
+            return
+        try:
+            failed = self._stage_failure
+            d, targets = await self.redecide(a, self.last_plan if failed else None, failed,
+                                             len(self.out.tokens))
+        except RoutingError as e:
+            self.journal("failed", {"error": f"{a.after}; no replacement: {e}"})
+            await self._do(self.life.handle(NoRoute(str(e)), trio.current_time()))
+            return
+        self.targets.update(targets)
+        if d.plan is not None:
+            event = Decided(plan=d.plan)
+        else:
+            event = Decided(route_from(d.route.order, targets, d.hedge_ms))
+        await self._do(self.life.handle(event, trio.current_time()))
 
 
 class _Tagged:
@@ -295,4 +388,5 @@ class _Tagged:
         self._idx = idx
 
     async def send(self, item: Any) -> None:
-        await self._send.send((self._idx, item))
+        kind, payload = item
+        await self._send.send((self._idx, kind, payload))

@@ -1,28 +1,31 @@
-"""The entry node's pipeline driver: run a request through a chain of stage nodes.
+"""The entry node's pipeline attempt: run a request through a chain of stage nodes, once.
 
 The entry chain's route step asks ``meshd.core.decide.decide`` (the simulator's very function)
 whether the request runs as a pipeline: when no node serves the whole model, or when the chain
-is predicted to finish sooner. ``run_pipeline`` then does the I/O (docs/pipeline.md):
+is predicted to finish sooner. The request's life (``meshd.core.request_life``, driven by
+``meshd.node.forward.Driver``) then sends it along the plan: ``run_plan`` is one attempt, the
+I/O (docs/pipeline.md):
 
 1. open a stage session on every hop at once (``STAGE_OPEN``), each told the next hop's peer
    and session id; the last stage gets the prompt (ids, or text it encodes) and the sampling
    settings;
-2. send the prompt's token ids to the first stage (``STAGE_STEP``); activations go from stage
-   to stage directly; the last stage samples and sends the token to this node (``STAGE_OUT``),
-   which streams it to the client and sends it to the first stage as the next step;
-3. on a failure (a stage's stream ends: a SIGKILLed peer shows as EOF within milliseconds; an
-   ``ERROR`` such as ``busy`` or ``peer_gone``; no answer before the step deadline) it plans
-   again without the failed peer, opens fresh sessions, and replays the prompt plus every token
-   so far as one prefill, so the caches are rebuilt and greedy output goes on identically.
-   The journal records each ``replan``;
-4. frees every session it opened (``STAGE_FREE``) however the request ends.
+2. send the prompt's token ids (plus the tokens streamed before, after a failure) to the first
+   stage (``STAGE_STEP``); activations go from stage to stage directly; the last stage samples
+   and sends the token to this node (``STAGE_OUT``), which reports it and sends it to the first
+   stage as the next step;
+3. a failure (a stage's stream ends: a SIGKILLed peer shows as EOF within milliseconds; an
+   ``ERROR`` such as ``busy`` or ``peer_gone``; no answer before the step deadline) raises
+   ``StageFailure`` naming the peers to blame; the request's life then decides again without
+   them (a new chain, or one node) and the next attempt replays the prompt plus every token so
+   far as one prefill, so the caches are rebuilt and greedy output goes on identically;
+4. frees every session it opened (``STAGE_FREE``) however the attempt ends.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
@@ -30,12 +33,12 @@ import trio
 from meshd.config import Config
 from meshd.core.messages import MessageType
 from meshd.core.packing import pack_ids, takes_packed, vocab_bound
-from meshd.core.planner import Plan, plan
+from meshd.core.planner import Plan
 from meshd.core.request import DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS
 from meshd.core.snapshot import Policy, RouteRequest
-from meshd.errors import ErrorCode, PeerGoneError, RemoteError, RoutingError
+from meshd.errors import ErrorCode, PeerGoneError
 from meshd.node.activations import encode_ids
-from meshd.node.forward import Outcome
+from meshd.node.forward import Channel, Journal, StageFailure
 from meshd.node.gen_config import gen_fields
 from meshd.node.stagelinks import StageLinks
 from meshd.node.view import MeshView
@@ -43,11 +46,8 @@ from meshd.store.protocol import Recorder
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 4
 OPEN_TIMEOUT_S = 15.0
 FREE_TIMEOUT_S = 2.0
-REPLAN_WAIT_MIN_S = 3.0
-REPLAN_POLL_S = 0.2
 
 
 def plan_record(p: Plan) -> dict[str, Any]:
@@ -82,112 +82,25 @@ class PipelineNode(Protocol):
     def stage_links(self) -> StageLinks: ...
 
 
-class StageFailure(RemoteError):
-    """A stage of a pipeline failed (died, stalled, refused): ``culprits`` are the peers to plan
-    around; ``code`` is what the client is told if no replan succeeds."""
-
-    def __init__(self, message: str, culprits: set[str], code: str = ErrorCode.PEER_GONE) -> None:
-        super().__init__(message, code)
-        self.culprits = culprits
-
-
 @dataclass
-class _Run:
+class PipelineRequest:
+    """What every pipeline attempt of one request shares: the request as REQ/STAGE_OPEN fields
+    (``msg``), its prompt's ids (learned from the last stage when this node had no tokenizer),
+    and its token budget."""
+
     node: PipelineNode
     rid: str
     model: str
     msg: dict[str, Any]
     prompt_ids: list[int]
-    max_tokens: int
-    sink: Any
-    journal: Any
+    journal: Journal
     vocab_size: int = 0  # of the tokenizer or model that made prompt_ids (packing)
-    out: Outcome = field(default_factory=Outcome)
-    attempt: int = 0
+    max_tokens: int = 0
 
-    @property
-    def remaining(self) -> int:
-        return self.max_tokens - len(self.out.tokens)
-
-
-async def run_pipeline(
-    node: PipelineNode, first: Plan, req: RouteRequest, msg: dict[str, Any], prompt_ids: list[int],
-    sink: Any, journal: Any, policy: Policy, *, vocab_size: int = 0,
-) -> tuple[Outcome, Plan]:
-    """Serve one request along ``first``, replanning around failed stages; never raises for a
-    stage's failure (the outcome carries the error). Returns the outcome and the last plan."""
-    max_tokens = min(int(gen_fields(msg).get("max_tokens", DEFAULT_MAX_TOKENS)), MAX_MAX_TOKENS)
-    run = _Run(node, req.request_id, req.model, msg, list(prompt_ids), max_tokens, sink, journal,
-               vocab_size)
-    failed_at: dict[str, float] = {}  # peer -> when it last failed this request
-    current = first
-    while True:
-        run.attempt += 1
-        try:
-            await _attempt(run, current)
-            run.out.error = run.out.error_code = None
-            break
-        except StageFailure as f:
-            names = {h.peer_id: h.name for h in current.hops}
-            lost = [h for h in current.hops if h.peer_id in f.culprits]
-            run.out.retries.append({"target": ",".join(names.get(p, p) for p in f.culprits),
-                                    "reason": str(f), "after_tokens": len(run.out.tokens)})
-            run.out.error, run.out.error_code = str(f), f.code
-            log.info("pipeline stage failed rid=%s attempt=%d error=%s", run.rid, run.attempt, f)
-            if run.attempt >= MAX_ATTEMPTS:
-                run.out.error = f"pipeline failed {run.attempt} times; last: {f}"
-                break
-            for peer in f.culprits:
-                failed_at[peer] = trio.current_time()
-            history = len(run.prompt_ids) + len(run.out.tokens) if run.prompt_ids else 0
-            try:
-                nxt, again = await _replan(node, req, policy, failed_at,
-                                           prompt_tokens=history or req.prompt_tokens,
-                                           max_tokens=max(run.remaining, 1))
-            except RoutingError as e:
-                run.out.error = f"{f}; no replacement: {e}"
-                run.out.error_code = ErrorCode.NO_ROUTE
-                journal("failed", {"error": run.out.error})
-                break
-            journal("replan", {
-                "reason": f"{', '.join(f'{h.name} [{h.layer_start}, {h.layer_end})' for h in lost) or 'a stage'} "
-                          f"failed after {len(run.out.tokens)} tokens ({f}); new chain "
-                          + " -> ".join(f"{h.name}[{h.layer_start},{h.layer_end})" for h in nxt.hops),
-                "lost": [h.name for h in lost],
-                "layers": [[h.layer_start, h.layer_end] for h in lost],
-                "after_tokens": len(run.out.tokens),
-                "chain": [h.name for h in nxt.hops],
-            })
-            record_plan(node, run.rid, nxt, again, policy)
-            current = nxt
-    run.out.ended = time.perf_counter()
-    return run.out, current
-
-
-def excluded_peers(failed_at: dict[str, float], heard_at: dict[str, float]) -> frozenset[str]:
-    """The peers a replan leaves out: those that failed this request and have not been heard
-    from since (a peer whose connection dropped but that adverts again is usable; a dead one
-    never adverts again). Pure; times on one monotonic clock."""
-    return frozenset(p for p, t in failed_at.items() if heard_at.get(p, -1.0) <= t)
-
-
-async def _replan(node: PipelineNode, req: RouteRequest, policy: Policy, failed_at: dict[str, float], *,
-                  prompt_tokens: int, max_tokens: int) -> tuple[Plan, RouteRequest]:
-    """Plan the rest of the request without the failed peers. When nothing covers the model
-    right now (a healthy stage's connection dropped with the failed one), wait up to two advert
-    intervals for the peer table to hear it again before giving up."""
-    deadline = trio.current_time() + max(REPLAN_WAIT_MIN_S,
-                                         2 * node.config.gossip.advert_interval_s)
-    while True:
-        heard = {pid: e.heard_at for pid, e in node.membership.table.entries.items()}
-        again = replace(req, exclude=req.exclude | excluded_peers(failed_at, heard),
-                        prompt_tokens=prompt_tokens, max_tokens=max_tokens)
-        try:
-            return plan(again, node.membership.snapshot(), policy), again
-        except RoutingError:
-            if trio.current_time() >= deadline:
-                raise
-        await trio.sleep(REPLAN_POLL_S)
+    def __post_init__(self) -> None:
+        if not self.max_tokens:
+            self.max_tokens = min(int(gen_fields(self.msg).get("max_tokens", DEFAULT_MAX_TOKENS)),
+                                  MAX_MAX_TOKENS)
 
 
 def record_plan(node: PipelineNode, rid: str, p: Plan, req: RouteRequest, policy: Policy) -> None:
@@ -202,13 +115,30 @@ def record_plan(node: PipelineNode, rid: str, p: Plan, req: RouteRequest, policy
     )
 
 
-async def _attempt(run: _Run, p: Plan) -> None:
-    """One pass of the request along ``p``; returns when the last token came, else raises
-    ``StageFailure``."""
-    node = run.node
+@dataclass
+class _Pass:
+    """One attempt along one plan: the request, the attempt's number, and every token of the
+    answer so far (those streamed before this attempt, then its own)."""
+
+    req: PipelineRequest
+    attempt: int
+    tokens: list[int]
+
+    @property
+    def remaining(self) -> int:
+        return self.req.max_tokens - len(self.tokens)
+
+
+async def run_plan(req: PipelineRequest, p: Plan, attempt: int, resume: list[int],
+                   chan: Channel) -> None:
+    """One attempt (numbered ``attempt``, from 1) of ``req`` along ``p``, after the tokens
+    ``resume``: reports ``("route", ...)`` once the chain is ready, then ``("tokens", ...)`` and
+    ``("done", ...)`` on ``chan``; raises ``StageFailure`` naming the peers to blame."""
+    run = _Pass(req, attempt, list(resume))
+    node = req.node
     links = node.stage_links
     hops = p.hops
-    sids = [f"{run.rid}.{run.attempt}@{h.layer_start}" for h in hops]
+    sids = [f"{req.rid}.{attempt}@{h.layer_start}" for h in hops]
     peer_of = dict(zip(sids, (h.peer_id for h in hops), strict=True))
     watch = links.watch(set(sids), {h.peer_id for h in hops})
     opened: list[int] = []
@@ -216,17 +146,14 @@ async def _attempt(run: _Run, p: Plan) -> None:
         t_open = time.perf_counter()
         await _open_all(run, hops, sids, opened)
         await _wait_ready(run, watch, sids, peer_of)
-        if run.attempt > 1:  # after a replan: when the new chain was ready, and what it replays
-            run.journal("routed", {
+        if attempt > 1:  # after a failure: when the new chain was ready, and what it replays
+            req.journal("routed", {
                 "target": " -> ".join(h.name for h in hops), "pipeline": True,
-                "attempt": run.attempt, "resume_tokens": len(run.out.tokens),
+                "attempt": attempt, "resume_tokens": len(resume),
                 "open_ms": round((time.perf_counter() - t_open) * 1000, 3)})
-        for name in [node.node_name, *(h.name for h in hops)]:
-            if name not in run.out.route:
-                run.out.route.append(name)
-        run.out.served_by = hops[-1].name
-        await run.sink("route", {"served_by": run.out.served_by, "route": list(run.out.route)})
-        history = run.prompt_ids + run.out.tokens
+        await chan.send(("route", {"served_by": hops[-1].name,
+                                   "route": [node.node_name, *(h.name for h in hops)]}))
+        history = req.prompt_ids + run.tokens
         await _send_step(run, hops[0].peer_id, sids[0], 0, list(range(len(history))), history)
         length = len(history)
         step = 0
@@ -238,18 +165,13 @@ async def _attempt(run: _Run, p: Plan) -> None:
             if m["t"] != MessageType.STAGE_OUT or m["rid"] != sids[-1] or m["step"] != step:
                 continue
             ids = [int(i) for i in m["ids"]]
-            if run.out.first_at is None:
-                run.out.first_at = time.perf_counter()
-                run.out.ttft_ms = (run.out.first_at - run.out.started) * 1000
-                run.journal("first_token", {"target": hops[-1].name,
-                                            "ttft_ms": round(run.out.ttft_ms, 3)})
-            run.out.tokens.extend(ids)
-            run.out.text.append(m.get("text") or "")
+            run.tokens.extend(ids)
             payload: dict[str, Any] = {"ids": ids, "text": m.get("text") or ""}
             if m.get("lp") is not None:
                 payload["lp"] = m["lp"]
-            await run.sink("tokens", payload)
+            await chan.send(("tokens", payload))
             if m.get("finish") or run.remaining <= 0:
+                await chan.send(("done", {"stats": {}}))
                 return
             step += 1
             await _send_step(run, hops[0].peer_id, sids[0], step, [length], ids[-1:])
@@ -262,37 +184,38 @@ async def _attempt(run: _Run, p: Plan) -> None:
                     nursery.start_soon(_free, links, hops[i].peer_id, sids[i])
 
 
-async def _open_all(run: _Run, hops: Any, sids: list[str], opened: list[int]) -> None:
-    links = run.node.stage_links
-    history = run.prompt_ids + run.out.tokens if run.prompt_ids else []
+async def _open_all(run: _Pass, hops: Any, sids: list[str], opened: list[int]) -> None:
+    req = run.req
+    links = req.node.stage_links
+    history = req.prompt_ids + run.tokens if req.prompt_ids else []
     total = len(history) + run.remaining if history else 0
-    deadline_ms = int(run.node.config.routing.request_timeout_s * 1000)
+    deadline_ms = int(req.node.config.routing.request_timeout_s * 1000)
     failures: list[StageFailure] = []
 
     async def open_one(i: int) -> None:
         h = hops[i]
         fields: dict[str, Any] = {
-            "rid": sids[i], "model": run.model, "layer_start": h.layer_start,
+            "rid": sids[i], "model": req.model, "layer_start": h.layer_start,
             "layer_end": h.layer_end, "deadline_ms": deadline_ms,
             "next": [hops[i + 1].peer_id, sids[i + 1]] if i + 1 < len(hops) else [],
-            "wire_dtype": run.msg.get("wire_dtype") or "f16",
+            "wire_dtype": req.msg.get("wire_dtype") or "f16",
         }
         if total:
             fields["max_tokens"] = total
         if i == len(hops) - 1:
-            fields["gen"] = {**gen_fields(run.msg), "max_tokens": run.remaining}
-            if run.out.tokens:  # a replan: penalties, grammar and seed go on after these
-                fields["gen"]["after"] = list(run.out.tokens)
-            if history and _takes_packed(run, h.peer_id):
-                dtype, data = pack_ids(history, vocab_bound(history, run.vocab_size))
+            fields["gen"] = {**gen_fields(req.msg), "max_tokens": run.remaining}
+            if run.tokens:  # a replan: penalties, grammar and seed go on after these
+                fields["gen"]["after"] = list(run.tokens)
+            if history and _takes_packed(req, h.peer_id):
+                dtype, data = pack_ids(history, vocab_bound(history, req.vocab_size))
                 fields.update(prompt_packed=data, prompt_dtype=dtype)
-                if run.msg.get("tok"):
-                    fields["tok"] = run.msg["tok"]
+                if req.msg.get("tok"):
+                    fields["tok"] = req.msg["tok"]
             elif history:
                 fields["prompt_ids"] = history
             else:
-                fields["prompt"] = run.msg["prompt"]
-                fields["chat"] = bool(run.msg.get("chat", False))
+                fields["prompt"] = req.msg["prompt"]
+                fields["chat"] = bool(req.msg.get("chat", False))
         try:
             port = await links.port(h.peer_id)
             await port.send(MessageType.STAGE_OPEN, fields)
@@ -308,15 +231,15 @@ async def _open_all(run: _Run, hops: Any, sids: list[str], opened: list[int]) ->
         raise failures[0]
 
 
-def _takes_packed(run: _Run, peer_id: str) -> bool:
+def _takes_packed(req: PipelineRequest, peer_id: str) -> bool:
     """Whether the stage on ``peer_id`` reads packed prompts (this node does)."""
-    if peer_id == run.node.peer_id:
+    if peer_id == req.node.peer_id:
         return True
-    e = run.node.membership.table.get(peer_id)
-    return takes_packed(e.advert if e is not None else None, run.model)
+    e = req.node.membership.table.get(peer_id)
+    return takes_packed(e.advert if e is not None else None, req.model)
 
 
-async def _wait_ready(run: _Run, watch: Any, sids: list[str], peer_of: dict[str, str]) -> None:
+async def _wait_ready(run: _Pass, watch: Any, sids: list[str], peer_of: dict[str, str]) -> None:
     ready: set[str] = set()
     with trio.move_on_after(OPEN_TIMEOUT_S) as scope:
         while len(ready) < len(sids):
@@ -324,13 +247,13 @@ async def _wait_ready(run: _Run, watch: Any, sids: list[str], peer_of: dict[str,
             _raise_if_failed(kind, m, peer_of)
             if m["t"] == MessageType.STAGE_READY and m["rid"] in peer_of:
                 ready.add(m["rid"])
-                if m["rid"] == sids[-1] and not run.prompt_ids and m.get("prompt_ids"):
-                    run.prompt_ids = [int(i) for i in m["prompt_ids"]]
+                if m["rid"] == sids[-1] and not run.req.prompt_ids and m.get("prompt_ids"):
+                    run.req.prompt_ids = [int(i) for i in m["prompt_ids"]]
     if scope.cancelled_caught:
         slow = {peer_of[s] for s in sids if s not in ready}
         raise StageFailure(f"no answer to STAGE_OPEN within {OPEN_TIMEOUT_S:.0f} s", slow,
                            ErrorCode.DEADLINE)
-    if not run.prompt_ids:
+    if not run.req.prompt_ids:
         raise StageFailure("the last stage did not return the prompt's token ids",
                            {peer_of[sids[-1]]}, ErrorCode.MALFORMED)
 
@@ -355,11 +278,11 @@ async def _next(watch: Any, timeout: float, peer_of: dict[str, str], hops: Any,
     raise StageFailure(f"no token from the pipeline within {timeout:.1f} s", dead, ErrorCode.DEADLINE)
 
 
-async def _send_step(run: _Run, peer: str, sid: str, step: int, pos: list[int],
+async def _send_step(run: _Pass, peer: str, sid: str, step: int, pos: list[int],
                      ids: list[int]) -> None:
     dtype, shape, data = encode_ids(ids)
     try:
-        port = await run.node.stage_links.port(peer)
+        port = await run.req.node.stage_links.port(peer)
         await port.send(MessageType.STAGE_STEP, {"rid": sid, "step": step, "pos": pos,
                                                  "dtype": dtype, "shape": shape, "data": data})
     except (PeerGoneError, trio.TooSlowError) as e:

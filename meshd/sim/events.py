@@ -2,9 +2,9 @@
 
 Events are plain tuples ``(time, seq, kind, a, b)`` on one heap (``meshd.sim.loop``); ``kind`` is
 one of the numbers below. ``Sim`` is the narrow view of the running simulation that
-``admission``, ``hedging`` and ``pipeline`` are handed: they read its world, views, metrics and
-policy, schedule events with ``push`` and hand requests back with ``send``, ``serve_queued``,
-``load_changed`` and ``complete``. ``meshd.sim.loop.Simulation`` conforms.
+``entry``, ``hedging`` and ``pipeline`` are handed: they read its world, views, metrics and
+policy, schedule events with ``push`` and hand requests back with ``send``, ``decide_request``,
+``settle_failed``, ``serve_queued``, ``load_changed`` and ``complete``. ``meshd.sim.loop.Simulation`` conforms.
 """
 
 from __future__ import annotations
@@ -50,8 +50,14 @@ class Sim(Protocol):
     def push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None:
         """Schedule an event of ``kind`` at ``t``."""
 
-    def send(self, r: SimRequest, now: float) -> None:
-        """Send ``r`` to ``r.order[r.pos]``."""
+    def send(self, r: SimRequest, j: int, now: float) -> None:
+        """Send copy ``r`` to node ``j``."""
+
+    def decide_request(self, r: SimRequest, now: float, exclude: frozenset[int] = ...) -> None:
+        """``decide()`` for ``r`` again, without the nodes in ``exclude``."""
+
+    def settle_failed(self, r: SimRequest, reason: str) -> None:
+        """``r``'s request failed for good: count it."""
 
     def serve_queued(self, t: SimNode, now: float) -> None:
         """Start what node ``t``'s queue holds, while it has free slots."""

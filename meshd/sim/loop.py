@@ -8,9 +8,11 @@ fallbacks, or a pipeline plan), called on the ``MeshSnapshot`` the entry node wo
 
 Serving model: a node has ``concurrency`` slots, each running one request at the node's
 per-stream prefill and decode speeds (continuous batching at a fixed per-stream speed), and a
-FIFO queue of at most ``max_queue``; a request finding the queue full is answered busy and its
-entry node tries the next peer of the decision's order. Time to first token, seen at the entry
-node, is the request's trip there, its queueing, its prefill and the first token's trip back.
+FIFO queue of at most ``max_queue``; a request finding the queue full is answered busy. What the
+entry node does then (the next peer, a wait refusal's rules, a hedge, a new decision) is the
+daemon's own ``meshd.core.request_life.RequestLife``, driven by ``meshd.sim.entry``. Time to first
+token, seen at the entry node, is the request's trip there, its queueing, its prefill and the
+first token's trip back.
 """
 
 from __future__ import annotations
@@ -26,11 +28,20 @@ from meshd.core import predict
 from meshd.core.advert import significant_load_change
 from meshd.core.decide import decide
 from meshd.core.energy import request_energy_j
+from meshd.core.request_life import (
+    Decided,
+    Finish,
+    Finished,
+    GiveUp,
+    NoRoute,
+    RequestLife,
+    route_of,
+)
 from meshd.core.routing import LOCKSTEP
 from meshd.core.snapshot import RouteRequest
 from meshd.core.vivaldi import update
 from meshd.errors import RoutingError
-from meshd.sim import admission, hedging, pipeline
+from meshd.sim import admission, entry, hedging, pipeline
 from meshd.sim.events import (
     ADVERT,
     ARRIVAL,
@@ -165,24 +176,21 @@ class Simulation:
                     self.views.publish_advert(a, t)
             elif kind == BUSY:
                 if b == a.gen:
-                    self._retry(a, t, "busy")
+                    entry.busy(self, a, t)
             elif kind == DEAD:
                 if b == a.gen:
                     note_dead(self.world.nodes[a.entry], a.server)
                     self.world.nodes[a.entry].measured.pop(a.server, None)
-                    self._retry(a, t, "dead")
+                    entry.dead(self, a, t)
             elif kind == STAGE:
                 pipeline.at_stage(self, a, b, t)
             elif kind == REFUSED:
                 if b[0] == a.gen:
-                    if a.family is None:
-                        admission.next_target(self, a, b[1], t)
-                    else:
-                        self._retry(a, t, "busy")
+                    entry.busy(self, a, t, b[1])
             elif kind == HEDGE:
-                hedging.fire(self, a, b, t)
+                entry.hedge_due(self, a, b, t)
             elif kind == FIRST:
-                hedging.first_token(self, a, b, t)
+                entry.first_token(self, a, b, t)
             elif kind == SUMMARY:
                 self.views.publish_summaries(t)
                 if t + self.sc.gossip.summary_interval_s <= stop:
@@ -200,7 +208,7 @@ class Simulation:
             self.last_event_s = t
         self.events = n
         for r in self._leftovers():
-            self._fail(r, "unfinished")
+            self._unfinished(r)
         if progress is not None:
             progress(1.0)
         return self.summary()
@@ -274,49 +282,46 @@ class Simulation:
                 snaps = {m: self.views.snapshot(e, t, m, spec.residency) for m in self.tiers.models}
                 model = self.tiers.choose(self.rid, snaps, is_complex, score, prompt, output,
                                           spec.residency, measured) or "auto"
-        r = SimRequest(self.rid, t, entry, model, prompt, output, spec.residency, measured)
+        run = self.sc.run
+        life: RequestLife[int] = RequestLife(started_s=t, max_attempts=run.max_attempts,
+                                             timeout_s=run.timeout_s, policy=self.policy)
+        r = SimRequest(self.rid, t, entry, model, prompt, output, spec.residency, measured, life)
         if measured:
             self.m.arrived += 1
         self.outstanding += 1
         if entry < 0:
-            self._fail(r, "no_entry")
+            self.settle_failed(r, "no_entry")
             return
         if model == "auto":
-            self._fail(r, "no_route")
+            self.settle_failed(r, "no_route")
             return
-        self._decide(r, t)
+        self.decide_request(r, t)
 
-    def _decide(self, r: SimRequest, now: float) -> None:
+    def decide_request(self, r: SimRequest, now: float,
+                       exclude: frozenset[int] = frozenset()) -> None:
+        """``decide()`` for ``r`` (again, after a failure: without the nodes in ``exclude``), on
+        the entry node's snapshot; the decision goes to the request's machine."""
         w = self.world
         e = w.nodes[r.entry]
         snap = self.views.snapshot(e, now, r.model, r.residency)
-        exclude = frozenset(w.nodes[j].peer_id for j in r.tried) if r.tried else frozenset()
         req = RouteRequest(
             request_id=str(r.rid), model=r.model, prompt_tokens=r.effective_prompt,
-            max_tokens=r.remaining_output, residency=r.residency, exclude=exclude,
+            max_tokens=r.remaining_output, residency=r.residency,
+            exclude=frozenset(w.nodes[j].peer_id for j in exclude) if exclude else frozenset(),
         )  # fmt: skip
         try:
             d = decide(req, snap, self.policy, self.route_rng, e.rr, hedge=self.hedge)
-        except RoutingError:
-            self._fail(r, "no_route")
+        except RoutingError as err:
+            entry.apply(self, r, NoRoute(str(err)), now)
             return
         if d.plan is not None:
-            pipeline.send_plan(self, r, d.plan, now)
+            entry.apply(self, r, Decided(plan=d.plan), now)
             return
-        dec = d.route
-        assert dec is not None
         e.rr += 1
-        by_peer = w.by_peer
-        r.order = [by_peer[p] for p in dec.order]
-        r.pos = 0
-        admission.arm(self, r, dec, d.wait_bounds)
-        self.send(r, now)
-        if d.hedge_ms is not None:
-            hedging.arm(self, r, d.hedge_ms, now)
+        entry.apply(self, r, Decided(route_of(d, w.by_peer.__getitem__)), now)
 
-    def send(self, r: SimRequest, now: float) -> None:
-        j = r.order[r.pos]
-        r.tried.add(j)
+    def send(self, r: SimRequest, j: int, now: float) -> None:
+        """Send copy ``r`` to node ``j``."""
         r.server = j
         if j == r.entry:
             r.rtt_s = 0.0
@@ -356,8 +361,7 @@ class Simulation:
         t.active.add(r)
         self.push(r.end_s, DONE, r, r.gen)
         self.load_changed(t, now)
-        fam = r.family
-        if fam is not None and fam.winner is None and fam.live > 1:
+        if r.copies is not None and r.life.racing:
             hedging.watch(self, r)
 
     def serve_queued(self, t: SimNode, now: float) -> None:
@@ -368,7 +372,7 @@ class Simulation:
         while q and t.running < t.slots:
             r = q.pop(0)
             if now - r.arrival > timeout:
-                self._fail(r, "timeout")
+                entry.expired(self, r, now)
                 continue
             if r.stages is not None:
                 pipeline.slot_granted(self, t, r, now)
@@ -406,46 +410,30 @@ class Simulation:
         self.load_changed(t, now)
 
     def complete(self, r: SimRequest, at: float) -> None:
+        """Copy ``r`` delivered the answer (its last token reaches the entry node at ``at``)."""
         r.gen += 1  # a pending hedge check of this request is void now
-        p = hedging.settle(r) if r.family is not None else r
-        if p is None:
-            return
-        self.outstanding -= 1
-        if p.measured:
-            self.m.complete(r.ttft_s, at - p.arrival, p.prompt, p.output)
+        acts = r.life.handle(Finished(r.attempt), self.now)
+        entry.perform(self, r, [a for a in acts if type(a) is not Finish], self.now)
+        if acts and type(acts[-1]) is Finish:
+            self.outstanding -= 1
+            if r.measured:
+                self.m.complete(r.ttft_s, at - r.arrival, r.prompt, r.output)
 
-    def _fail(self, r: SimRequest, reason: str) -> None:
-        if r.family is not None and hedging.drop_if_sibling_lives(r):
-            return
+    def settle_failed(self, r: SimRequest, reason: str) -> None:
+        """The request of copy ``r`` failed for good (``reason``, as ``failed_by_reason`` says)."""
         r.gen += 1
         if r.held:
             pipeline.release(self, r, self.now)
-        p = hedging.settle(r) if r.family is not None else r
-        if p is None:
-            return
         self.outstanding -= 1
-        if p.measured:
+        if r.measured:
             self.m.fail(reason)
 
-    def _retry(self, r: SimRequest, now: float, reason: str) -> None:
-        if r.family is not None and hedging.drop_if_sibling_lives(r):
+    def _unfinished(self, r: SimRequest) -> None:
+        """The run is over with copy ``r`` still in the system: its request failed, once."""
+        if r.life.over:
             return
-        if r.measured:
-            self.m.retries += 1
-        r.attempts += 1
-        if r.attempts >= self.sc.run.max_attempts or now - r.arrival > self.sc.run.timeout_s:
-            self._fail(r, reason)
-            return
-        e = self.world.nodes[r.entry]
-        r.pos += 1
-        while r.pos < len(r.order) and (
-            r.order[r.pos] in e.known_dead or r.order[r.pos] in r.tried
-        ):
-            r.pos += 1
-        if r.stages is None and r.pos < len(r.order):
-            self.send(r, now)
-        else:
-            self._decide(r, now)
+        r.life.handle(GiveUp("unfinished"), self.now)  # the run is over: nothing to cancel
+        self.settle_failed(r, "unfinished")
 
     # -- failures and joins ------------------------------------------------------------------
 
@@ -498,7 +486,6 @@ class Simulation:
         for r in queued:
             if r.stages is not None:
                 r.server = j
-                r.tried.add(j)
                 pipeline.release(self, r, now)
             r.gen += 1
             self.push(detect, DEAD, r, r.gen)

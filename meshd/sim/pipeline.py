@@ -8,8 +8,8 @@ node. The entry node drives the decode loop (it holds the tokens a failover repl
 further token goes round the ring entry -> first stage -> ... -> last stage -> entry: per token,
 every stage's share of the decode plus every link's one-way delay, as the planner predicts. A
 stage holds its slot until the request ends. A stage with a full queue answers busy; a dead stage
-is noticed after ``failure_detect_s``; both release every slot held and make the entry node plan
-again without that peer.
+is noticed after ``failure_detect_s``; both release every slot held, and the request's machine
+(``meshd.core.request_life``, as in the daemon) blames that stage and decides again without it.
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ def send_plan(sim: Sim, r: SimRequest, plan: Plan, now: float) -> None:
     n_layers = w.models[r.model]
     if len(plan.hops) == 1:  # a node serving the whole model won: an ordinary request
         r.stages = None
-        r.order = [w.by_peer[plan.hops[0].peer_id]]
-        r.pos = 0
-        sim.send(r, now)
+        sim.send(r, w.by_peer[plan.hops[0].peer_id], now)
         return
     r.stages = [(w.by_peer[h.peer_id], (h.layer_end - h.layer_start) / n_layers) for h in plan.hops]
     r.stage_i = 0
@@ -58,7 +56,6 @@ def at_stage(sim: Sim, r: SimRequest, gen: int, now: float) -> None:
     t = sim.world.nodes[j]
     r.server = j
     if not t.alive:
-        r.tried.add(j)
         release(sim, r, now)
         sim.push(now + sim.sc.run.failure_detect_s, DEAD, r, r.gen)
     elif t.running < t.slots:
@@ -67,7 +64,6 @@ def at_stage(sim: Sim, r: SimRequest, gen: int, now: float) -> None:
         t.queue.append(r)
         sim.load_changed(t, now)
     else:
-        r.tried.add(j)
         release(sim, r, now)
         sim.push(now + _oneway_s(sim, j, r.entry), BUSY, r, r.gen)
 
@@ -138,5 +134,4 @@ def abort(sim: Sim, r: SimRequest, now: float, dead: int) -> None:
         streamed = 1 + int((now - r.first_s) / per_token) if per_token > 0 else r.output
         r.done_tokens = min(r.done_tokens + streamed, r.output - 1)
     r.server = dead
-    r.tried.add(dead)
     release(sim, r, now, skip=dead)

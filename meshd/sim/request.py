@@ -1,8 +1,12 @@
-"""One simulated request and its life: entry node, tries, serving node, timings."""
+"""One simulated request (or one copy of a hedged one): entry node, serving node, timings.
+
+What happens to the request after its route is decided (retries, refusals, hedging, new
+decisions) is ``meshd.core.request_life.RequestLife``, the daemon's own machine, shared by the
+copies of a hedged request (``life``); ``meshd.sim.entry`` drives it."""
 
 from __future__ import annotations
 
-from typing import Any
+from meshd.core.request_life import RequestLife
 
 
 class SimRequest:
@@ -15,14 +19,13 @@ class SimRequest:
 
     __slots__ = (
         "rid", "arrival", "entry", "model", "prompt", "output", "residency", "measured",
-        "tried", "order", "pos", "attempts", "server", "rtt_s", "gen", "ttft_s", "start_s",
-        "first_s", "end_s", "done_tokens", "hops", "stages", "stage_i", "held", "family",
-        "bounds", "pred", "refused",
+        "server", "rtt_s", "gen", "ttft_s", "start_s", "first_s", "end_s", "done_tokens",
+        "stages", "stage_i", "held", "life", "attempt", "copies",
     )  # fmt: skip
 
     def __init__(
         self, rid: int, arrival: float, entry: int, model: str, prompt: int, output: int,
-        residency: str | None, measured: bool,
+        residency: str | None, measured: bool, life: RequestLife[int],
     ) -> None:  # fmt: skip
         self.rid = rid
         self.arrival = arrival
@@ -32,10 +35,6 @@ class SimRequest:
         self.output = output
         self.residency = residency
         self.measured = measured
-        self.tried: set[int] = set()
-        self.order: list[int] = []
-        self.pos = 0
-        self.attempts = 0
         self.server = -1
         self.rtt_s = 0.0
         self.gen = 0
@@ -44,19 +43,16 @@ class SimRequest:
         self.first_s = 0.0
         self.end_s = 0.0
         self.done_tokens = 0
-        self.hops = 0
         # Pipelines: the plan's stages as (node idx, layer fraction), the current stage, and
         # the nodes whose slot this request holds.
         self.stages: list[tuple[int, float]] | None = None
         self.stage_i = 0
         self.held: list[tuple[int, float]] = []  # (node idx, since)
-        self.family: Any = None  # a hedging.Family once a hedge copy is sent
-        # Wait-bounded admission (sim.admission): node idx -> max_wait_ms of the attempts that
-        # carry one; node idx -> (predicted TTFT, its RTT + prefill part) in ms; and the
-        # refusals so far as (predicted TTFT back there in ms, node idx).
-        self.bounds: dict[int, float] | None = None
-        self.pred: dict[int, tuple[float, float]] | None = None
-        self.refused: list[tuple[float, int]] | None = None
+        # The request's life after its decision (shared by hedged copies), the attempt this
+        # copy carries, and the copies ([original, hedge]) once a hedge was sent.
+        self.life = life
+        self.attempt = -1
+        self.copies: list[SimRequest] | None = None
 
     @property
     def remaining_output(self) -> int:

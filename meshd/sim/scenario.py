@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshd.core.request_life import MAX_ATTEMPTS
 from meshd.core.snapshot import Policy
 
 
@@ -21,7 +22,7 @@ class RunSettings:
     drain_s: float = 60.0  # after the last arrival, how long in-flight work may finish
     seed: int = 1
     timeout_s: float = 30.0  # a request not started this long after arrival is dropped
-    max_attempts: int = 3  # peers tried (busy answers, dead peers) before a request fails
+    max_attempts: int = MAX_ATTEMPTS  # counted failures before a request fails (the daemon's 3)
     failure_detect_s: float = 1.0  # how long an entry node takes to notice a dead peer
     warmup_s: float = 0.0  # requests arriving before this are served but not measured
 

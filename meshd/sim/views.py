@@ -221,8 +221,7 @@ class Views:
             return
         best_other = (self.world.latency.region_rtt_ms(e.region, self.world.cell_region[cells[0]])
                       + self.summary_score[cells[0]])
-        local_best = min((self._wait_ms(t, q, inf) + rtt for t, q, inf, rtt in local),
-                         default=math.inf)
+        local_best = probes.local_best_ms((rtt, self._wait_ms(t, q, inf)) for t, q, inf, rtt in local)
         if not probes.worth_probing(local_best, (best_other,)):
             self.probes_skipped += 1
             return

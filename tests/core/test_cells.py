@@ -243,3 +243,18 @@ def test_worth_probing_only_when_another_cell_beats_ours_by_the_slack() -> None:
     assert probes.worth_probing(20.0 + slack + 1, [20.0])
     assert probes.worth_probing(float("inf"), [900.0])  # our cell does not serve it
     assert not probes.worth_probing(float("inf"), [])  # nobody else does either
+
+
+@pytest.mark.parametrize(
+    ("members", "best"),
+    [
+        ([(0.0, 40.0), (12.0, 5.0)], 17.0),  # a free neighbour beats a busy self
+        ([(0.0, 3.0), (12.0, 5.0)], 3.0),  # itself, at RTT 0
+        ([], float("inf")),  # no member serves the model whole
+    ],
+)
+def test_local_best_is_the_best_rtt_plus_wait_of_the_cell(
+        members: list[tuple[float, float]], best: float) -> None:
+    # the daemon's probe gate (meshd.node.cells) and the simulator's (meshd.sim.views) call it
+    assert probes.local_best_ms(members) == best
+    assert probes.local_best_ms(iter(members)) == best

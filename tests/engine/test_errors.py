@@ -208,7 +208,7 @@ def test_stage_graph_from_another_layout_is_refused(model_dir: Path) -> None:
 )
 def test_providers_are_chosen_automatically(monkeypatch: pytest.MonkeyPatch, available: list[str],
                                             requested: list[str] | None, chosen: list[str]) -> None:
-    from meshd.engine import runtime
+    from meshd.modeldir import providers
 
-    monkeypatch.setattr(runtime.ort, "get_available_providers", lambda: available)
-    assert runtime.choose_providers(requested) == chosen
+    monkeypatch.setattr(providers.ort, "get_available_providers", lambda: available)
+    assert providers.choose_providers(requested) == chosen

@@ -296,3 +296,103 @@ def test_wait_refusals_move_on_then_go_where_it_is_soonest(
     assert calls == want_calls
     assert bounds == want_bounds  # where it was served back at a refuser: without a bound
     assert len(out.retries) == len(want_calls) - 1
+
+
+# ---------------------------------------------------------------------------- a new decision
+
+
+class _Hop:
+    def __init__(self, peer_id: str, start: int, end: int) -> None:
+        self.peer_id = self.name = peer_id
+        self.layer_start, self.layer_end = start, end
+
+
+class _Plan:
+    def __init__(self, *hops: _Hop) -> None:
+        self.hops = hops
+
+
+def drive(first: Any, scripts: dict[str, Any], decisions: list[Any],
+          ) -> tuple[Any, list[tuple[str, list[int]]], list[Any]]:
+    """The daemon's trio loop around the request's machine, with scripted attempts (a plan's
+    script is keyed by its chain, "s1 -> s2") and scripted new decisions."""
+    from meshd.core.decide import Decision
+    from meshd.core.request_life import Decided, RequestLife, SendPlan
+    from meshd.node.forward import Driver, route_from
+
+    calls: list[tuple[str, list[int]]] = []
+    asked: list[Any] = []
+
+    def targets(order: tuple[str, ...]) -> dict[str, Target]:
+        return {p: Target(p, p, False) for p in order}
+
+    async def start(action: Any, target: Any, resume: list[int], chan: Any) -> None:
+        name = (" -> ".join(h.name for h in action.plan.hops) if isinstance(action, SendPlan)
+                else target.name)
+        calls.append((name, list(resume)))
+        await scripts[name](resume, chan)
+
+    async def redecide(a: Any, plan: Any, failed: Any, tokens: int) -> Any:
+        asked.append((a.exclude, failed is not None, tokens))
+        if not decisions:
+            from meshd.errors import RoutingError
+            raise RoutingError("nothing left")
+        d = decisions.pop(0)
+        return (Decision("meshd", plan=d) if isinstance(d, _Plan)
+                else Decision("meshd", route=decision(*d))), targets(() if isinstance(d, _Plan) else d)
+
+    async def sink(kind: str, payload: dict[str, Any]) -> None:
+        pass
+
+    async def main() -> Any:
+        if isinstance(first, _Plan):
+            ts: dict[str, Target] = {}
+            ev = Decided(plan=first)
+        else:
+            ts = targets(first)
+            ev = Decided(route_from(first, ts, None))
+        d = Driver(ts, start, sink, entry_name="entry", journal=lambda k, p: None,
+                   life=RequestLife(started_s=trio.current_time()), redecide=redecide)
+        return await d.drive(ev)
+
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0)), calls, asked
+
+
+def stage_dies_after(k: int, culprit: str) -> Any:
+    async def script(resume: list[int], chan: Any) -> None:
+        from meshd.node.forward import StageFailure
+
+        await chan.send(("route", {"served_by": "s2", "route": ["entry", "s1", "s2"]}))
+        for tok in GREEDY[len(resume):len(resume) + k]:
+            await chan.send(("tokens", {"ids": [tok], "text": f"<{tok}>"}))
+        raise StageFailure(f"stage peer {culprit} gone", {culprit})
+    return script
+
+
+def test_when_the_order_is_spent_the_daemon_decides_again_without_the_nodes_tried() -> None:
+    out, calls, asked = drive(("a", "b"), {"a": dies_after(4), "b": busy(), "c": healthy()},
+                              [("c",)])
+    assert out.error is None and out.tokens == GREEDY and out.served_by == "c"
+    assert calls == [("a", []), ("b", GREEDY[:4]), ("c", GREEDY[:4])]
+    assert asked == [(frozenset({"a", "b"}), False, 4)]
+
+
+def test_no_new_route_fails_with_no_route_naming_the_last_failure() -> None:
+    out, _, asked = drive(("a",), {"a": dies_after(2)}, [])
+    assert out.error_code == "no_route" and "killed" in out.error and "nothing left" in out.error
+    assert len(asked) == 1
+
+
+def test_a_failed_stage_may_go_on_along_one_whole_model_node_with_the_tokens_so_far() -> None:
+    chain = _Plan(_Hop("s1", 0, 2), _Hop("s2", 2, 4))
+    out, calls, asked = drive(chain, {"s1 -> s2": stage_dies_after(6, "s2"), "w": healthy()},
+                              [("w",)])
+    assert out.error is None and out.tokens == GREEDY and out.served_by == "w"
+    assert calls == [("s1 -> s2", []), ("w", GREEDY[:6])]
+    assert asked == [(frozenset({"s2"}), True, 6)]  # the blamed stage is left out
+
+
+def test_three_failures_end_the_request_with_the_last_error() -> None:
+    out, calls, _ = drive(("a", "b", "c", "d"), {p: dies_after(1) for p in "abcd"}, [])
+    assert [c[0] for c in calls] == ["a", "b", "c"]
+    assert out.error_code == "peer_gone" and out.tokens == GREEDY[:3]

@@ -79,23 +79,6 @@ def test_decode_tensor_rejects_bad_input(dtype: Any, shape: Any, data: Any, toke
     assert e.value.code == "bad_tensor"
 
 
-@pytest.mark.parametrize(
-    "failed,heard,excluded",
-    [
-        ({"a": 10.0}, {"a": 9.0}, {"a"}),  # not heard since it failed: left out
-        ({"a": 10.0}, {}, {"a"}),  # gone from the table
-        ({"a": 10.0}, {"a": 10.5}, set()),  # adverts again (a dropped link): usable
-        ({"a": 10.0, "b": 12.0}, {"a": 11.0, "b": 11.0}, {"b"}),
-        ({}, {"a": 1.0}, set()),
-    ],
-)
-def test_replan_leaves_out_peers_not_heard_since_they_failed(
-        failed: dict[str, float], heard: dict[str, float], excluded: set[str]) -> None:
-    from meshd.node.pipeline import excluded_peers
-
-    assert excluded_peers(failed, heard) == excluded
-
-
 # ---------------------------------------------------------------------------- stage server in-process
 
 

@@ -93,6 +93,33 @@ def test_every_decision_is_made_by_the_daemons_router(monkeypatch: pytest.Monkey
     assert max(n for _, n in calls) <= 8 + 2
 
 
+def test_what_follows_each_decision_is_the_daemons_request_machine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries, refusals, hedges and new decisions in the simulator are the daemon's
+    ``RequestLife`` (meshd.node.forward drives the same class): every one of the simulation's
+    retry, refusal and hedge counts is the machine's."""
+    from meshd.core import request_life
+    from meshd.sim import loop
+
+    assert loop.RequestLife is request_life.RequestLife
+    seen: dict[str, int] = {}
+    real = request_life.RequestLife.handle
+
+    def counting(self: Any, ev: Any, now: float) -> Any:
+        acts = real(self, ev, now)
+        for a in acts:
+            seen[type(a).__name__] = seen.get(type(a).__name__, 0) + 1
+        return acts
+
+    monkeypatch.setattr(request_life.RequestLife, "handle", counting)
+    sc = scenario(events=[{"at_s": 4.0, "action": "fail", "fraction": 0.25}])
+    r = Simulation(sc, "meshd").run()
+    assert seen.get("Send", 0) >= r["arrived"] - r["failed_by_reason"].get("no_route", 0)
+    assert seen.get("Send", 0) >= r["retries"] + r["wait_refusals"] + r["hedges"]
+    assert r["retries"] > 0 and r["hedges"] > 0 and seen.get("Cancel", 0) > 0
+    assert seen.get("Finish", 0) == r["completed"]
+
+
 def test_meshd_beats_round_robin_on_the_tiny_scenario() -> None:
     sc = load_scenario(SCENARIOS / "tiny.toml")
     m = run_one(sc, "meshd")

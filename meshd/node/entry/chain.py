@@ -3,7 +3,7 @@
     accept       the control socket's SUBMIT (meshd.node.control) or the HTTP API turn the
                  client's message into an ``EntryRequest`` (meshd.core.request.parse_submit:
                  every field checked once) and name the client (socket owner, or API key)
-    admit        a request id already in flight here is refused at once        (this module)
+    admit        a request id already in flight here is refused at once  (meshd.node.entry.admit)
     tier         model = "auto": the classifier's score and the pure tier decision choose
                  the model                                              (meshd.node.entry.tier)
     reach        cells on: probe a few nodes of other cells for their load   (meshd.node.entry.reach)
@@ -25,9 +25,11 @@
 
 ``STEPS`` is the ordered list; a step is ``async def step(ctx, chain) -> None`` that reads and
 fills the ``EntryContext``, raises a ``MeshdError`` to refuse, or sets ``ctx.answer`` to answer
-(execute does; an edge answer such as a cache hit does it early). Once the request is answered
-only the steps marked ``after_answer`` run. Adding a step is one module and one line here.
-Steps that decide call pure functions of ``meshd.core``.
+(execute does; an edge answer such as a cache hit does it early). Each step says when it runs:
+``UNTIL_ANSWER`` (until the request is answered), ``AFTER_ANSWER`` (only once it is) or
+``ALWAYS`` (last, however the request ended: refused, failed, timed out or cancelled; shielded
+from cancellation). Adding a step is one module and one line here. Steps that decide call pure
+functions of ``meshd.core``.
 
 The whole chain runs under the request timeout: no client ever waits longer than
 ``[routing] request_timeout_s`` for its answer or its error.
@@ -46,6 +48,7 @@ import trio
 from meshd.core.request import EntryRequest
 from meshd.errors import ErrorCode, MeshdError, RemoteError
 from meshd.node.edge_cache import EdgeCache
+from meshd.node.entry.admit import admit
 from meshd.node.entry.augment import augment
 from meshd.node.entry.cache import cached_instead, edge_answer, execute_or_cached, remember
 from meshd.node.entry.context import Emit, EntryContext, EntryNode
@@ -61,6 +64,12 @@ from meshd.node.tiering import Tiering
 log = logging.getLogger(__name__)
 
 Step = Callable[[EntryContext, "EntryChain"], Awaitable[None]]
+
+UNTIL_ANSWER, AFTER_ANSWER, ALWAYS = "until_answer", "after_answer", "always"
+
+
+async def _admit(ctx: EntryContext, chain: EntryChain) -> None:
+    admit(ctx, chain.in_flight, chain.stats)
 
 
 async def _tier(ctx: EntryContext, chain: EntryChain) -> None:
@@ -85,7 +94,7 @@ async def _reach(ctx: EntryContext, chain: EntryChain) -> None:
 
 async def _execute(ctx: EntryContext, chain: EntryChain) -> None:
     async def run() -> None:
-        await execute(ctx, chain.node, chain.client_in_flight)
+        await execute(ctx, chain.node, chain.client_in_flight, chain.next_rr)
 
     if chain.cache is None:
         await run()
@@ -103,16 +112,22 @@ async def _remember(ctx: EntryContext, chain: EntryChain) -> None:
         await remember(ctx, chain.node, chain.cache)
 
 
-# (name, step, after_answer): in order; once ctx.answer is set only after_answer steps run
-STEPS: tuple[tuple[str, Step, bool], ...] = (
-    ("tier", _tier, False),
-    ("reach", _reach, False),
-    ("prepare", _prepare, False),
-    ("edge_answer", _edge_answer, False),
-    ("augment", augment, False),
-    ("route", _route, False),
-    ("execute", _execute, False),
-    ("remember", _remember, True),
+async def _record(ctx: EntryContext, chain: EntryChain) -> None:
+    record(ctx, chain.node, chain.observers)
+
+
+# (name, step, when): in order (see the module's docstring for ``when``)
+STEPS: tuple[tuple[str, Step, str], ...] = (
+    ("admit", _admit, UNTIL_ANSWER),
+    ("tier", _tier, UNTIL_ANSWER),
+    ("reach", _reach, UNTIL_ANSWER),
+    ("prepare", _prepare, UNTIL_ANSWER),
+    ("edge_answer", _edge_answer, UNTIL_ANSWER),
+    ("augment", augment, UNTIL_ANSWER),
+    ("route", _route, UNTIL_ANSWER),
+    ("execute", _execute, UNTIL_ANSWER),
+    ("remember", _remember, AFTER_ANSWER),
+    ("record", _record, ALWAYS),
 )
 
 
@@ -176,18 +191,13 @@ class EntryChain:
         self.stats["submitted"] += 1
         self.node.stats["requests_submitted"] += 1
         rid = req.request_id
-        if rid in self.in_flight:
-            self.stats["duplicate_ids"] += 1
-            raise RemoteError(f"request id {rid!r} is already in flight at this node; "
-                              f"use a new id", ErrorCode.DUPLICATE_REQUEST)
-        self.in_flight.add(rid)
         ctx = EntryContext(req, emit, self._journal(rid))
         cancelled = True
         timeout_s = self.node.config.routing.request_timeout_s
         try:
             with trio.move_on_after(timeout_s) as scope:
-                for name, step, after_answer in STEPS:
-                    if ctx.answer is not None and not after_answer:
+                for name, step, when in STEPS:
+                    if when == ALWAYS or (ctx.answer is not None) != (when == AFTER_ANSWER):
                         continue
                     log.debug("entry step rid=%s step=%s", rid, name)
                     await step(ctx, self)
@@ -205,13 +215,19 @@ class EntryChain:
             log.exception("entry chain failed rid=%s", rid)
             ctx.error = RemoteError("internal error; see the daemon log", ErrorCode.INTERNAL)
         finally:
-            self.in_flight.discard(rid)
-            if cancelled:
-                self.stats["cancelled"] += 1
+            if ctx.admitted:
+                self.in_flight.discard(rid)
+                if cancelled:
+                    self.stats["cancelled"] += 1
+            ctx.cancelled = cancelled
             with trio.CancelScope(shield=True):
-                record(ctx, self.node, self.observers, cancelled)
+                for name, step, when in STEPS:
+                    if when == ALWAYS:
+                        log.debug("entry step rid=%s step=%s", rid, name)
+                        await step(ctx, self)
         if ctx.error is not None:
-            self.stats["failed"] += 1
+            if ctx.admitted:
+                self.stats["failed"] += 1
             raise ctx.error
         self.stats["answered"] += 1
         assert ctx.answer is not None

@@ -79,6 +79,8 @@ class EntryContext:
     emit: Emit
     journal: Journal
     started: float = field(default_factory=time.perf_counter)
+    admitted: bool = False  # admit: in this node's requests in flight (else refused, unrecorded)
+    cancelled: bool = False  # the client went away before the chain was done (record reads it)
     # prepare
     model: str = ""
     prompt_ids: list[int] = field(default_factory=list)  # empty: the serving node tokenizes

@@ -1,40 +1,53 @@
 """Entry step "execute": carry out the decision and stream the answer to the client.
 
-One node (``Decision.route``): ``meshd.node.forward.serve_request`` runs it here or on a peer,
-with the decision's wait bounds, hedging and failover. A pipeline (``Decision.plan``):
-``meshd.node.pipeline.run_pipeline`` drives the chain of stages and replans around failures.
-Either way the client's requests in flight are counted (quotas read them) while it runs, and the
-answer is the same set of fields (``answer_fields``).
+The request's life after the decision is ``meshd.core.request_life.RequestLife`` (the
+simulator's machine too); ``meshd.node.forward.Driver`` is its trio loop. This step gives the
+driver its I/O: an attempt on one node (here, or a peer over its request stream: ``_attempt``),
+an attempt along a pipeline's stages (``meshd.node.pipeline.run_plan``), and a new decision when
+the machine asks for one (``_redecide``: ``decide()`` on a fresh snapshot without the nodes
+that failed). The client's requests in flight are counted (quotas read them) while it runs, and
+the answer is the same set of fields whoever served it (``answer_fields``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any
 
+import trio
+
+from meshd.core.decide import Decision, decide
 from meshd.core.messages import MessageType
 from meshd.core.packing import takes_packed
-from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
+from meshd.core.planner import Plan
+from meshd.core.request_life import Decided, Redecide, RequestLife, Send, SendPlan
+from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError, RoutingError
 from meshd.node.coalesce import pump_coalesced
 from meshd.node.entry.context import EntryContext, EntryNode
-from meshd.node.forward import Outcome, Target, serve_request
+from meshd.node.entry.route import record_decision
+from meshd.node.forward import Channel, Driver, Outcome, StageFailure, Target, route_from
 from meshd.node.gen_config import gen_config_from
-from meshd.node.pipeline import record_plan, run_pipeline
+from meshd.node.pipeline import PipelineRequest, record_plan, run_plan
 
 log = logging.getLogger(__name__)
 
+REPLAN_WAIT_MIN_S = 3.0
+REPLAN_POLL_S = 0.2
 
-async def execute(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int]) -> None:
+
+async def execute(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int],
+                  next_rr: Callable[[], int] | None = None) -> None:
+    """Run ``ctx.decision`` to its end; ``next_rr``: the round-robin position of a new decision
+    (the chain's counter)."""
     d = ctx.decision
     assert d is not None
     client = ctx.req.client
     in_flight[client] = in_flight.get(client, 0) + 1
     try:
-        if d.plan is not None:
-            outcome = await _pipeline(ctx, node)
-        else:
-            outcome = await _one_node(ctx, node)
+        outcome = await _run(ctx, node, next_rr or (lambda: 0))
     finally:
         in_flight[client] -= 1
         if not in_flight[client]:
@@ -112,39 +125,132 @@ def answer_fields(ctx: EntryContext, outcome: Outcome) -> dict[str, Any]:
     }
 
 
-async def _one_node(ctx: EntryContext, node: EntryNode) -> Outcome:
-    d = ctx.decision
-    assert d is not None and d.route is not None
-    snap_local = node.peer_id
+def targets_of(d: Decision, local_peer: str) -> dict[str, Target]:
+    """The peers of a one-node decision as the driver's targets, with the router's predictions
+    and the wait bounds of the early attempts."""
     targets: dict[str, Target] = {}
+    if d.route is None:
+        return targets
     for c in d.route.candidates:
         if c.excluded_by is not None:
             continue
-        t = Target(peer_id=c.peer_id, name=c.name, is_local=c.peer_id == snap_local)
+        t = Target(peer_id=c.peer_id, name=c.name, is_local=c.peer_id == local_peer)
         if c.predicted_ttft_ms is not None:
             t.predicted_ms = c.predicted_ttft_ms
             t.known_ms = c.predicted_ttft_ms - c.queue_wait_ms
             t.max_wait_ms = d.wait_bounds.get(c.peer_id)
         targets[c.peer_id] = t
+    return targets
+
+
+class _Gone:
+    """The peers this node knows are gone: no longer in its peer table (itself excepted)."""
+
+    def __init__(self, node: EntryNode) -> None:
+        self._node = node
+
+    def __contains__(self, peer: object) -> bool:
+        return peer != self._node.peer_id and self._node.membership.table.get(str(peer)) is None
+
+
+async def _run(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int]) -> Outcome:
+    d = ctx.decision
+    assert d is not None and ctx.policy is not None and ctx.route_req is not None
     fields = ctx.wire_fields()
     packed = ctx.packed_prompt()
+    preq = PipelineRequest(node, ctx.req.request_id, ctx.model, fields, list(ctx.prompt_ids),
+                           ctx.journal, ctx.vocab_size)
     choices = ctx.extra["choices"] = Choices(ctx.emit)
+    if d.plan is not None:
+        node.stats["requests_pipelined"] = node.stats.get("requests_pipelined", 0) + 1
+        record_plan(node, ctx.req.request_id, d.plan, ctx.route_req, ctx.policy)
+        ctx.journal("routed", {"target": " -> ".join(h.name for h in d.plan.hops),
+                               "pipeline": True, "resume_tokens": 0})
 
-    async def start_attempt(target: Target, resume: list[int], chan: Any) -> None:
-        if resume and fields.get("n", 1) > 1:  # the tokens so far are of several choices
-            raise RemoteError("a request with n > 1 cannot resume on another node after its "
-                              "first tokens", ErrorCode.PEER_GONE)
-        await _attempt(node, target, resume, chan if ctx.prompt_ids else _Counted(chan, ctx),
-                       fields, ctx.prompt_ids, packed)
+    async def start(action: Send | SendPlan, target: Target | None, resume: list[int],
+                    chan: Channel) -> None:
+        if isinstance(action, SendPlan):
+            await run_plan(preq, action.plan, action.attempt + 1, resume, chan)
+        else:
+            assert target is not None
+            if resume and fields.get("n", 1) > 1:  # the tokens so far are of several choices
+                raise RemoteError("a request with n > 1 cannot resume on another node after "
+                                  "its first tokens", ErrorCode.PEER_GONE)
+            await _attempt(node, target, resume, chan if ctx.prompt_ids else _Counted(chan, ctx),
+                           fields, ctx.prompt_ids, packed)
 
-    return await serve_request(
-        d.route, targets, start_attempt, choices,
-        entry_name=node.node_name,
-        hedge_after_s=d.hedge_ms / 1000.0 if d.hedge_ms else None,
-        first_token_timeout_s=node.config.routing.first_token_timeout_s,
-        journal=ctx.journal,
-        policy=ctx.policy,
-    )
+    async def redecide(a: Redecide, plan: Plan | None, failed: StageFailure | None,
+                       tokens: int) -> tuple[Decision, dict[str, Target]]:
+        return await _redecide(ctx, node, next_rr, preq, a, plan, failed, tokens)
+
+    targets = targets_of(d, node.peer_id)
+    life: RequestLife[str] = RequestLife(
+        started_s=trio.current_time(), policy=ctx.policy,
+        first_token_timeout_s=node.config.routing.first_token_timeout_s)
+    driver = Driver(targets, start, choices, entry_name=node.node_name, journal=ctx.journal,
+                    life=life, redecide=redecide, gone=_Gone(node))
+    if d.plan is not None:
+        first = Decided(plan=d.plan)
+    else:
+        assert d.route is not None
+        first = Decided(route_from(d.route.order, targets, d.hedge_ms))
+    outcome = await driver.drive(first)
+    if driver.last_plan is not None:
+        ctx.extra["pipeline"] = [f"{h.name}[{h.layer_start},{h.layer_end})"
+                                 for h in driver.last_plan.hops]
+        ctx.extra["replans"] = len(outcome.retries)
+    return outcome
+
+
+async def _redecide(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int],
+                    preq: PipelineRequest, a: Redecide, plan: Plan | None,
+                    failed: StageFailure | None, tokens: int) -> tuple[Decision, dict[str, Target]]:
+    """``decide()`` again on a fresh snapshot, without the nodes ``a.exclude`` names, for the
+    rest of the request (its prompt and the ``tokens`` streamed, the tokens left). After a
+    failed stage, when nothing covers the model right now (a healthy stage's connection may
+    have dropped with the failed one), it waits up to two advert intervals for the peer table
+    to hear it again. Journaled as a ``replan``; raises ``RoutingError``."""
+    req, policy = ctx.route_req, ctx.policy
+    assert req is not None and policy is not None
+    history = len(preq.prompt_ids) + tokens if preq.prompt_ids else 0
+    again = replace(req, exclude=req.exclude | a.exclude,
+                    prompt_tokens=history or req.prompt_tokens,
+                    max_tokens=max(ctx.max_tokens - tokens, 1))
+    wait_s = max(REPLAN_WAIT_MIN_S, 2 * node.config.gossip.advert_interval_s) if failed else 0.0
+    deadline = trio.current_time() + wait_s
+    while True:
+        try:
+            d = decide(again, node.membership.snapshot(), policy, node.rng, next_rr(),
+                       pipeline_mode=ctx.req.pipeline, hedge=node.config.routing.hedge)
+            break
+        except RoutingError:
+            if trio.current_time() >= deadline:
+                raise
+        await trio.sleep(REPLAN_POLL_S)
+    targets = targets_of(d, node.peer_id)
+    if d.plan is not None:
+        chain = [h.name for h in d.plan.hops]
+        new = "new chain " + " -> ".join(f"{h.name}[{h.layer_start},{h.layer_end})" for h in d.plan.hops)
+        record_plan(node, req.request_id, d.plan, again, policy)
+    else:
+        assert d.route is not None
+        chain = [targets[d.route.order[0]].name] if d.route.order[0] in targets else []
+        new = "new route " + ", ".join(t.name for t in targets.values())
+        if node.store is not None:
+            record_decision(node.store, d.route, again, energy_weight=policy.energy_weight)
+    lost: list[Any] = []
+    if failed is not None and plan is not None:
+        lost = [h for h in plan.hops if h.peer_id in failed.culprits]
+    what = (", ".join(f"{h.name} [{h.layer_start}, {h.layer_end})" for h in lost) or "a stage"
+            ) if failed is not None else "the nodes tried"
+    ctx.journal("replan", {
+        "reason": f"{what} failed after {tokens} tokens ({a.after}); {new}",
+        "lost": [h.name for h in lost],
+        "layers": [[h.layer_start, h.layer_end] for h in lost],
+        "after_tokens": tokens,
+        "chain": chain,
+    })
+    return d, targets
 
 
 class _Counted:
@@ -160,22 +266,6 @@ class _Counted:
         if kind == "done" and (payload.get("stats") or {}).get("prompt_tokens"):
             self._ctx.extra["served_prompt_tokens"] = int(payload["stats"]["prompt_tokens"])
         await self._chan.send(item)
-
-
-async def _pipeline(ctx: EntryContext, node: EntryNode) -> Outcome:
-    d = ctx.decision
-    assert d is not None and d.plan is not None and ctx.policy is not None and ctx.route_req is not None
-    node.stats["requests_pipelined"] = node.stats.get("requests_pipelined", 0) + 1
-    record_plan(node, ctx.req.request_id, d.plan, ctx.route_req, ctx.policy)
-    ctx.journal("routed", {"target": " -> ".join(h.name for h in d.plan.hops), "pipeline": True,
-                           "resume_tokens": 0})
-    choices = ctx.extra["choices"] = Choices(ctx.emit)
-    outcome, last = await run_pipeline(node, d.plan, ctx.route_req, ctx.wire_fields(),
-                                       ctx.prompt_ids, choices, ctx.journal, ctx.policy,
-                                       vocab_size=ctx.vocab_size)
-    ctx.extra["pipeline"] = [f"{h.name}[{h.layer_start},{h.layer_end})" for h in last.hops]
-    ctx.extra["replans"] = len(outcome.retries)
-    return outcome
 
 
 def token_payloads(batch: list[Any]) -> list[dict[str, Any]]:

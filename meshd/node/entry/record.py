@@ -1,6 +1,7 @@
 """Entry step "record": the request's end in the journal and the statistics, whatever it was.
 
-Runs last for every request, answered, failed, refused or cancelled: the outcome goes to the
+Runs last for every admitted request, answered, failed, refused or cancelled, even when the
+chain was cut short (``EntryChain.submit`` runs it shielded, after the others): the outcome goes to the
 store (``meshd explain`` reads it), the node's counters move, and every observer (the metrics
 endpoint) is told once, with the final stats plus ``outcome`` ("ok" or the error code) and
 ``origin``. A store or observer failure is logged and counted, never the client's problem.
@@ -21,10 +22,14 @@ log = logging.getLogger(__name__)
 Observer = Callable[[dict[str, Any]], None]
 
 
-def record(ctx: EntryContext, node: EntryNode, observers: list[Observer], cancelled: bool) -> None:
+def record(ctx: EntryContext, node: EntryNode, observers: list[Observer]) -> None:
+    """The request's end, as ``ctx`` says it (``cancelled``, ``error``, ``answer``); nothing for a
+    request the admit step refused."""
+    if not ctx.admitted:
+        return
     rid = ctx.req.request_id
     code = "ok"
-    if cancelled:
+    if ctx.cancelled:
         code = ErrorCode.CANCELLED
     elif ctx.error is not None:
         code = str(getattr(ctx.error, "code", ErrorCode.INTERNAL))
