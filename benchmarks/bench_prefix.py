@@ -15,7 +15,7 @@ timed: ``loop`` (``Model.generate_sync``: the one-sequence loop, 128-token prefi
 ``batch`` (the batch scheduler's steps, calibrated chunks, one prompt at a time). The goal is a
 median ratio cached/uncached of at most 0.15.
 
-    .venv/bin/python benchmarks/bench_prefix.py --model /work/models/smol-q41 --repeats 7 \\
+    .venv/bin/python benchmarks/bench_prefix.py --model DIR --repeats 7 \\
         --out benchmarks/results-prefix.json
 """
 
@@ -67,7 +67,8 @@ def _batch(sched: BatchScheduler, ids: list[int], cfg: GenerationConfig) -> tupl
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="/work/models/smol-q41")
+    ap.add_argument("--model", required=True,
+                    help="a meshd model directory (e.g. meshd model import SmolLM2-135M-Instruct.Q4_1.gguf)")
     ap.add_argument("--prompt-tokens", type=int, default=2048)
     ap.add_argument("--cached-tokens", type=int, default=1920)
     ap.add_argument("--repeats", type=int, default=5)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from .batch_driver import run_with_joins
 
 GREEDY = GenerationConfig(max_tokens=10, temperature=0.0, repetition_penalty=1.0)
 ONE = GenerationConfig(max_tokens=1, temperature=0.0)
-REAL_INT4 = Path(os.environ.get("MESHD_TEST_GGUF_DIR", "/work/models")) / "smol-q41"
 
 
 def _ids(model: Model, n: int, seed: int = 0) -> list[int]:
@@ -269,9 +267,22 @@ def test_pipeline_stages_each_reuse_their_own_layers(models: dict[str, Model], c
 
 # ------------------------------------------------------------------------- the real model
 
-@pytest.mark.skipif(not (REAL_INT4 / "manifest.json").exists(), reason="no smol-q41 model dir")
-def test_real_int4_model_reuse_gives_the_same_tokens() -> None:
-    model = load_model(REAL_INT4)
+@pytest.fixture(scope="module")
+def real_int4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct Q4_1, imported from the GGUF ``find_gguf`` finds (as CI has it)."""
+    from meshd.engine.gguf_import import import_gguf
+    from meshd.testing.gguf_corpus import find_gguf
+
+    gguf, why = find_gguf("smollm2")
+    if gguf is None:
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("real") / "smol-q41"
+    import_gguf(gguf, out)
+    return out
+
+
+def test_real_int4_model_reuse_gives_the_same_tokens(real_int4: Path) -> None:
+    model = load_model(real_int4)
     ids = model.encode_prompt("You are a helpful assistant. " * 30 + "What is the capital of")
     assert len(ids) > 160
     cfg = GenerationConfig(max_tokens=8, temperature=0.0, repetition_penalty=1.0)
