@@ -12,11 +12,11 @@ The stream is server-sent events of ``{"content", "tokens", "stop", ...}``; the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from meshd.errors import PeerGoneError
+from meshd.upstream.events import event_object
 
 
 def completion_body(ids: list[int], cfg: Any) -> dict[str, Any]:
@@ -67,16 +67,7 @@ class Chunk:
 def parse_event(data: str, where: str) -> Chunk:
     """One ``data:`` payload of the stream; ``PeerGoneError`` for anything that is not a chunk
     of llama-server's (the node fails over as from a dead peer)."""
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        raise PeerGoneError(f"upstream {where} sent an event that is not JSON: {data[:80]!r}") from None
-    if not isinstance(obj, dict):
-        raise PeerGoneError(f"upstream {where} sent an unexpected event: {data[:80]!r}")
-    if obj.get("error"):
-        err = obj["error"]
-        msg = err.get("message") if isinstance(err, dict) else str(err)
-        raise PeerGoneError(f"upstream {where} failed mid-answer: {msg}")
+    obj = event_object(data, where)
     toks = obj.get("tokens", [])
     text = obj.get("content", "")
     stop = obj.get("stop")

@@ -14,7 +14,6 @@ server that does not speak for this model: ``PeerGoneError``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from httpx_sse import SSEError, aconnect_sse
 
 from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError
 from meshd.upstream import llamacpp
+from meshd.upstream.events import event_object
 
 DRAIN_S = 2.0
 
@@ -98,7 +98,7 @@ async def vllm_ids(client: httpx.AsyncClient, base_url: str, model: str, ids: li
         async for data in events:
             if data.strip() == "[DONE]":
                 return
-            obj = _event(data, base_url)
+            obj = event_object(data, base_url)
             choices = obj.get("choices") or []
             if not choices:
                 continue  # a usage chunk
@@ -112,23 +112,9 @@ async def vllm_ids(client: httpx.AsyncClient, base_url: str, model: str, ids: li
     raise PeerGoneError(f"upstream {base_url} ended the stream without [DONE]")
 
 
-def _event(data: str, where: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        raise PeerGoneError(f"upstream {where} sent an event that is not JSON: {data[:80]!r}") from None
-    if not isinstance(obj, dict):
-        raise PeerGoneError(f"upstream {where} sent an unexpected event: {data[:80]!r}")
-    if obj.get("error"):
-        err = obj["error"]
-        msg = err.get("message") if isinstance(err, dict) else str(err)
-        raise PeerGoneError(f"upstream {where} failed mid-answer: {msg}")
-    return obj
-
-
 def text_of(data: str, where: str) -> str:
     """The text of one event of an OpenAI stream (chat delta or completion text)."""
-    obj = _event(data, where)
+    obj = event_object(data, where)
     choices = obj.get("choices") or []
     if not choices:
         return ""  # a usage chunk
