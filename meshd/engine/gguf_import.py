@@ -12,7 +12,6 @@ renamed into place: a failed import leaves nothing behind.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -21,10 +20,9 @@ import numpy as np
 
 from meshd import __version__
 from meshd.engine.gguf_arch import GgufModel, GgufTensor, gguf_tensor_name, read_gguf_model
-from meshd.engine.graph import build_stage_graph
-from meshd.engine.importer import TOKENIZER_FILE, WEIGHTS_FILE, quant_bits, stage_file_name
-from meshd.engine.manifest import Manifest, StageEntry, TokenizerInfo
-from meshd.engine.planning import model_tensors, plan_stages, stage_memory
+from meshd.engine.importer import TOKENIZER_FILE, WEIGHTS_FILE, quant_bits, write_stage_files
+from meshd.engine.manifest import Manifest, TokenizerInfo
+from meshd.engine.planning import model_tensors, plan_stages
 from meshd.engine.quant import GGUF_FLOAT_TYPES, Blockwise, from_gguf, quantize
 from meshd.errors import LocalError, ModelError
 from meshd.modeldir.importing import check_output_dir, staging
@@ -60,17 +58,8 @@ def import_gguf(gguf_path: Path, out: Path, *, stages: int = 1, dtype: str = "au
                 bos_token_id=model.vocab.bos_token_id,
                 eos_token_ids=tuple(model.vocab.eos_token_ids), bos_token=model.vocab.bos_token,
                 eos_token=model.vocab.eos_token, chat_template=model.vocab.chat_template)
-            stored = {e.name: (e.dtype, e.nbytes) for e in writer.entries}
             model_dtype = _model_dtype(kinds) if dtype == "auto" else dtype
-            entries = {e.name: e for e in writer.entries}
-            stage_entries = []
-            for start, end in ranges:
-                data = build_stage_graph(arch, entries, start, end, WEIGHTS_FILE).SerializeToString()
-                fname = stage_file_name(start, end)
-                (tmp / fname).write_bytes(data)
-                memory = stage_memory(arch, start, end, model_dtype, stored)
-                stage_entries.append(StageEntry(start, end, fname, hashlib.sha256(data).hexdigest(),
-                                                memory.to_json()))
+            stage_entries = write_stage_files(tmp, arch, writer, ranges, model_dtype)
             manifest = Manifest(
                 name=name or out.name, version=version, arch=arch, dtype=model_dtype,
                 weights_file=WEIGHTS_FILE, weights_bytes=writer.nbytes,

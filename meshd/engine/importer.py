@@ -37,6 +37,23 @@ def stage_file_name(start: int, end: int) -> str:
     return f"layers-{start}-{end}.onnx"
 
 
+def write_stage_files(folder: Path, arch: Arch, writer: WeightsWriter,
+                      ranges: list[tuple[int, int]], dtype: str) -> list[StageEntry]:
+    """Write the stage graph of each layer range of ``ranges`` over the tensors ``writer``
+    stored, into ``folder``; return their manifest entries (file, hash, memory estimate)."""
+    entries = {e.name: e for e in writer.entries}
+    stored = {e.name: (e.dtype, e.nbytes) for e in writer.entries}
+    out = []
+    for start, end in ranges:
+        data = build_stage_graph(arch, entries, start, end, WEIGHTS_FILE).SerializeToString()
+        fname = stage_file_name(start, end)
+        (folder / fname).write_bytes(data)
+        memory = stage_memory(arch, start, end, dtype, stored)
+        out.append(StageEntry(start, end, fname, hashlib.sha256(data).hexdigest(),
+                              memory.to_json()))
+    return out
+
+
 def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
               name: str | None = None, version: str = "1", force: bool = False) -> Manifest:
     """Import the checkpoint in ``hf_dir`` into a new model directory ``out``."""
@@ -74,16 +91,7 @@ def import_hf(hf_dir: Path, out: Path, *, stages: int = 1, dtype: str = "fp32",
                 writer.add(tname, array, "fp16" if dtype == "fp16" else "fp32")
         shutil.copyfile(hf_dir / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
         tok_info = replace(tok_info, sha256=file_sha256(tmp / TOKENIZER_FILE))
-        entries = {e.name: e for e in writer.entries}
-        stage_entries = []
-        for start, end in ranges:
-            data = build_stage_graph(arch, entries, start, end, WEIGHTS_FILE).SerializeToString()
-            fname = stage_file_name(start, end)
-            (tmp / fname).write_bytes(data)
-            memory = stage_memory(arch, start, end, dtype,
-                                  {e.name: (e.dtype, e.nbytes) for e in writer.entries})
-            stage_entries.append(StageEntry(start, end, fname, hashlib.sha256(data).hexdigest(),
-                                            memory.to_json()))
+        stage_entries = write_stage_files(tmp, arch, writer, ranges, dtype)
         manifest = Manifest(
             name=name or out.name,
             version=version,
