@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshd.api.tools import call_arguments
+
 # a Jinja tag ({% ... %} or {{ ... }}) that reads the variable ``tools``
 _USES_TOOLS = re.compile(r"\{[{%][^}]*?\btools\b")
 
@@ -136,7 +138,7 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
             msg["tool_calls"] = [
                 {"id": str(c.get("id") or ""), "type": "function",
                  "function": {"name": c["function"]["name"],
-                              "arguments": _arguments(c["function"].get("arguments"))}}
+                              "arguments": call_arguments(c["function"].get("arguments"))}}
                 for c in calls]
         for key in ("tool_call_id", "name"):
             if isinstance(m.get(key), str):
@@ -148,12 +150,3 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
 def carries_tools(messages: Sequence[Mapping[str, Any]]) -> bool:
     """Whether some message is a tool call or a tool's result."""
     return any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
-
-
-def _arguments(raw: Any) -> Any:
-    if isinstance(raw, str):
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw
-    return raw if raw is not None else {}

@@ -183,7 +183,7 @@ def render_messages(messages: Sequence[Mapping[str, Any]], spec: ToolSpec | None
         calls = m.get("tool_calls")
         if role == "assistant" and calls:
             said = "; ".join(
-                f"{c['function']['name']} " + json.dumps(_arguments(c["function"].get("arguments")),
+                f"{c['function']['name']} " + json.dumps(call_arguments(c["function"].get("arguments")),
                                                          ensure_ascii=False, separators=(",", ":"))
                 for c in calls)
             for c in calls:
@@ -205,7 +205,9 @@ def render_messages(messages: Sequence[Mapping[str, Any]], spec: ToolSpec | None
     return out
 
 
-def _arguments(raw: Any) -> Any:
+def call_arguments(raw: Any) -> Any:
+    """A call's ``arguments`` as an object: OpenAI sends them as JSON text (kept as text if it
+    does not parse), a missing one is ``{}``."""
     if isinstance(raw, str):
         try:
             return json.loads(raw)
