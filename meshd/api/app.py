@@ -118,11 +118,7 @@ class ApiApp:
     async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> int:
         """OpenAI's embeddings endpoint, answered by this node's sentence-embedding model."""
         self.client_of(scope)
-        body = await read_body(scope, receive, self.max_body_bytes)
-        try:
-            obj = json.loads(body)
-        except ValueError as e:
-            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        obj = await read_json_body(scope, receive, self.max_body_bytes)
         if not isinstance(obj, dict):
             raise ApiError(400, "the request body must be a JSON object")
         texts = obj.get("input")
@@ -155,11 +151,7 @@ class ApiApp:
         ``x-request-id``, or the response id ``chatcmpl-ID``); a wrong one's cache entry is
         removed (docs/cache.md)."""
         self.client_of(scope)
-        body = await read_body(scope, receive, self.max_body_bytes)
-        try:
-            obj = json.loads(body)
-        except ValueError as e:
-            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        obj = await read_json_body(scope, receive, self.max_body_bytes)
         rid = obj.get("request_id") if isinstance(obj, dict) else None
         if not isinstance(rid, str) or not rid:
             raise ApiError(400, "request_id must be the answer's x-request-id",
@@ -209,11 +201,7 @@ class ApiApp:
     async def _generate(self, scope: Scope, receive: Receive, send: Send,
                         shape: Callable[[Any], Awaitable[ApiCall]]) -> int:
         client = self.client_of(scope)
-        body = await read_body(scope, receive, self.max_body_bytes)
-        try:
-            obj = json.loads(body)
-        except ValueError as e:
-            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        obj = await read_json_body(scope, receive, self.max_body_bytes)
         call = await shape(obj)
         try:
             req = parse_submit({**call.fields, "client": client}, self.node.entry.new_request_id)
@@ -427,6 +415,15 @@ def route_headers(rid: str, route: dict[str, Any]) -> list[tuple[bytes, bytes]]:
     if kind == "semantic" and isinstance(cache, dict) and cache.get("similarity") is not None:
         out.append((b"x-meshd-cache-similarity", f"{float(cache['similarity']):.4f}".encode()))
     return out
+
+
+async def read_json_body(scope: Scope, receive: Receive, limit: int) -> Any:
+    """The request body (at most ``limit`` bytes) parsed as JSON; 400 when it is not JSON."""
+    body = await read_body(scope, receive, limit)
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:

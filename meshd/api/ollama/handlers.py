@@ -11,14 +11,13 @@ that error on the OpenAI API.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from meshd import __version__
-from meshd.api.app import ApiApp, Receive, Scope, Send, read_body, route_headers, send_json
+from meshd.api.app import ApiApp, Receive, Scope, Send, read_json_body, route_headers, send_json
 from meshd.api.errors import ApiError, from_meshd
 from meshd.api.ollama import replies, shapes
 from meshd.core.request import parse_submit
@@ -61,11 +60,7 @@ class OllamaApi:
         return run
 
     async def _body(self, scope: Scope, receive: Receive) -> Any:
-        body = await read_body(scope, receive, self.app.max_body_bytes)
-        try:
-            return json.loads(body)
-        except ValueError as e:
-            raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+        return await read_json_body(scope, receive, self.app.max_body_bytes)
 
     def _models(self) -> dict[str, dict[str, Any]]:
         return {str(m["id"]): m for m in self.app.node.entry.models()}
