@@ -267,9 +267,9 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
                                                              [bn, kvh, cn, d]))
 
     tables = _rope_tables(b, arch)
-    groups = [_group(b, arch, POSITIONS, "", tables)]
+    groups = [_group(b, POSITIONS, "")]
     if fused:
-        groups.append(_group(b, arch, CHUNK_POSITIONS, CHUNK, tables))
+        groups.append(_group(b, CHUNK_POSITIONS, CHUNK))
         rows = b.op("Concat", [groups[0].rows, groups[1].rows], axis=0)  # split of x's rows
     for i in range(start, end):
         x = _layer(b, arch, i, x, groups, rows if fused else None, tables)
@@ -307,16 +307,15 @@ class _Group:
     prefix: str  # of its cache inputs and present outputs
     seqlens: str  # int32 [B]: each sequence's cached tokens after this step, minus one
     total: str  # int32 scalar: the longest sequence's tokens after this step
-    shapes: dict[str, str]
+    rows3: str  # [3]: B, T, -1, the shape its rows of x take as [B, T, width]
     rows: str  # [1]: B*T, its rows of x
     b_len: str
     t_len: str
 
 
-def _group(b: QuantGraphBuilder, arch: Arch, positions: str, prefix: str,
-           tables: dict[str, tuple[str, str]]) -> _Group:
+def _group(b: QuantGraphBuilder, positions: str, prefix: str) -> _Group:
     """The per-step values one group's attention needs (``positions`` [B, T]): each sequence's
-    length from its last position, and the shapes its rows take."""
+    length from its last position, and the shape its rows take."""
     c, i64 = b.const, np.int64
     bt = b.op("Shape", [positions])  # [2]: B, T
     b_len = b.op("Slice", [bt, c("zero", np.array([0], i64)), c("one", np.array([1], i64))])
@@ -325,15 +324,9 @@ def _group(b: QuantGraphBuilder, arch: Arch, positions: str, prefix: str,
     seqlens = b.op("Cast", [last], to=TensorProto.INT32)
     total = b.op("Cast", [b.op("Add", [b.op("ReduceMax", [last], keepdims=0),
                                        c("one_s", np.array(1, i64))])], to=TensorProto.INT32)
-
-    def shape(*parts: str | list[int]) -> str:
-        ins = [p if isinstance(p, str) else c("dims_" + "_".join(map(str, p)), np.array(p, i64))
-               for p in parts]
-        return b.op("Concat", ins, axis=0)
-
-    shapes = {"rows3": shape(b_len, t_len, [-1])}
+    rows3 = b.op("Concat", [b_len, t_len, c("dims_-1", np.array([-1], i64))], axis=0)
     rows = b.op("Mul", [b_len, t_len])
-    return _Group(prefix, seqlens, total, shapes, rows, b_len, t_len)
+    return _Group(prefix, seqlens, total, rows3, rows, b_len, t_len)
 
 
 def _rope_tables(b: QuantGraphBuilder, arch: Arch) -> dict[str, tuple[str, str]]:
@@ -446,7 +439,7 @@ def _attention(b: QuantGraphBuilder, arch: Arch, i: int, q: str, k: str | None, 
     """One group's attention in layer ``i``: q [N, nh*d] and k, v [N, kvh*d] of its rows (or q
     the three packed side by side [N, (nh+2kvh)*d] and k, v None); writes the new keys and values
     into the cache (the present outputs) and returns [N, nh*d]."""
-    rows3 = grp.shapes["rows3"]
+    rows3 = grp.rows3
     local = arch.sliding_window and arch.is_local(i)
     cos, sin = tables["local" if local else "global"]
     pre = grp.prefix

@@ -84,7 +84,8 @@ class Stage:
         # a fused graph run for one group only: its chunk group gets one token at position 0
         # against a one-slot scratch cache per layer, whose output nobody reads
         kvh, d = arch.num_kv_heads, arch.head_dim
-        self._idle = [np.zeros((1, kvh, 1, d), np.float32) for _ in range(2 * self.num_layers)]
+        self._idle = [np.zeros((1, kvh, 1, d), np.float32)
+                      for _ in range(2 * self.num_layers if fused else 0)]
         self._open: weakref.WeakSet[StageSession] = weakref.WeakSet()
         self._open_lock = threading.Lock()
         self.sessions_opened = 0
