@@ -30,7 +30,7 @@ from hf_fixtures import CHAT_TEMPLATE, make_checkpoint  # noqa: E402
 
 from meshd.engine import import_hf  # noqa: E402
 
-from .openai_client import client
+from .openai_client import client, listed_models
 
 pytestmark = pytest.mark.slow
 
@@ -55,19 +55,11 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                       str(root / "net" / "api-keys")).stdout.strip()
         index["alice"] = alice
         n1 = index["nodes"][0]
-        wait_for(lambda: {"tiny", "tiny-solo"} <= set(models(n1["api_url"], index["key"])), 30,
-                 "n1 to list every model of the mesh")
+        wait_for(lambda: {"tiny", "tiny-solo"} <= set(listed_models(n1["api_url"], index["key"])),
+                 30, "n1 to list every model of the mesh")
         yield index
     finally:
         down(root / "net")
-
-
-def models(url: str, key: str) -> list[str]:
-    try:
-        return [m.id for m in client(url, key).models.list()]
-    except openai.APIError:
-        return []
-
 
 
 def node(mesh: dict[str, Any], name: str) -> dict[str, Any]:

@@ -19,8 +19,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from meshd.testnet.drive import wait_for
-from meshd.testnet.launcher import NodeSpec, down, up
+from meshd.testnet.launcher import NodeSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
@@ -28,7 +27,7 @@ from hf_fixtures import CHAT_TEMPLATE, make_checkpoint  # noqa: E402
 
 from meshd.engine import import_hf  # noqa: E402
 
-from .openai_client import client, listed_models
+from .openai_client import api_mesh, client
 
 pytestmark = pytest.mark.slow
 
@@ -43,18 +42,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     import_hf(root / "hf", root / "model", stages=1, name="tiny")
     specs = [NodeSpec(name="n1", models=[{"path": "default"}]),
              NodeSpec(name="n2", models=[{"path": "default", "name": FAR}])]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MESHD_DEFAULT_MODEL", str(root / "model"))
-        index = up(root / "net", specs, advert_interval_s=1.0)
-    try:
-        index["key"] = Path(index["api_key_file"]).read_text().strip()
-        url = index["nodes"][0]["api_url"]
-        wait_for(lambda: FAR in listed_models(url, index["key"]), 30, "n1 to hear of tiny-far")
+    with api_mesh(root / "net", specs, FAR, default_model=root / "model") as index:
         yield index
-    finally:
-        down(root / "net")
-
-
 
 
 @pytest.fixture()

@@ -20,11 +20,10 @@ import pytest
 from pydantic import BaseModel
 
 from meshd.paths import models_home
-from meshd.testnet.drive import wait_for
-from meshd.testnet.launcher import NodeSpec, down, up
+from meshd.testnet.launcher import NodeSpec
 
+from .openai_client import api_mesh
 from .openai_client import client as _client
-from .openai_client import listed_models
 
 pytestmark = pytest.mark.slow
 
@@ -64,16 +63,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     served = [{"path": str(where), "max_concurrency": 4}]
     specs = [NodeSpec(name="n1", models=[]), NodeSpec(name="n2", models=served),
              NodeSpec(name="n3", models=served)]
-    index = up(root / "net", specs, advert_interval_s=1.0)
-    try:
-        index["key"] = Path(index["api_key_file"]).read_text().strip()
-        url = index["nodes"][0]["api_url"]
-        wait_for(lambda: MODEL in listed_models(url, index["key"]), 60, "n1 to hear of the model")
+    with api_mesh(root / "net", specs, MODEL, timeout_s=60) as index:
         yield index
-    finally:
-        down(root / "net")
-
-
 
 
 @pytest.fixture()

@@ -21,8 +21,7 @@ from typing import Any
 import openai
 import pytest
 
-from meshd.testnet.drive import wait_for
-from meshd.testnet.launcher import NodeSpec, down, up
+from meshd.testnet.launcher import NodeSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
@@ -34,7 +33,7 @@ from meshd.engine import import_hf  # noqa: E402
 from meshd.engine.manifest import TokenizerInfo  # noqa: E402
 from meshd.engine.tokenizer import Tokenizer  # noqa: E402
 
-from .openai_client import client, listed_models
+from .openai_client import api_mesh, client
 
 pytestmark = pytest.mark.slow
 
@@ -49,20 +48,10 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     import_hf(root / "hf", root / "model", stages=1, name="qwen")
     specs = [NodeSpec(name="n1", models=[{"path": "default"}]),
              NodeSpec(name="n2", models=[{"path": "default", "name": FAR}])]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MESHD_DEFAULT_MODEL", str(root / "model"))
-        index = up(root / "net", specs, advert_interval_s=1.0)
-    try:
-        index["key"] = Path(index["api_key_file"]).read_text().strip()
+    with api_mesh(root / "net", specs, FAR, default_model=root / "model") as index:
         index["tokenizer"] = Tokenizer(root / "hf" / "tokenizer.json", TokenizerInfo(
             "tokenizer.json", "", 0, (1,), "<s>", "</s>", QWEN25))
-        url = index["nodes"][0]["api_url"]
-        wait_for(lambda: FAR in listed_models(url, index["key"]), 30, "n1 to hear of qwen-far")
         yield index
-    finally:
-        down(root / "net")
-
-
 
 
 @pytest.fixture()
