@@ -63,6 +63,19 @@ def tiny_model(base: Path) -> Path:
     return base / "model"
 
 
+def one_node(base: Path, name: str, model_arg: str | None) -> tuple[dict[str, Any], str, int, str]:
+    """One daemon under ``base`` serving ``model_arg`` (default: a tiny random Llama), 8 at a
+    time with a queue of 128: its testnet index node, API host and port, and the API key."""
+    model = Path(model_arg) if model_arg else tiny_model(base)
+    os.environ["MESHD_DEFAULT_MODEL"] = str(model)
+    spec = launcher.NodeSpec(name=name, models=[{"path": "default", "max_concurrency": 8,
+                                                 "max_queue": 128}])
+    index = launcher.up(base / "net", [spec], advert_interval_s=2.0)
+    node = index["nodes"][0]
+    key = Path(index["api_key_file"]).read_text().strip()
+    return node, node["host"], int(node["api_url"].rsplit(":", 1)[1].split("/")[0]), key
+
+
 # ----------------------------------------------------------------------------- control socket
 
 
@@ -338,14 +351,7 @@ def main() -> None:
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="meshd-bench-api-"))
-    model = Path(args.model) if args.model else tiny_model(base)
-    os.environ["MESHD_DEFAULT_MODEL"] = str(model)
-    spec = launcher.NodeSpec(name="api1", models=[{"path": "default", "max_concurrency": 8,
-                                                   "max_queue": 128}])
-    index = launcher.up(base / "net", [spec], advert_interval_s=2.0)
-    node = index["nodes"][0]
-    key = Path(index["api_key_file"]).read_text().strip()
-    host, port = node["host"], int(node["api_url"].rsplit(":", 1)[1].split("/")[0])
+    node, host, port, key = one_node(base, "api1", args.model)
     try:
         async def run_all() -> dict[str, Any]:
             res: dict[str, Any] = {}

@@ -41,8 +41,8 @@ from bench_api import (  # noqa: E402  (sets MESHD_TESTNET_CACHE=0 and the impor
     control_request,
     cpu_s,
     http_request,
+    one_node,
     pct,
-    tiny_model,
 )
 
 from meshd.testnet import launcher  # noqa: E402
@@ -124,14 +124,7 @@ def main() -> None:
     ap.add_argument("--out", help="write the figures as JSON here")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="meshd-bench-ollama-"))
-    model = Path(args.model) if args.model else tiny_model(base)
-    os.environ["MESHD_DEFAULT_MODEL"] = str(model)
-    spec = launcher.NodeSpec(name="ollama1", models=[{"path": "default", "max_concurrency": 8,
-                                                      "max_queue": 128}])
-    index = launcher.up(base / "net", [spec], advert_interval_s=2.0)
-    node = index["nodes"][0]
-    key = Path(index["api_key_file"]).read_text().strip()
-    host, port = node["host"], int(node["api_url"].rsplit(":", 1)[1].split("/")[0])
+    node, host, port, key = one_node(base, "ollama1", args.model)
     try:
         async def run_all() -> dict[str, Any]:
             conn = await HttpConn.open(host, port, key)
