@@ -190,7 +190,7 @@ class ApiApp:
         return chat_call(body, template)
 
     def client_of(self, scope: Scope) -> str:
-        token = bearer_token(_header(scope, b"authorization"))
+        token = bearer_token(header(scope, b"authorization"))
         client = self.keys.refresh(trio.current_time()).client(token)
         if client is None:
             why = "no API key given (send Authorization: Bearer KEY)" if token is None else \
@@ -384,7 +384,8 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-def _header(scope: Scope, name: bytes) -> bytes | None:
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The value of request header ``name`` (lower case), None when absent."""
     for k, v in scope["headers"]:
         if k == name:
             return bytes(v)
@@ -427,7 +428,7 @@ async def read_json_body(scope: Scope, receive: Receive, limit: int) -> Any:
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    length = _header(scope, b"content-length")
+    length = header(scope, b"content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise ApiError(413, f"the request body is {int(length)} bytes; the limit is {limit}",
                        code="request_too_large")

@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from meshd.api.app import Receive, Scope, Send, send_error
+from meshd.api.app import Receive, Scope, Send, header, send_error
 from meshd.api.console.atlas import mesh_map
 from meshd.api.console.requests import RecentRequests
 from meshd.api.console.source import ConsoleSource
@@ -140,10 +140,10 @@ class ConsoleApp:
     async def file(self, scope: Scope, asset: Asset, send: Send) -> int:
         headers = [(b"content-type", asset.type), (b"etag", asset.etag),
                    (b"cache-control", b"no-cache"), (b"vary", b"accept-encoding")]
-        if _header(scope, b"if-none-match") == asset.etag:
+        if header(scope, b"if-none-match") == asset.etag:
             return await _send(send, 304, b"", headers)
         body = asset.body
-        if b"gzip" in (_header(scope, b"accept-encoding") or b""):
+        if b"gzip" in (header(scope, b"accept-encoding") or b""):
             body = asset.gzipped
             headers.append((b"content-encoding", b"gzip"))
         if scope["method"] == "HEAD":
@@ -250,13 +250,6 @@ async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> No
         if msg["type"] == "http.disconnect":
             scope.cancel()
             return
-
-
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for k, v in scope["headers"]:
-        if k == name:
-            return bytes(v)
-    return None
 
 
 async def _more(send: Send, data: bytes) -> None:
