@@ -17,6 +17,9 @@ time (the batch scheduler's worker thread, or a stage server's).
 
 from __future__ import annotations
 
+import weakref
+from typing import Protocol
+
 import numpy as np
 import onnxruntime as ort
 
@@ -27,6 +30,13 @@ from meshd.errors import LocalError
 
 CACHE_CHUNK_TOKENS = 64
 PREPARE_MIN_BYTES = 4 << 20  # zeroed ahead of a join at least this much a step
+_EMPTY = np.zeros((0, 0, 0, 0), np.float32)  # stands in for a layer's dropped buffer
+
+
+class BufferHolder(Protocol):
+    """Something that binds a ``BatchStage``'s buffers to an IO binding of its own."""
+
+    def release_buffers(self) -> None: ...
 
 
 class Slot:
@@ -54,6 +64,8 @@ class BatchStage:
         self._keys: list[np.ndarray] = []
         self._values: list[np.ndarray] = []
         self._bindings: dict[str, tuple[ort.IOBinding, tuple[int, ...], list[np.ndarray]]] = {}
+        # others' bindings over these buffers (a fused step's): released before a reallocation
+        self._holders: weakref.WeakSet[BufferHolder] = weakref.WeakSet()
         self._generation = 0  # bumped when the buffers are reallocated (bindings go stale)
         self.runs = 0
         self.rows_moved = 0
@@ -90,6 +102,11 @@ class BatchStage:
 
     def memory_bytes(self) -> int:
         return sum(a.nbytes for a in self._keys) + sum(a.nbytes for a in self._values)
+
+    def hold(self, holder: BufferHolder) -> None:
+        """``holder`` binds these buffers elsewhere: it is told to let go before they are
+        reallocated."""
+        self._holders.add(holder)
 
     @property
     def capacity(self) -> int:
@@ -289,15 +306,29 @@ class BatchStage:
             self._realloc(self._rows, -(-(need + 1) // CACHE_CHUNK_TOKENS) * CACHE_CHUNK_TOKENS)
 
     def _realloc(self, rows: int, cap: int) -> None:
+        """New buffers of ``rows`` x ``cap`` slots holding the cached spans, made one layer at a
+        time: each layer's old buffers are dropped as soon as their span is copied, so a growth
+        holds one layer twice, not the whole cache (bindings made before go stale with the
+        generation)."""
         kvh, d = self._shape
         keep = min(len(self.slots), rows, self._rows)
         span = min(max((s.length for s in self.slots), default=0), cap)
-        keys, values = [], []
         ready: list[tuple[np.ndarray, np.ndarray]] = []
         if self._next == (rows, cap):  # made ahead by ``prepare`` (kept for a later growth if not)
             self.zeroed_at_join += self._zero(1 << 62)
             self.grown_into_prepared += 1
             ready, self._next, self._next_kv, self._next_done = self._next_kv, (0, 0), [], 0
+        self._generation += 1
+        # an IO binding holds the arrays bound to it: let go of them, so that each layer's old
+        # buffers go when copied (the next step binds afresh: the generation changed)
+        for holder in list(self._holders):
+            holder.release_buffers()
+        for b, _, _ in self._bindings.values():
+            b.clear_binding_inputs()
+            b.clear_binding_outputs()
+        self._bindings.clear()
+        old_k, old_v = self._keys, self._values
+        self._keys, self._values = [], []
         for j in range(len(self._layers)):
             if j < len(ready):
                 k, v = ready[j]
@@ -305,13 +336,13 @@ class BatchStage:
                 k = np.zeros((rows, kvh, cap, d), np.float32)
                 v = np.zeros((rows, kvh, cap, d), np.float32)
             if keep and span:
-                k[:keep, :, :span] = self._keys[j][:keep, :, :span]
-                v[:keep, :, :span] = self._values[j][:keep, :, :span]
-            keys.append(k)
-            values.append(v)
-        self._keys, self._values = keys, values
+                k[:keep, :, :span] = old_k[j][:keep, :, :span]
+                v[:keep, :, :span] = old_v[j][:keep, :, :span]
+            if j < len(old_k):
+                old_k[j] = old_v[j] = _EMPTY
+            self._keys.append(k)
+            self._values.append(v)
         self._rows, self._capacity = rows, cap
-        self._generation += 1
 
     def _binding(self, kind: str, lo: int, n: int, t: int,
                  k: int) -> tuple[ort.IOBinding, list[np.ndarray]]:

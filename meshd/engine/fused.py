@@ -80,12 +80,21 @@ class FusedStep:
             dec = dec[np.argsort(inv)]
         return dec, (logits[n] if chunk_logits else None)
 
+    def release_buffers(self) -> None:
+        """Let go of the cache buffers bound (one of the stages reallocates them)."""
+        if self._binding is not None:
+            self._binding.clear_binding_inputs()
+            self._binding.clear_binding_outputs()
+        self._binding, self._key, self._outs = None, (), []
+
     def _bind(self, main: BatchStage, lo: int, n: int, pre: BatchStage, prow: int, t: int,
               k: int) -> tuple[ort.IOBinding, list[np.ndarray]]:
         key = (id(main), main.generation, lo, n, id(pre), pre.generation, prow, t, k)
         if self._binding is not None and key == self._key:
             return self._binding, self._outs
         b = self._binding if self._binding is not None else self.stage._session.io_binding()
+        main.hold(self)
+        pre.hold(self)
         for prefix, views in (("", main.cache(lo, n)), (g.CHUNK, pre.cache(prow, 1))):
             bind_cache(b, self._layers, views[0::2], views[1::2], prefix)
         outs = [np.empty((k, self._vocab), np.float32)]

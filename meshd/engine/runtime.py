@@ -36,6 +36,7 @@ from meshd.engine.scheduler import Batcher
 from meshd.engine.tokenizer import Tokenizer
 from meshd.engine.weights import verify_weights
 from meshd.errors import LocalError, ModelError
+from meshd.modeldir.pages import page_out
 from meshd.modeldir.providers import choose_providers
 
 log = logging.getLogger(__name__)
@@ -284,19 +285,23 @@ class StageSession:
         cap = -(-grown // CACHE_CHUNK_TOKENS) * CACHE_CHUNK_TOKENS
         kvh, d = self._shape
         keep = self.length
-        keys, values = [], []
-        for j in range(self.stage.num_layers):
+        keys, values, b = self._keys, self._values, self._binding
+        assert b is not None
+        # one layer at a time, rebinding it at once (the binding holds what it is bound to):
+        # a growth holds one layer's buffers twice, not the whole cache
+        for j, layer in enumerate(range(self.stage.start, self.stage.end)):
             k = np.zeros((1, kvh, cap, d), np.float32)  # [1, kv_heads, slot, head_dim]
             v = np.zeros((1, kvh, cap, d), np.float32)
             if keep:
-                k[:, :, :keep] = self._keys[j][:, :, :keep]
-                v[:, :, :keep] = self._values[j][:, :, :keep]
-            keys.append(k)
-            values.append(v)
-        self._keys, self._values, self._capacity = keys, values, cap
-        b = self._binding
-        assert b is not None
-        bind_cache(b, range(self.stage.start, self.stage.end), keys, values)
+                k[:, :, :keep] = keys[j][:, :, :keep]
+                v[:, :, :keep] = values[j][:, :, :keep]
+            if j < len(keys):
+                keys[j], values[j] = k, v
+            else:
+                keys.append(k)
+                values.append(v)
+            bind_cache(b, [layer], [k], [v])
+        self._capacity = cap
 
 
 class Model:
@@ -449,9 +454,11 @@ class Model:
         except Exception as err:
             raise ModelError(f"{self.manifest.name} layers [{start}, {end}): onnxruntime "
                              f"cannot build the session: {_first_line(err)}") from None
-        log.info("stage built model=%s layers=%d-%d provider=%s build_ms=%.1f",
+        # the weights file's pages were read once, to repack the 4/8-bit matrices
+        paged = page_out(self.path / self.manifest.weights_file)
+        log.info("stage built model=%s layers=%d-%d provider=%s build_ms=%.1f paged_out_mb=%.1f",
                  self.manifest.name, start, end, sess.get_providers()[0],
-                 (time.perf_counter() - t0) * 1e3)
+                 (time.perf_counter() - t0) * 1e3, paged / 2**20)
         return sess
 
     def encode_prompt(self, prompt: str | list[int], *, chat: bool = False) -> list[int]:

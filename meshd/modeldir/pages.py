@@ -1,0 +1,50 @@
+"""Handing back the pages of a weights file that onnxruntime read once.
+
+onnxruntime maps a model's external weights file and reads every 4/8-bit matrix once to repack
+it into its own kernels' layout (prepacking). The repacked copy is what runs; the file's pages
+stay resident, counted in the process's RSS, though nothing reads most of them again. Asking
+the kernel to page them out (Linux ``madvise(MADV_PAGEOUT)``, 5.4 and later) drops the clean
+ones; a page that is read again (an embedding row, a norm's weights) comes back from the file
+on its own. Nothing else changes: a dirty page (none are expected) is not dropped without swap,
+and where the call is missing this does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from pathlib import Path
+
+MADV_PAGEOUT = 21  # linux/mman-common.h
+
+
+def mapped_ranges(path: Path, maps: str) -> list[tuple[int, int]]:
+    """The address ranges of ``maps`` (the text of /proc/PID/maps) that map ``path``."""
+    want = str(path.resolve())
+    out = []
+    for line in maps.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5] == want:
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            out.append((lo, hi))
+    return out
+
+
+def page_out(path: Path) -> int:
+    """Ask the kernel to page out this process's mappings of ``path``; returns the bytes asked
+    for (0 where the platform has no such call)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    try:
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8")
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return 0
+    madvise = libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done = 0
+    for lo, hi in mapped_ranges(path, maps):
+        if madvise(lo, hi - lo, MADV_PAGEOUT) == 0:
+            done += hi - lo
+    return done

@@ -1,0 +1,128 @@
+"""What the engine holds in memory: a KV cache growth copies one layer at a time (the old
+buffers of a layer go as soon as they are copied, even while an IO binding held them), and the
+weights file's pages that onnxruntime read to repack the matrices are handed back."""
+
+from __future__ import annotations
+
+import sys
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshd.engine import Model, load_model
+from meshd.engine.batch import BatchStage
+from meshd.engine.fused import FusedStep
+from meshd.modeldir.pages import mapped_ranges
+
+SLACK = 4096  # bytes of Python objects a growth may allocate besides the buffers
+
+
+@pytest.fixture
+def traced() -> Iterator[None]:
+    """Trace allocations from before the buffers are made (so that their freeing counts)."""
+    tracemalloc.start()
+    try:
+        yield
+    finally:
+        tracemalloc.stop()
+
+
+def _growth_peak(grow: Callable[[], object]) -> tuple[int, int]:
+    """(bytes held after, peak bytes above the start) of the allocations while ``grow`` runs."""
+    tracemalloc.reset_peak()
+    before = tracemalloc.get_traced_memory()[0]
+    grow()
+    now, peak = tracemalloc.get_traced_memory()
+    return now - before, peak - before
+
+
+def test_a_batch_growth_holds_one_layer_twice_not_the_whole_cache(models: dict[str, Model],
+                                                                 traced: None) -> None:
+    model = models["llama"]
+    layers = model.num_layers
+    assert layers >= 2
+    fused = FusedStep(model.stage(0, layers, fused=True))
+    main, pre = BatchStage(fused.stage), BatchStage(fused.stage)
+    slots = [main.open(200) for _ in range(4)]
+    for k, s in enumerate(slots):
+        main.step([s], np.array([[5 + k, 6, 7]]))
+    p = pre.open(8)
+    pre.reserve(4)
+    # a fused run binds both stages' buffers to the fused step's own IO binding
+    fused.run(main, slots, np.array([[1], [2], [3], [4]]), pre, p, np.array([9, 10]),
+              chunk_logits=False)
+    old = main.memory_bytes()
+    step = main.step
+    after, peak = _growth_peak(lambda: main._ensure(150))  # more slots for every row
+    new = main.memory_bytes()
+    assert new > 2 * old
+    # the old buffers are all gone after, and at the peak at most one layer's were still held
+    assert after <= new - old + SLACK
+    assert peak <= new - old + old // layers + SLACK, (peak, new, old)
+    # the runs that follow rebind the new buffers: a decode step of the grown batch and a
+    # fused run agree with the rows run alone
+    out = step(slots, np.array([[11], [12], [13], [14]]))
+    whole = model.stage(0, layers, fused=True)
+    for k in range(4):
+        alone = whole.open_session(32).step(np.array([5 + k, 6, 7, [1, 2, 3, 4][k], 11 + k]),
+                                            np.arange(5), last_only=True)
+        np.testing.assert_allclose(out[k], alone[0], rtol=0, atol=1e-5)
+    fused.run(main, slots, np.array([[1], [2], [3], [4]]), pre, p, np.array([12]),
+              chunk_logits=False)
+
+
+def test_a_session_growth_holds_one_layer_twice(models: dict[str, Model], traced: None) -> None:
+    model = models["llama"]
+    stage = model.stage(0, model.num_layers)
+    session = stage.open_session(max_tokens=256)
+    ids = np.arange(5, 25)
+    session.step(ids, np.arange(len(ids)), last_only=True)
+    old = session.memory_bytes()
+    after, peak = _growth_peak(lambda: session.reserve(250))
+    new = session.memory_bytes()
+    assert new > 3 * old
+    assert after <= new - old + SLACK
+    assert peak <= new - old + old // model.num_layers + SLACK, (peak, new, old)
+    nxt = session.step(np.array([30]), np.array([len(ids)]), last_only=True)
+    want = stage.open_session(64).step(np.append(ids, 30), np.arange(len(ids) + 1),
+                                       last_only=True)
+    np.testing.assert_allclose(nxt[0], want[0], rtol=0, atol=1e-5)
+
+
+def test_mapped_ranges_reads_the_lines_of_one_file(tmp_path: Path) -> None:
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x")
+    maps = "\n".join([
+        f"7f0000000000-7f0000002000 rw-p 00000000 00:2a 12 {f}",
+        "7f0000002000-7f0000003000 r--p 00000000 00:2a 13 /usr/lib/libc.so.6",
+        f"7f0000004000-7f0000008000 rw-p 00002000 00:2a 12 {f}",
+        "7f0000009000-7f000000a000 rw-p 00000000 00:00 0",
+        f"7f000000a000-7f000000b000 rw-p 00000000 00:2a 12 {f}.other",
+    ])
+    assert mapped_ranges(f, maps) == [(0x7F0000000000, 0x7F0000002000),
+                                      (0x7F0000004000, 0x7F0000008000)]
+
+
+def _resident_kb(path: Path) -> int:
+    want, total, cur = str(path.resolve()), 0, ""
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        parts = line.split()
+        if parts and "-" in parts[0] and not parts[0].endswith(":"):
+            cur = parts[5] if len(parts) > 5 else ""
+        elif parts and parts[0] == "Rss:" and cur == want:
+            total += int(parts[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_a_loaded_model_hands_back_the_weights_file_pages(models: dict[str, Model]) -> None:
+    path = models["int4"].path
+    weights = path / models["int4"].manifest.weights_file
+    again = load_model(path)  # a fresh session: it read every matrix to repack it
+    again.stage(0, again.num_layers)
+    size_kb = weights.stat().st_size // 1024
+    assert size_kb > 512
+    assert _resident_kb(weights) < size_kb // 4, (_resident_kb(weights), size_kb)
