@@ -11,6 +11,10 @@ decide again, when to give up. ``drive`` feeds it what happens and does what it 
   under greedy decoding);
 - its tokens go to the client (``sink``) as they come; the first attempt with a token wins a
   hedge race and the other copy is cancelled;
+- a semantic cache lookup, when one runs (``lookup``), is awaited beside the attempts and its
+  answer fed in as ``CacheHit`` or ``CacheMiss``; while it is pending, what goes to the client
+  is held back here and let out on ``Release``; on ``ServeCached`` the loop ends and the caller
+  serves the cached answer (``Driver.cached``);
 - every attempt, retry, hedge, new decision and the outcome go to the journal.
 
 ``serve_request`` runs a one-node decision with given targets (the unit tests' entry).
@@ -31,6 +35,9 @@ from meshd.core.request_life import (
     ArmTimer,
     BackToRefuser,
     Busy,
+    CacheHit,
+    CacheLookup,
+    CacheMiss,
     Cancel,
     Decided,
     Fail,
@@ -42,10 +49,12 @@ from meshd.core.request_life import (
     HedgeDue,
     NoRoute,
     Redecide,
+    Release,
     RequestLife,
     Route,
     Send,
     SendPlan,
+    ServeCached,
     StageFailed,
 )
 from meshd.core.routing import RouteDecision
@@ -76,7 +85,7 @@ class Outcome:
     hedges: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     error_code: str | None = None
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=time.perf_counter)  # reset at the first attempt's send
     first_at: float | None = None
     ended: float | None = None
 
@@ -114,6 +123,8 @@ Start = Callable[[Send | SendPlan, Target | None, list[int], Channel], Awaitable
 (None for a ``SendPlan``); reports ``("tokens", {"ids", "text"})`` and ``("done", {...})`` (a
 plan attempt also ``("route", {"served_by", "route"})`` once its chain is ready) on
 ``channel``; raises on failure (``BusyError`` with its wait, ``StageFailure``, or any other)."""
+Lookup = Callable[[], Awaitable[bool]]
+"""``await lookup()``: whether the request's pending semantic cache lookup found its answer."""
 Redecider = Callable[[Redecide, Any, StageFailure | None, int],
                      Awaitable[tuple[Any, dict[str, Target]]]]
 """``await redecide(action, plan, stage_failure, tokens_so_far)``: a new ``Decision`` on a
@@ -182,15 +193,25 @@ class Driver:
         self._names: dict[int, str] = {}
         self._plans: set[int] = set()
         self._timers: dict[str, float] = {}
+        self._held: list[tuple[str, dict[str, Any]]] = []  # for the client, until the cache misses
+        self._sent = False  # an attempt was sent (the outcome's clock starts then)
+        self.cached: ServeCached | None = None  # the request was answered from the cache
         self._send, self._recv = trio.open_memory_channel[Any](4096)
         self._nursery: trio.Nursery | None = None
 
-    async def drive(self, first: Decided) -> Outcome:
+    async def drive(self, first: Decided | NoRoute, *, lookup: Lookup | None = None,
+                    here: str | None = None) -> Outcome:
+        """Run the request from its first decision (or its lack of one) to its end; ``lookup``:
+        its pending semantic cache lookup, racing the attempts; ``here``: this node's peer id
+        (a first decision naming it waits for the lookup)."""
         life = self.life
         out = self.out
-        self._hedge_ms = first.route.hedge_ms if first.route is not None else None
+        self._hedge_ms = first.route.hedge_ms if isinstance(first, Decided) and first.route else None
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if lookup is not None:
+                life.handle(CacheLookup(here), trio.current_time())
+                nursery.start_soon(self._lookup, lookup)
             await self._do(life.handle(first, trio.current_time()))
             while not life.over:
                 at = min(self._timers.values(), default=None)
@@ -205,7 +226,7 @@ class Driver:
                 else:
                     await self._report(*item)
             nursery.cancel_scope.cancel()
-        if life.state == "done":
+        if life.state in ("done", "cached"):
             out.error = out.error_code = None
         elif out.error is None:
             out.error, out.error_code = life.reason, life.code
@@ -230,8 +251,23 @@ class Driver:
                     self.journal("retry", {"reason": "first-token timeout", "targets": late})
                 await self._do(acts)
 
+    async def _lookup(self, lookup: Lookup) -> None:
+        hit = await lookup()
+        await self._send.send((-1, "cache", {"hit": hit}))
+
+    async def _emit(self, kind: str, payload: dict[str, Any]) -> None:
+        """To the client, unless the machine holds it back for the cache (``Release``)."""
+        if self.life.held:
+            self._held.append((kind, payload))
+        else:
+            await self.sink(kind, payload)
+
     async def _report(self, k: int, kind: str, payload: dict[str, Any]) -> None:
         life, out = self.life, self.out
+        if kind == "cache":
+            event = CacheHit() if payload["hit"] else CacheMiss()
+            await self._do(life.handle(event, trio.current_time()))
+            return
         if k not in life.live:
             return  # a cancelled or finished attempt's last words
         now = trio.current_time()
@@ -240,7 +276,7 @@ class Driver:
                 if name not in out.route:
                     out.route.append(name)
             out.served_by = payload["served_by"]
-            await self.sink("route", {"served_by": out.served_by, "route": list(out.route)})
+            await self._emit("route", {"served_by": out.served_by, "route": list(out.route)})
         elif kind == "tokens":
             if life.winner != k:
                 await self._do(life.handle(FirstToken(k), now))
@@ -252,7 +288,7 @@ class Driver:
                                              "ttft_ms": round(out.ttft_ms, 3)})
             out.tokens.extend(payload["ids"])
             out.text.append(payload["text"])
-            await self.sink("tokens", payload)
+            await self._emit("tokens", payload)
         elif kind == "done":
             if life.winner != k:
                 await self._announce(k)
@@ -308,6 +344,14 @@ class Driver:
             elif isinstance(a, Fail):
                 self._timers.clear()
                 self.out.error, self.out.error_code = a.reason, a.code
+            elif isinstance(a, Release):
+                held, self._held = self._held, []
+                for kind, payload in held:
+                    await self.sink(kind, payload)
+            elif isinstance(a, ServeCached):
+                self._timers.clear()
+                self._held = []
+                self.cached = a
             # Drop: the failure is noted already; the sibling runs on
 
     def _name(self, peer: str) -> str:
@@ -327,6 +371,7 @@ class Driver:
             self.journal("forwarded" if not target.is_local else "routed",
                          {"target": target.name, "resume_tokens": len(resume)})
         self._names[a.attempt] = target.name
+        self._started()
         assert self._nursery is not None
         await self._nursery.start(self._run, a, target, resume)
 
@@ -334,8 +379,16 @@ class Driver:
         self.last_plan = a.plan
         self._plans.add(a.attempt)
         self._names[a.attempt] = " -> ".join(h.name for h in a.plan.hops)
+        self._started()
         assert self._nursery is not None
         await self._nursery.start(self._run, a, None, list(self.out.tokens))
+
+    def _started(self) -> None:
+        """The first attempt goes out: the outcome's times (TTFT, total) count from here, not
+        from a wait for the cache's lookup."""
+        if not self._sent:
+            self._sent = True
+            self.out.started = time.perf_counter()
 
     async def _run(self, a: Send | SendPlan, target: Target | None, resume: list[int],
                    task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -359,7 +412,7 @@ class Driver:
         out = self.out
         out.route = [t.name] if t.is_local else [self.entry_name, t.name]
         out.served_by = t.name
-        await self.sink("route", {"served_by": t.name, "route": list(out.route)})
+        await self._emit("route", {"served_by": t.name, "route": list(out.route)})
 
     async def _redecide(self, a: Redecide) -> None:
         now = trio.current_time()

@@ -9,7 +9,9 @@ that come back: send an attempt (``Simulation.send``) or a plan (``meshd.sim.pip
 hedge copy, cancel a copy, decide again, count the request as answered or failed.
 
 The simulation tells the machine of a first token only where one decides something: a hedge
-race (``meshd.sim.hedging.watch`` schedules it) or a hedge deadline (the token had come).
+race (``meshd.sim.hedging.watch`` schedules it) or a hedge deadline (the token had come). It
+has no answer cache: it never feeds ``CacheLookup``, so the machine never holds anything back
+for one and never answers ``Release`` or ``ServeCached`` here.
 """
 
 from __future__ import annotations

@@ -254,6 +254,7 @@ def _decision_lines(decision: Mapping[str, Any], names: _Names) -> list[str]:
 
 def _event_lines(events: list[Mapping[str, Any]], names: _Names) -> list[str]:
     lines = []
+    overtook = any(_text(e.get("kind")) == "cache_overtook" for e in events)
     for e in events:
         kind, p = _text(e.get("kind")), _map(e.get("payload"))
         if kind == "retry" and "to" not in p and p.get("target"):
@@ -295,7 +296,12 @@ def _event_lines(events: list[Mapping[str, Any]], names: _Names) -> list[str]:
             thr = _num(p.get("threshold"))
             over = f" (threshold {thr:.3f})" if thr is not None else ""
             lines.append(f"Answered from this node's semantic cache: the prompt matched cached "
-                         f"entry {_text(p.get('entry'))}{at}{over}; no model ran.")
+                         f"entry {_text(p.get('entry'))}{at}{over}"
+                         f"{'' if overtook else '; no model ran'}.")
+        elif kind == "cache_overtook":
+            what = ("its finished answer was dropped" if p.get("model") == "dropped"
+                    else "it was cancelled")
+            lines.append(f"The semantic cache answered while the model ran: {what}.")
         elif kind == "clamped":
             lines.append(f"{_text(p.get('note'))}.")
     return lines

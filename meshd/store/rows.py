@@ -40,6 +40,7 @@ EVENT_KINDS = frozenset(
         "tokenizer_unavailable",  # the entry node forwarded text: no tokenizer in time, and why
         "cache_hit",
         "cache_skip",
+        "cache_overtook",  # a semantic hit came while a model ran: cancelled or its answer dropped
     }
 )
 

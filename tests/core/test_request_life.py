@@ -15,6 +15,8 @@ from meshd.core.request_life import (
     BackToRefuser,
     Busy,
     CacheHit,
+    CacheLookup,
+    CacheMiss,
     Cancel,
     Decided,
     Drop,
@@ -29,6 +31,7 @@ from meshd.core.request_life import (
     HedgeDue,
     NoRoute,
     Redecide,
+    Release,
     RequestLife,
     Route,
     Send,
@@ -289,12 +292,101 @@ def test_a_plan_is_never_hedged() -> None:
 # ---------------------------------------------------------------------------------- the cache, the end
 
 
-def test_a_cache_hit_cancels_every_attempt_and_serves_the_cached_answer() -> None:
-    lf, _ = started("a", "b", hedge_ms=30.0)
+def looking(*order: str, hedge_ms: float | None = None, here: str = "me", **kw: Any
+            ) -> tuple[RequestLife[str], list[Any]]:
+    """A machine whose semantic lookup is pending, then given ``order`` as its first decision."""
+    lf = life(**kw)
+    assert lf.handle(CacheLookup(here), 0.0) == [] and lf.held
+    return lf, lf.handle(Decided(Route(tuple(order), hedge_ms=hedge_ms)), 0.0)
+
+
+def test_a_cache_hit_before_the_first_token_cancels_every_attempt_and_serves_the_cached_answer(
+        ) -> None:
+    lf, acts = looking("a", "b", hedge_ms=30.0)
+    assert sends(acts) == [("a", 0)]  # a peer's model starts beside the lookup
     lf.handle(HedgeDue(), 0.03)
     assert lf.handle(CacheHit(), 0.04) == [Cancel(0, "a", "cached"), Cancel(1, "b", "cached"),
-                                           ServeCached()]
-    assert lf.state == "cached" and lf.handle(FirstToken(0), 0.05) == []
+                                           ServeCached("cancelled")]
+    assert lf.state == "cached" and not lf.held and lf.handle(FirstToken(0), 0.05) == []
+
+
+def test_a_first_token_while_the_lookup_runs_is_held_back_and_a_hit_still_wins() -> None:
+    lf, _ = looking("a")
+    assert lf.handle(FirstToken(0), 0.01) == [] and lf.held  # the driver keeps it back
+    assert lf.handle(CacheHit(), 0.02) == [Cancel(0, "a", "cached"), ServeCached("cancelled")]
+
+
+def test_an_answer_complete_before_the_lookup_waits_for_it() -> None:
+    lf, _ = looking("a")
+    lf.handle(FirstToken(0), 0.01)
+    assert lf.handle(Finished(0), 0.02) == [] and lf.state == "waiting" and not lf.over
+    assert lf.handle(CacheHit(), 0.03) == [ServeCached("dropped")]  # the model's answer dropped
+    lf, _ = looking("a")
+    lf.handle(FirstToken(0), 0.01)
+    lf.handle(Finished(0), 0.02)
+    assert lf.handle(CacheMiss(), 0.03) == [Release(), Finish(0)] and lf.state == "done"
+
+
+def test_a_miss_lets_out_what_was_held_and_changes_nothing_else() -> None:
+    events = [FirstToken(0), Failed(0), HedgeDue(), FirstToken(1), Finished(1)]
+    lf, acts = looking("a", "b", "c", hedge_ms=30.0)
+    twin, twin_acts = started("a", "b", "c", hedge_ms=30.0)
+    assert acts == twin_acts
+    assert lf.handle(CacheMiss(), 0.001) == [Release()] and not lf.held
+    for i, ev in enumerate(events):
+        now = 0.01 * (i + 1)
+        assert lf.handle(ev, now) == twin.handle(ev, now)
+    assert lf.state == twin.state == "done"
+
+
+def test_a_late_cache_hit_after_the_answer_was_let_out_changes_nothing() -> None:
+    lf, _ = looking("a")
+    lf.handle(CacheMiss(), 0.01)
+    lf.handle(FirstToken(0), 0.02)  # streamed to the client
+    assert lf.handle(CacheHit(), 0.03) == [] and lf.state == "running"
+    assert lf.handle(Finished(0), 0.04) == [Finish(0)]
+    # with no lookup at all, a hit is nobody's
+    lf, _ = started("a")
+    lf.handle(FirstToken(0), 0.01)
+    assert lf.handle(CacheHit(), 0.02) == [] and lf.handle(Finished(0), 0.03) == [Finish(0)]
+
+
+@pytest.mark.parametrize("first", ["here", "plan"])
+def test_a_decision_for_this_node_or_a_plan_waits_for_the_lookup(first: str) -> None:
+    lf = life()
+    lf.handle(CacheLookup("me"), 0.0)
+    decided = Decided(Route(("me", "b"), hedge_ms=20.0)) if first == "here" else Decided(plan=PLAN)
+    assert lf.handle(decided, 0.0) == []  # nothing runs beside the embedding
+    assert lf.handle(CacheHit(), 0.05) == [ServeCached(None)]  # and a hit runs no model
+    lf = life()
+    lf.handle(CacheLookup("me"), 0.0)
+    lf.handle(decided, 0.0)
+    acts = lf.handle(CacheMiss(), 0.05)
+    assert acts[0] == Release()
+    if first == "here":  # sent now, the hedge counted from now
+        assert acts[1:] == [Send(0, "me", None, 0), ArmTimer("hedge", 0.07)]
+    else:
+        assert acts[1:] == [SendPlan(0, PLAN, 0)]
+
+
+def test_no_route_waits_for_the_lookup_then_fails_with_its_code() -> None:
+    lf = life()
+    lf.handle(CacheLookup("me"), 0.0)
+    assert lf.handle(NoRoute("over quota", "quota"), 0.0) == [] and lf.state == "waiting"
+    assert lf.handle(CacheMiss(), 0.05) == [Release(), Fail("quota", "over quota")]
+    lf = life()
+    lf.handle(CacheLookup("me"), 0.0)
+    lf.handle(NoRoute("none"), 0.0)
+    assert lf.handle(CacheHit(), 0.05) == [ServeCached(None)]
+
+
+def test_a_failed_request_waits_for_the_lookup_but_giving_up_does_not() -> None:
+    lf, _ = looking("a", max_attempts=1)
+    assert lf.handle(Failed(0), 0.01) == [] and lf.state == "waiting"
+    assert lf.handle(CacheHit(), 0.02) == [ServeCached("cancelled")]
+    lf, _ = looking("a")
+    assert lf.handle(GiveUp("cancelled"), 0.01) == [Cancel(0, "a", "gave up"),
+                                                    Fail("cancelled", "cancelled")]
 
 
 def test_a_server_that_drops_an_expired_request_ends_it() -> None:
@@ -307,12 +399,14 @@ def test_a_server_that_drops_an_expired_request_ends_it() -> None:
 EVENTS: list[Any] = [
     Decided(Route(("x", "y"), hedge_ms=10.0)), Decided(plan=PLAN), NoRoute("none"), FirstToken(0),
     Finished(0), Busy(0), Busy(0, 80.0), Failed(0), StageFailed(0, frozenset({"x"})), Expired(0),
-    HedgeDue(), FirstTokenLate(), CacheHit(), GiveUp("unfinished"),
+    HedgeDue(), FirstTokenLate(), CacheLookup("me"), CacheHit(), CacheMiss(), GiveUp("unfinished"),
 ]
 
 
 def in_state(state: str) -> RequestLife[str]:
     lf = life(first_token_timeout_s=1.0)
+    if state in ("cached", "holding", "waiting"):
+        lf.handle(CacheLookup("me"), 0.0)
     if state == "deciding":
         return lf
     lf.handle(Decided(Route(("a", "b"), {"a": 50.0}, {"b": (20.0, 5.0)}, hedge_ms=10.0)), 0.0)
@@ -322,21 +416,32 @@ def in_state(state: str) -> RequestLife[str]:
         lf.handle(HedgeDue(), 0.01)
     elif state in ("done", "failed", "cached"):
         lf.handle({"done": Finished(0), "failed": GiveUp("x"), "cached": CacheHit()}[state], 0.01)
+    elif state == "waiting":
+        lf.handle(Finished(0), 0.01)
+    assert lf.state == {"racing": "running", "holding": "running"}.get(state, state)
     return lf
 
 
-@pytest.mark.parametrize("state", ["deciding", "running", "racing", "redeciding", "done", "failed",
-                                   "cached"])
+@pytest.mark.parametrize("state", ["deciding", "running", "racing", "redeciding", "holding",
+                                   "waiting", "done", "failed", "cached"])
 @pytest.mark.parametrize("ev", EVENTS, ids=lambda e: type(e).__name__)
 def test_every_event_in_every_state(state: str, ev: Any) -> None:
     lf = in_state(state)
-    before = lf.state
+    before, held = lf.state, lf.held
     acts = lf.handle(ev, 5.0)
     if before in ("done", "failed", "cached"):
         assert acts == []
         return
     # nothing runs while deciding: only a decision or an end matters
-    if before in ("deciding", "redeciding") and not isinstance(ev, Decided | NoRoute | CacheHit | GiveUp):
+    if before in ("deciding", "redeciding") and not isinstance(ev, Decided | NoRoute | GiveUp):
+        assert acts == []
+        return
+    # waiting for the cache: only its answer or giving up matters
+    if before == "waiting" and not isinstance(ev, CacheHit | CacheMiss | GiveUp):
+        assert acts == []
+        return
+    # no lookup pending: the cache's answers change nothing
+    if not held and isinstance(ev, CacheHit | CacheMiss) or isinstance(ev, CacheLookup):
         assert acts == []
         return
     # every answer keeps the machine consistent
@@ -356,7 +461,7 @@ ev_strategy = st.one_of(
     st.builds(Failed, st.integers(0, 6)),
     st.builds(StageFailed, st.integers(0, 6), st.frozensets(st.sampled_from("abcdef"), max_size=2)),
     st.builds(Expired, st.integers(0, 6)),
-    st.builds(HedgeDue), st.builds(FirstTokenLate), st.just(CacheHit()),
+    st.builds(HedgeDue), st.builds(FirstTokenLate), st.just(CacheHit()), st.just(CacheMiss()),
     st.builds(Decided, st.builds(Route, st.lists(st.sampled_from("abcdef"), min_size=1, max_size=4,
                                                  unique=True).map(tuple))),
     st.builds(Decided, plan=st.just(PLAN)),
@@ -365,16 +470,23 @@ ev_strategy = st.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(ev_strategy, max_size=30), st.integers(1, 4))
-def test_random_lives_keep_the_rules(events: list[Any], limit: int) -> None:
+@given(st.lists(ev_strategy, max_size=30), st.integers(1, 4), st.sampled_from([None, "a", "z"]))
+def test_random_lives_keep_the_rules(events: list[Any], limit: int, lookup: str | None) -> None:
     lf: RequestLife[str] = life(max_attempts=limit, first_token_timeout_s=0.5)
+    if lookup is not None:  # a cache lookup runs, for this node ("a": first in the order) or not
+        lf.handle(CacheLookup(lookup), 0.0)
     lf.handle(Decided(Route(("a", "b", "c"), {"a": 50.0, "b": 50.0},
                             {p: (10.0, 5.0) for p in "abc"}, hedge_ms=20.0)), 0.0)
-    ids: set[int] = {0}
+    ids: set[int] = {0} if lookup != "a" else set()
     ended = 0
     hedges = 0
     for i, ev in enumerate(events):
+        held = lf.held
         acts = lf.handle(ev, 0.1 * (i + 1))
+        if held:  # while the lookup runs only a hit ends it (a miss lets out a held end)
+            assert isinstance(ev, CacheMiss) or not any(isinstance(a, Finish | Fail) for a in acts)
+        else:  # the cache answers only while its lookup runs
+            assert not any(isinstance(a, ServeCached | Release) for a in acts)
         for a in acts:
             if isinstance(a, Send | SendPlan):
                 assert a.attempt not in ids  # attempts are fresh

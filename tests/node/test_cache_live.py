@@ -2,7 +2,8 @@
 verifier and real SQLite: an exact repeat is answered on the node it entered right after the
 first answer, without the embedding model; a paraphrase within the error bound is answered
 from the cache too, a different client is not, `cache: false` stays out; wrong-answer feedback
-removes an entry; entries survive a restart, and the size bound holds."""
+removes an entry; entries survive a restart, and the size bound holds. On a node that serves no
+model, the forward to a peer races the lookup and a hit wins."""
 
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ def specs() -> list[NodeSpec]:
     return [NodeSpec(name="c1", extra={"cache": {"enabled": True, "max_entries": 3}}),
             NodeSpec(name="c2", extra={"cache": {"enabled": True}}),
             # exact repeats only: the embedding model is never loaded
-            NodeSpec(name="c3", extra={"cache": {"enabled": True, "max_error": 0.0}})]
+            NodeSpec(name="c3", extra={"cache": {"enabled": True, "max_error": 0.0}}),
+            # serves no model: every request is forwarded, racing the semantic lookup here
+            NodeSpec(name="c4", models=[], extra={"cache": {"enabled": True}})]
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +189,27 @@ def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any
     # ... and where the lookup's time went: the paraphrase was embedded and searched
     assert hit["embed_ms"] > 0 and hit["search_ms"] > 0
     assert all(hit[k] >= 0 for k in ("start_ms", "queued_ms", "handoff_ms"))
+
+
+def test_forwarded_to_a_peer_the_model_races_the_lookup_and_a_hit_wins(mesh: dict[str, Any]) -> None:
+    """c4 serves no model: a request goes to a peer while c4 embeds the question (the request's
+    machine, meshd.core.request_life, races the two). A miss streams the peer's answer; a
+    paraphrase is served from c4's cache, the peer's attempt cancelled or its answer dropped."""
+    s4 = sock(mesh, "c4")
+    warm(s4)
+    stored = cache_stats(s4)["inserts"]
+    first = ask(s4, ASKED, client="carol")
+    assert not first["cached"] and first["served_by"] in ("c1", "c2", "c3")
+    wait_for(lambda: cache_stats(s4)["inserts"] > stored, 30, "the answer to be stored")
+    again = ask(s4, PARAPHRASE, client="carol")
+    assert again["cached"] is True and again["served_by"] == "c4" and again["route"] == ["c4"]
+    assert again["text"] == first["text"] and again["cache"]["kind"] == "semantic"
+    explained = json.loads(meshd("explain", again["request_id"], "--json", "--socket", s4).stdout)
+    kinds = [e["kind"] for e in explained["events"]]
+    # the forward went out beside the lookup, and the hit overtook it
+    assert kinds.index("forwarded") < kinds.index("cache_overtook") < kinds.index("cache_hit")
+    overtook = next(e["payload"] for e in explained["events"] if e["kind"] == "cache_overtook")
+    assert overtook["model"] in ("cancelled", "dropped")
 
 
 def test_a_follow_up_in_another_conversation_is_never_served_this_ones_answer(

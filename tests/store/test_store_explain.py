@@ -232,6 +232,24 @@ def test_replan_and_cancel_events():
     assert "In all: 2 retries, 0 hedges." in text
 
 
+def test_a_cache_hit_says_whether_it_overtook_a_model(tmp_path):
+    hit = {"kind": "cache_hit", "payload": {"similarity": 0.93, "threshold": 0.85, "entry": 7}}
+    alone = explain_text(record(events=[hit]))
+    assert "matched cached entry 7 at cosine similarity 0.930 (threshold 0.850); no model ran." in alone
+    for model, what in (("cancelled", "it was cancelled"),
+                        ("dropped", "its finished answer was dropped")):
+        text = explain_text(record(events=[
+            {"kind": "cache_overtook", "payload": {"model": model}}, hit]))
+        assert f"The semantic cache answered while the model ran: {what}." in text
+        assert "no model ran" not in text
+    # the journal takes the event (an unknown kind is refused)
+    s = Store(tmp_path / "m.db")
+    try:
+        s.record_event("r1", "cache_overtook", payload={"model": "cancelled"})
+    finally:
+        s.close()
+
+
 def test_whole_story_from_a_real_store(tmp_path):
     s = Store(tmp_path / "m.db")
     try:

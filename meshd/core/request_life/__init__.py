@@ -4,10 +4,11 @@
 happens: a first token, a busy answer (with the server's wait, or without), a dead peer, a
 failed pipeline stage, a hedge deadline, a first token that never comes, an answer from the
 cache. Events go in with the time; actions come out: send an attempt to a peer (or a plan to its
-stages), cancel one, arm a timer, decide again, serve the cached answer, finish, or fail with a
-code. It reads no clock and does no I/O. The daemon's execute step (``meshd.node.forward``, a
-thin trio loop) and the simulator (``meshd.sim.entry``, its event loop) drive this very class,
-so what the simulator measures is what the daemon does.
+stages), cancel one, arm a timer, decide again, let out what was held back for the cache, serve
+the cached answer, finish, or fail with a code. It reads no clock and does no I/O. The daemon's
+execute step (``meshd.node.forward``, a thin trio loop) and the simulator (``meshd.sim.entry``,
+its event loop) drive this very class, so what the simulator measures is what the daemon does
+(the simulator has no answer cache: it never feeds the cache's events).
 
 The rules, one for both:
 
@@ -35,7 +36,16 @@ The rules, one for both:
   with a token (or the answer) wins; the others are cancelled.
 - **Pipelines** are never hedged; a failed stage counts one failure, blames its culprits, and
   the request decides again (above).
-- **The cache**: an answer from the semantic cache cancels every attempt and is served.
+- **The cache**: a semantic cache lookup that runs for the request (``CacheLookup``, fed before
+  the first decision) races the model. Until it answers, what the attempts emit is held back
+  from the client (``held``: the driver's buffer) and an end (the answer, a failure, no route)
+  waits for it. A hit (``CacheHit``) cancels every attempt and serves the cached answer
+  (``ServeCached``, saying whether the model was cancelled or its finished answer dropped); a
+  miss (``CacheMiss``) lets out what was held back (``Release``) and the request goes on, or
+  ends as it had. A first decision that names the driver's own node first (``CacheLookup.here``),
+  or a plan, waits for the lookup before sending: that model would share the node's cores with
+  the lookup's embedding. A hit with no lookup pending (none ran, or the answer is out) changes
+  nothing.
 
 Peers are whatever the driver names them by (a peer id in the daemon, a node index in the
 simulator): anything hashable. Attempts are numbered from 0; ``copy`` says which copy of a
@@ -54,6 +64,8 @@ from meshd.core.request_life.events import (
     BackToRefuser,
     Busy,
     CacheHit,
+    CacheLookup,
+    CacheMiss,
     Cancel,
     Decided,
     Drop,
@@ -68,6 +80,7 @@ from meshd.core.request_life.events import (
     HedgeDue,
     NoRoute,
     Redecide,
+    Release,
     Route,
     Send,
     SendPlan,
@@ -83,6 +96,8 @@ __all__ = [
     "BackToRefuser",
     "Busy",
     "CacheHit",
+    "CacheLookup",
+    "CacheMiss",
     "Cancel",
     "Decided",
     "Drop",
@@ -99,6 +114,7 @@ __all__ = [
     "NO_GONE",
     "NoRoute",
     "Redecide",
+    "Release",
     "RequestLife",
     "Route",
     "Send",

@@ -55,9 +55,11 @@ class Decided:
 
 @dataclass(frozen=True, slots=True)
 class NoRoute:
-    """``decide()`` found no node (``reason``: its message)."""
+    """``decide()`` found no node (``reason``: its message; ``code``: its error code, such as
+    ``quota`` for a client over its quota)."""
 
     reason: str
+    code: str = ErrorCode.NO_ROUTE
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +131,26 @@ class FirstTokenLate:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheLookup:
+    """A semantic cache lookup runs for this request (fed before the first decision, or before
+    its ``NoRoute``). Until it answers (``CacheHit`` or ``CacheMiss``) what the attempts emit is
+    held back from the client (``RequestLife.held``), and an end (the answer, a failure) waits
+    for it. ``here``: the driver's own node: a first decision that names it first, or a plan,
+    waits for the lookup before sending (the model would share the node's cores with the
+    lookup's embedding)."""
+
+    here: Any = None
+
+
+@dataclass(frozen=True, slots=True)
 class CacheHit:
-    """The semantic cache answered the request."""
+    """The pending semantic lookup found the answer (ignored when none is pending: an answer
+    already let out to the client stays the answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheMiss:
+    """The pending semantic lookup missed, refused or failed: the request goes on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +188,8 @@ class SendPlan:
 @dataclass(frozen=True, slots=True)
 class Cancel:
     """Stop attempt ``attempt`` (``why``: "lost", another copy answered first; "done"; "late",
-    no first token in time; "cached")."""
+    no first token in time; "cached"; or how the request ended: "attempts", "no route",
+    "expired", "gave up")."""
 
     attempt: int
     peer: Any
@@ -217,8 +238,17 @@ class Finish:
 
 
 @dataclass(frozen=True, slots=True)
+class Release:
+    """The cache missed: let out what was held back from the client, in order."""
+
+
+@dataclass(frozen=True, slots=True)
 class ServeCached:
-    """Answer the request from the cache."""
+    """Answer the request from the cache (every attempt is cancelled before). ``model``: what
+    became of the model's side: "cancelled" (attempts had been sent), "dropped" (its answer was
+    complete, held back), None (nothing had been sent)."""
+
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,4 +259,5 @@ class Fail:
     reason: str
 
 
-Action = Send | SendPlan | Cancel | Drop | ArmTimer | Redecide | BackToRefuser | Finish | ServeCached | Fail
+Action = (Send | SendPlan | Cancel | Drop | ArmTimer | Redecide | BackToRefuser | Finish | Release
+          | ServeCached | Fail)

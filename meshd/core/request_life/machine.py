@@ -14,6 +14,8 @@ from meshd.core.request_life.events import (
     BackToRefuser,
     Busy,
     CacheHit,
+    CacheLookup,
+    CacheMiss,
     Cancel,
     Decided,
     Drop,
@@ -29,6 +31,7 @@ from meshd.core.request_life.events import (
     NoRoute,
     P,
     Redecide,
+    Release,
     Send,
     SendPlan,
     ServeCached,
@@ -61,7 +64,8 @@ class RequestLife(Generic[P]):
         "max_attempts", "started_s", "timeout_s", "first_token_timeout_s", "policy", "state",
         "attempts", "retries", "refusals", "hedges", "hedge_won", "decisions", "live", "winner",
         "tried", "losers", "order", "pos", "bounds", "pred", "refused", "hedge_at", "hedged",
-        "first_token", "first_token_at", "code", "reason", "_next_id", "_carry", "_raced",
+        "first_token", "first_token_at", "code", "reason", "cache", "here", "_next_id", "_carry",
+        "_raced", "_parked", "_held",
     )  # fmt: skip
 
     def __init__(self, *, started_s: float, max_attempts: int = MAX_ATTEMPTS,
@@ -72,7 +76,9 @@ class RequestLife(Generic[P]):
         self.timeout_s = timeout_s
         self.first_token_timeout_s = first_token_timeout_s
         self.policy = policy or Policy()
-        self.state = "deciding"  # deciding, running, redeciding, done, failed, cached
+        # deciding, running, redeciding, waiting (for the cache: the end is settled), done,
+        # failed, cached
+        self.state = "deciding"
         self.attempts = 0  # counted failures
         self.retries = 0  # the same, as statistics (the failure that ends the request too)
         self.refusals = 0  # wait refusals
@@ -94,6 +100,10 @@ class RequestLife(Generic[P]):
         self.first_token_at: float | None = None
         self.code = ErrorCode.NO_ROUTE.value
         self.reason = "no node could serve the request"
+        self.cache: str | None = None  # the semantic lookup: None (none), pending, answered
+        self.here: Any = None  # the driver's own node (CacheLookup)
+        self._parked: Decided | None = None  # a first decision waiting for the lookup
+        self._held: tuple[str, Action] | None = None  # the end waiting for it (state, action)
         self._next_id = 0
         self._carry = 0  # the copy the next attempt after a failure rides on
         self._raced = False  # the hedge race is decided
@@ -103,6 +113,11 @@ class RequestLife(Generic[P]):
     @property
     def over(self) -> bool:
         return self.state in ("done", "failed", "cached")
+
+    @property
+    def held(self) -> bool:
+        """A cache lookup is pending: what the attempts emit is held back from the client."""
+        return self.cache == "pending"
 
     @property
     def racing(self) -> bool:
@@ -139,24 +154,35 @@ class RequestLife(Generic[P]):
         if isinstance(ev, Decided):
             return self._decided(ev, now)
         if isinstance(ev, NoRoute):
-            return self._no_route(ev.reason)
+            if self.state not in ("deciding", "redeciding"):
+                return []
+            return self._no_route(ev.reason, ev.code)
         if isinstance(ev, HedgeDue):
             return self._hedge_due(ev.gone, now)
         if isinstance(ev, FirstTokenLate):
             return self._first_token_late(ev.gone, now)
         if isinstance(ev, Expired):
             return self._expired(ev.attempt, ev.code)
+        if isinstance(ev, CacheLookup):
+            if self.state == "deciding" and self.cache is None:
+                self.cache, self.here = "pending", ev.here
+            return []
         if isinstance(ev, CacheHit):
-            return self._end("cached", "cached", ServeCached())
+            return self._cache_hit()
+        if isinstance(ev, CacheMiss):
+            return self._cache_miss(now)
         if isinstance(ev, GiveUp):
             self.code, self.reason = ev.code, ev.reason or ev.code
-            return self._end("failed", "gave up", Fail(self.code, self.reason))
+            return self._end("failed", "gave up", Fail(self.code, self.reason), wait=False)
         raise TypeError(f"not an event of a request's life: {ev!r}")
 
     def _decided(self, ev: Decided, now: float) -> list[Action]:
         if self.state not in ("deciding", "redeciding"):
             return []
         first = self.decisions == 0
+        if first and self.cache == "pending" and (ev.route is None or ev.route.order[:1] == (self.here,)):
+            self._parked = ev  # this node's model would share its cores with the embedding
+            return []
         self.decisions += 1
         self.state = "running"
         self.refused = []
@@ -176,10 +202,10 @@ class RequestLife(Generic[P]):
             out.append(ArmTimer("hedge", self.hedge_at))
         return out
 
-    def _no_route(self, reason: str) -> list[Action]:
+    def _no_route(self, reason: str, code: str = ErrorCode.NO_ROUTE.value) -> list[Action]:
         if self.decisions:
             reason = f"{self.reason}; no node left to try: {reason}"
-        self.code, self.reason = ErrorCode.NO_ROUTE.value, reason
+        self.code, self.reason = str(code), reason
         return self._end("failed", "no route", Fail(self.code, reason))
 
     def _first_token(self, attempt: int) -> list[Action]:
@@ -310,6 +336,32 @@ class RequestLife(Generic[P]):
         self.state = "redeciding"
         return [Redecide(frozenset(self.tried), self.reason)]
 
+    def _cache_hit(self) -> list[Action]:
+        if self.cache != "pending":
+            return []  # no lookup, or the answer is the client's already
+        self.cache = "answered"
+        self._parked = None
+        held, self._held = self._held, None
+        if held is not None and isinstance(held[1], Finish):
+            model: str | None = "dropped"
+        else:
+            model = "cancelled" if self._next_id else None
+        return self._end("cached", "cached", ServeCached(model), wait=False)
+
+    def _cache_miss(self, now: float) -> list[Action]:
+        if self.cache != "pending":
+            return []
+        self.cache = "answered"
+        out: list[Action] = [Release()]
+        held, self._held = self._held, None
+        parked, self._parked = self._parked, None
+        if held is not None:
+            self.state = held[0]
+            out.append(held[1])
+        elif parked is not None:
+            out.extend(self._decided(parked, now))
+        return out
+
     def _hedge_due(self, gone: Container[Any], now: float) -> list[Action]:
         at = self.hedge_at
         if at is None or now < at:
@@ -350,11 +402,16 @@ class RequestLife(Generic[P]):
         self.first_token_at = None
         return [SendPlan(k, plan, self._carry)]
 
-    def _end(self, state: str, why: str, last: Action) -> list[Action]:
+    def _end(self, state: str, why: str, last: Action, *, wait: bool = True) -> list[Action]:
+        """End in ``state`` with ``last``, every other attempt cancelled; with ``wait``, while a
+        cache lookup is pending, ``last`` waits for it (``_cache_hit``, ``_cache_miss``)."""
         keep = last.attempt if isinstance(last, Finish) else -1
         out: list[Action] = [Cancel(k, a.peer, why) for k, a in sorted(self.live.items()) if k != keep]
         self.live.clear()
-        self.state = state
         self.hedge_at = self.first_token_at = None
+        if wait and self.cache == "pending":
+            self.state, self._held = "waiting", (state, last)
+            return out
+        self.state = state
         out.append(last)
         return out

@@ -4,8 +4,10 @@ Before routing, the request is looked up in this node's cache (``meshd.node.edge
 for the same model, settings, context (system prompt, earlier turns, tools, schema) and client
 (or a tenant's clients that all opted in to sharing): first the very same request (the exact
 path, on the event loop, no model of any kind), then a question that means the same within the
-request's error bound (the semantic path, in a worker thread while routing goes on). A hit is
-answered from the cache, marked ``cached`` with how (``exact`` or ``semantic``), without
+request's error bound (the semantic path, in a worker thread while routing goes on; its result
+is an event of the request's machine, ``meshd.core.request_life``, which races it with the
+model: the execute step feeds it in, ``pending_lookup``, and serves a hit, ``serve_cached``).
+A hit is answered from the cache, marked ``cached`` with how (``exact`` or ``semantic``), without
 touching a model. Who may read what and when a candidate is served are the cache's pure rules
 (``meshd.cache.keys``, ``meshd.cache.policy``, ``meshd.cache.bound``). Greedy requests take
 part by default; sampled ones only when they opt in; ``cache: false`` keeps a request out.
@@ -20,11 +22,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
-
 from meshd.engine.sampling import GenerationConfig
 from meshd.node.edge_cache import EdgeCache
-from meshd.node.entry.context import Emit, EntryContext, EntryNode
+from meshd.node.entry.context import EntryContext, EntryNode
 
 _ENGINE = GenerationConfig()  # what the engine uses for the settings a request leaves unset
 
@@ -94,7 +94,8 @@ def identity_of(node: EntryNode, model: str, served_by: str | None = None) -> st
 async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None:
     """The very same request is answered here, at once. Anything else that the semantic path
     may take starts its lookup (the question's embedding, in a worker thread) and moves on:
-    routing and the model start meanwhile, and ``execute_or_cached`` settles which answers."""
+    routing and the model start meanwhile, and the request's machine settles which answers
+    (``pending_lookup``, fed to it by the execute step)."""
     if ctx.req.cache is False or ctx.req.rag:
         return  # a retrieval request's answer depends on context the cache key does not hold
     await cache.opened.wait()  # a request may come in while the node is still starting
@@ -118,106 +119,34 @@ async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> N
         cache.missed()
 
 
-async def execute_or_cached(ctx: EntryContext, node: EntryNode,
-                            run: Callable[[], Awaitable[None]]) -> None:
-    """The execute step (``run``) once the semantic lookup has decided. When the chosen node
-    is a peer, the forward starts while the lookup finishes: until the lookup has answered,
-    what the model emits is held back; then a hit cancels the forward (or drops its answer) and
-    streams the cached one, and a miss lets the held-back events out and the model go on. So a
-    miss delays the first token by ``max(0, lookup - the peer's first token)`` instead of the
-    whole lookup, and the lookup alone decides hit or miss. When this node serves the model,
-    the lookup is awaited first (see ``_served_elsewhere``)."""
+def pending_lookup(ctx: EntryContext) -> Callable[[], Awaitable[bool]] | None:
+    """The semantic lookup ``edge_answer`` started, as the request's machine awaits it (the
+    execute step's driver, ``meshd.node.forward``): ``await`` it for whether it found the
+    answer; what it found and its timings are kept for ``serve_cached`` and ``remember``. None
+    when no lookup runs."""
     pending = ctx.extra.pop("cache_pending", None)
     if pending is None:
-        await run()
-        return
+        return None
     creq, lookup = pending
-    if not _served_elsewhere(ctx, node):
-        # This CPU would run the model beside the embedding: measured, overlapping made hits
-        # 3-4x slower and misses no faster here (docs/cache.md, "Threads").
+
+    async def answered() -> bool:
         got = await _result(ctx, lookup)
         if got is not None:
             ctx.extra["cache"] = (creq, got)
-        if got is not None and got.hit:
-            await _serve_hit(ctx, node, got)
-        else:
-            await run()
-        return
-    real_emit, gate = ctx.emit, _Gate(ctx.emit)
-    ctx.emit = gate.emit
-    model_scope = trio.CancelScope()
-    hit: Any = None
+        return got is not None and bool(got.hit)
 
-    async def model() -> None:
-        with model_scope:
-            await run()
-
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(model)
-            got = await _result(ctx, lookup)
-            if got is not None:
-                ctx.extra["cache"] = (creq, got)
-            if got is not None and got.hit:
-                hit = got
-                model_scope.cancel()
-            else:
-                await gate.open()
-    finally:
-        ctx.emit = real_emit
-    if hit is not None:
-        ctx.journal("cache_overtook", {"model": "cancelled" if ctx.answer is None else "dropped"})
-        ctx.outcome = None
-        await _serve_hit(ctx, node, hit)
+    return answered
 
 
-def _served_elsewhere(ctx: EntryContext, node: EntryNode) -> bool:
-    """Whether the chosen node is a peer (its prefill does not take this node's CPU, and
-    cancelling it stops it there)."""
-    d = ctx.decision
-    return bool(d is not None and d.route is not None and d.route.order
-                and d.route.order[0] != node.peer_id)
-
-
-async def cached_instead(ctx: EntryContext, node: EntryNode) -> bool:
-    """After routing failed: whether the pending semantic lookup is a hit (then served)."""
-    pending = ctx.extra.pop("cache_pending", None)
-    if pending is None:
-        return False
-    creq, lookup = pending
-    got = await _result(ctx, lookup)
-    if got is None or not got.hit:
-        return False
-    ctx.extra["cache"] = (creq, got)
+async def serve_cached(ctx: EntryContext, node: EntryNode, model: str | None) -> None:
+    """The machine's ``ServeCached``: the lookup's hit is streamed to the client. ``model``:
+    what became of the model's attempts ("cancelled", "dropped"), journaled as
+    ``cache_overtook``; None when none had been sent."""
+    if model is not None:
+        ctx.journal("cache_overtook", {"model": model})
+    ctx.outcome = None
+    _, got = ctx.extra["cache"]
     await _serve_hit(ctx, node, got)
-    return True
-
-
-class _Gate:
-    """Holds emitted events back until ``open``, then lets them out in order."""
-
-    def __init__(self, emit: Emit) -> None:
-        self._emit = emit
-        self._held: list[tuple[str, dict[str, Any]]] = []
-        self.opened = False
-        self._flushing = False
-
-    async def emit(self, kind: str, payload: dict[str, Any]) -> None:
-        if not self.opened or self._flushing:
-            self._held.append((kind, payload))
-            return
-        await self._emit(kind, payload)
-
-    async def open(self) -> None:
-        if self.opened:
-            return
-        self.opened = self._flushing = True
-        try:
-            while self._held:
-                kind, payload = self._held.pop(0)
-                await self._emit(kind, payload)
-        finally:
-            self._flushing = False
 
 
 def _how(got: Any) -> dict[str, Any]:

@@ -13,11 +13,12 @@
                  a lookup that runs on while route and execute start    (meshd.node.entry.cache)
     augment      a request naming a retrieval collection (rag) gets the nearest chunks put
                  into its prompt, trimmed to the context               (meshd.node.entry.augment)
-    route        the pure decision: one node with fallbacks, or a pipeline
-                                                                        (meshd.node.entry.route)
-    execute      serve here, forward with hedging/failover, or drive the pipeline; its events
-                 are held back until the cache's lookup is done, and a hit cancels it
-                                                   (meshd.node.entry.execute, entry.cache)
+    route        the pure decision: one node with fallbacks, or a pipeline (none found: kept
+                 for execute, the cache may still answer)               (meshd.node.entry.route)
+    execute      the request's machine (meshd.core.request_life) driven by a trio loop: serve
+                 here, forward with hedging/failover, or drive the pipeline, racing the
+                 cache's pending lookup (held back until it misses; a hit cancels the model
+                 and is served)                                       (meshd.node.entry.execute)
     remember     a model's answer goes into the semantic cache, after the client has it
                                                                         (meshd.node.entry.cache)
     record       journal, statistics, observers, however the request ended
@@ -50,7 +51,7 @@ from meshd.errors import ErrorCode, MeshdError, RemoteError
 from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry.admit import admit
 from meshd.node.entry.augment import augment
-from meshd.node.entry.cache import cached_instead, edge_answer, execute_or_cached, remember
+from meshd.node.entry.cache import edge_answer, remember
 from meshd.node.entry.context import Emit, EntryContext, EntryNode
 from meshd.node.entry.execute import execute
 from meshd.node.entry.prepare import chat_template, models_heard, prepare
@@ -81,11 +82,7 @@ async def _prepare(ctx: EntryContext, chain: EntryChain) -> None:
 
 
 async def _route(ctx: EntryContext, chain: EntryChain) -> None:
-    try:
-        await route(ctx, chain.node, chain.client_in_flight, chain.next_rr())
-    except MeshdError:
-        if not await cached_instead(ctx, chain.node):  # no route, but maybe a cached answer
-            raise
+    await route(ctx, chain.node, chain.client_in_flight, chain.next_rr())
 
 
 async def _reach(ctx: EntryContext, chain: EntryChain) -> None:
@@ -93,13 +90,7 @@ async def _reach(ctx: EntryContext, chain: EntryChain) -> None:
 
 
 async def _execute(ctx: EntryContext, chain: EntryChain) -> None:
-    async def run() -> None:
-        await execute(ctx, chain.node, chain.client_in_flight, chain.next_rr)
-
-    if chain.cache is None:
-        await run()
-    else:  # a semantic lookup may still be running: the model starts meanwhile
-        await execute_or_cached(ctx, chain.node, run)
+    await execute(ctx, chain.node, chain.client_in_flight, chain.next_rr)
 
 
 async def _edge_answer(ctx: EntryContext, chain: EntryChain) -> None:

@@ -21,7 +21,7 @@ from meshd.core.packing import pack_ids, vocab_bound
 from meshd.core.request import EntryRequest
 from meshd.core.snapshot import Policy, RouteRequest
 from meshd.core.tokident import short_id
-from meshd.errors import MeshdError
+from meshd.errors import MeshdError, RemoteError
 from meshd.node.forward import Outcome
 from meshd.node.links import Links
 from meshd.node.runner import Runner
@@ -93,6 +93,7 @@ class EntryContext:
     policy: Policy | None = None
     route_req: RouteRequest | None = None
     decision: Decision | None = None
+    no_route: RemoteError | None = None  # decide() found no node (execute fails with it)
     # execute
     outcome: Outcome | None = None
     answer: dict[str, Any] | None = None  # the final stats; set when the request is answered

@@ -5,8 +5,12 @@ simulator's machine too); ``meshd.node.forward.Driver`` is its trio loop. This s
 driver its I/O: an attempt on one node (here, or a peer over its request stream: ``_attempt``),
 an attempt along a pipeline's stages (``meshd.node.pipeline.run_plan``), and a new decision when
 the machine asks for one (``_redecide``: ``decide()`` on a fresh snapshot without the nodes
-that failed). The client's requests in flight are counted (quotas read them) while it runs, and
-the answer is the same set of fields whoever served it (``answer_fields``).
+that failed), and the semantic cache's pending lookup (``meshd.node.entry.cache.pending_lookup``),
+which the machine races with the model: a hit is served from the cache
+(``meshd.node.entry.cache.serve_cached``). A request the route step found no node for
+(``ctx.no_route``) fails with that error, unless the lookup answers it. The client's requests in
+flight are counted (quotas read them) while it runs, and the answer is the same set of fields
+whoever served it (``answer_fields``).
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from meshd.core.decide import Decision, decide
 from meshd.core.messages import MessageType
 from meshd.core.packing import takes_packed
 from meshd.core.planner import Plan
-from meshd.core.request_life import Decided, Redecide, RequestLife, Send, SendPlan
+from meshd.core.request_life import Decided, NoRoute, Redecide, RequestLife, Send, SendPlan
 from meshd.errors import BusyError, ErrorCode, PeerGoneError, RemoteError, RoutingError
 from meshd.node.coalesce import pump_coalesced
+from meshd.node.entry.cache import pending_lookup, serve_cached
 from meshd.node.entry.context import EntryContext, EntryNode
 from meshd.node.entry.route import record_decision
-from meshd.node.forward import Channel, Driver, Outcome, StageFailure, Target, route_from
+from meshd.node.forward import Channel, Driver, Lookup, Outcome, StageFailure, Target, route_from
 from meshd.node.gen_config import gen_config_from
 from meshd.node.pipeline import PipelineRequest, record_plan, run_plan
 
@@ -40,20 +45,27 @@ REPLAN_POLL_S = 0.2
 
 async def execute(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int],
                   next_rr: Callable[[], int] | None = None) -> None:
-    """Run ``ctx.decision`` to its end; ``next_rr``: the round-robin position of a new decision
-    (the chain's counter)."""
-    d = ctx.decision
-    assert d is not None
+    """Run ``ctx.decision`` (or ``ctx.no_route``) to its end, the pending cache lookup racing
+    it; ``next_rr``: the round-robin position of a new decision (the chain's counter)."""
+    lookup = pending_lookup(ctx)
+    if ctx.decision is None and lookup is None:
+        assert ctx.no_route is not None
+        raise ctx.no_route
     client = ctx.req.client
     in_flight[client] = in_flight.get(client, 0) + 1
     try:
-        outcome = await _run(ctx, node, next_rr or (lambda: 0))
+        driver = await _run(ctx, node, next_rr or (lambda: 0), lookup)
     finally:
         in_flight[client] -= 1
         if not in_flight[client]:
             del in_flight[client]
-    ctx.outcome = outcome
+    if driver.cached is not None:
+        await serve_cached(ctx, node, driver.cached.model)
+        return
+    outcome = ctx.outcome = driver.out
     if outcome.error is not None:
+        if ctx.decision is None and ctx.no_route is not None:
+            raise ctx.no_route  # the lookup missed: the route step's error, as it was
         raise RemoteError(f"request failed: {outcome.error}", outcome.error_code or ErrorCode.INTERNAL)
     ctx.answer = answer_fields(ctx, outcome)
 
@@ -153,15 +165,16 @@ class _Gone:
         return peer != self._node.peer_id and self._node.membership.table.get(str(peer)) is None
 
 
-async def _run(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int]) -> Outcome:
+async def _run(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int],
+               lookup: Lookup | None) -> Driver:
     d = ctx.decision
-    assert d is not None and ctx.policy is not None and ctx.route_req is not None
+    assert ctx.policy is not None and ctx.route_req is not None
     fields = ctx.wire_fields()
     packed = ctx.packed_prompt()
     preq = PipelineRequest(node, ctx.req.request_id, ctx.model, fields, list(ctx.prompt_ids),
                            ctx.journal, ctx.vocab_size)
     choices = ctx.extra["choices"] = Choices(ctx.emit)
-    if d.plan is not None:
+    if d is not None and d.plan is not None:
         node.stats["requests_pipelined"] = node.stats.get("requests_pipelined", 0) + 1
         record_plan(node, ctx.req.request_id, d.plan, ctx.route_req, ctx.policy)
         ctx.journal("routed", {"target": " -> ".join(h.name for h in d.plan.hops),
@@ -183,23 +196,27 @@ async def _run(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int]) -
                        tokens: int) -> tuple[Decision, dict[str, Target]]:
         return await _redecide(ctx, node, next_rr, preq, a, plan, failed, tokens)
 
-    targets = targets_of(d, node.peer_id)
+    targets = targets_of(d, node.peer_id) if d is not None else {}
     life: RequestLife[str] = RequestLife(
         started_s=trio.current_time(), policy=ctx.policy,
         first_token_timeout_s=node.config.routing.first_token_timeout_s)
     driver = Driver(targets, start, choices, entry_name=node.node_name, journal=ctx.journal,
                     life=life, redecide=redecide, gone=_Gone(node))
-    if d.plan is not None:
+    first: Decided | NoRoute
+    if d is None:
+        assert ctx.no_route is not None
+        first = NoRoute(str(ctx.no_route), str(ctx.no_route.code))
+    elif d.plan is not None:
         first = Decided(plan=d.plan)
     else:
         assert d.route is not None
         first = Decided(route_from(d.route.order, targets, d.hedge_ms))
-    outcome = await driver.drive(first)
-    if driver.last_plan is not None:
+    outcome = await driver.drive(first, lookup=lookup, here=node.peer_id)
+    if driver.last_plan is not None and driver.cached is None:
         ctx.extra["pipeline"] = [f"{h.name}[{h.layer_start},{h.layer_end})"
                                  for h in driver.last_plan.hops]
         ctx.extra["replans"] = len(outcome.retries)
-    return outcome
+    return driver
 
 
 async def _redecide(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int],

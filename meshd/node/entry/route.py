@@ -2,7 +2,9 @@
 
 The snapshot carries the requests this node has in flight per client (the quota reads them);
 the decision is journaled for ``meshd explain``: every candidate with its prediction and
-score, or the pipeline plan.
+score, or the pipeline plan. No node (``RoutingError``, a quota refusal too) is kept as
+``ctx.no_route``: the request's life begins with it (the execute step fails with it, unless the
+cache's pending lookup answers first).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ async def route(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int], r
         ctx.decision = decide(rreq, snap, policy, node.rng, rr_index,
                               pipeline_mode=req.pipeline, hedge=node.config.routing.hedge)
     except RoutingError as e:  # QuotaError too, with its own code
-        raise RemoteError(str(e), e.code) from None
+        ctx.no_route = RemoteError(str(e), e.code)
+        return
     if node.store is not None and ctx.decision.route is not None:
         record_decision(node.store, ctx.decision.route, rreq, energy_weight=policy.energy_weight)
 
