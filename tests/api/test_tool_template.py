@@ -150,10 +150,12 @@ def test_a_hermes_reply_becomes_tool_calls() -> None:
     assert fmt.parse_reply("It is sunny.", "r9") is None
     assert fmt.parse_reply(ONE[:30], "r9") is None  # cut short by max_tokens
     assert fmt.parse_reply(ONE + "\nand more", "r9") is None
-    # a stream sends each call once its closing tag has come
-    assert fmt.closed_calls(ONE[:-3], "r9") == []
-    assert [c["function"]["name"] for c in fmt.closed_calls(TWO[:-2], "r9")] == ["get_weather"]
-    assert fmt.closed_calls(TWO, "r9", 1)[1]["id"] == "call_r9_1_1"
+    # a stream sends each call once its closing tag has come; the rest follows as text
+    assert fmt.split_calls(ONE[:-3], "r9") == ([], ONE[:-3])
+    done, rest = fmt.split_calls(TWO[:-2], "r9")
+    assert [c["function"]["name"] for c in done] == ["get_weather"] and rest == TWO[len(ONE):-2]
+    assert fmt.split_calls(TWO, "r9", 1)[0][1]["id"] == "call_r9_1_1"
+    assert fmt.split_calls(ONE.replace("}}", "}"), "r9") == ([], ONE.replace("}}", "}"))
     assert (fmt.starts_call(""), fmt.starts_call(" \n"), fmt.starts_call("<"),
             fmt.starts_call("It")) == (None, None, True, False)
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
@@ -226,3 +228,51 @@ def test_a_stream_sends_each_call_once_its_tag_closes(tmp_path: Path) -> None:
     assert first[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert second[0]["function"]["name"] == "get_time" and finish == "tool_calls"
     assert first_at < len(pieces) == second_at  # the first went out before the reply ended
+
+
+def _stream_events(tmp_path: Path, template: str, pieces: tuple[str, ...], max_tokens: int,
+                   **kw: Any) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any]]:
+    """Stream a chat request for ``tools`` to a fake node whose model carries ``template`` and
+    answers ``pieces`` (one per token); the headers, each choice delta and the non-streamed
+    answer to the same request."""
+    import httpx
+
+    from meshd.testing.fake_entry import FakeChain, FakeModel, FakeNode
+
+    from .helpers import run
+
+    model = FakeModel("qwen", context_length=4096, facts={"chat_template": template}, reply=pieces)
+    node = FakeNode(FakeChain(models_served={"qwen": model}))
+    deltas: list[dict[str, Any]] = []
+    got: dict[str, Any] = {}
+
+    async def body(c: httpx.AsyncClient, key: str) -> None:
+        req = {**body_of([QUESTION]), "max_tokens": max_tokens, **kw}
+        auth = {"authorization": f"Bearer {key}"}
+        async with c.stream("POST", "/v1/chat/completions", json={**req, "stream": True},
+                            headers=auth) as r:
+            got["headers"] = dict(r.headers)
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    deltas.extend({**ch["delta"], "finish_reason": ch["finish_reason"]}
+                                  for ch in json.loads(line[6:])["choices"])
+        got["answer"] = (await c.post("/v1/chat/completions", json=req, headers=auth)).json()
+
+    run(tmp_path, node, body)
+    return got["headers"], deltas, got["answer"]
+
+
+def test_a_stream_cut_by_max_tokens_after_a_call_keeps_the_rest(tmp_path: Path) -> None:
+    """Two hermes calls, the second cut short by max_tokens: the first call went out whole,
+    and the rest of the reply follows as content (it was dropped), as in the answer not
+    streamed: the whole call, the rest as content, finish_reason length."""
+    cut = TWO[:len(ONE) + 30]
+    pieces = tuple(cut)
+    _, deltas, answer = _stream_events(tmp_path, QWEN25, pieces, len(pieces))
+    calls = [c for d in deltas for c in d.get("tool_calls") or []]
+    text = "".join(d.get("content") or "" for d in deltas)
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert text == cut[len(ONE):] and deltas[-1]["finish_reason"] == "length"
+    message = answer["choices"][0]["message"]
+    assert [c["function"] for c in message["tool_calls"]] == [c["function"] for c in calls]
+    assert message["content"] == text and answer["choices"][0]["finish_reason"] == "length"
