@@ -398,8 +398,8 @@ def header(scope: Scope, name: bytes) -> bytes | None:
 
 def _call_headers(call: ApiCall) -> list[tuple[bytes, bytes]]:
     """``x-meshd-tool-format``: how the request's tools were rendered and its calls written,
-    ``generic`` (meshd's format) or a chat template's family (``hermes``; docs/api.md,
-    "Tools")."""
+    ``generic`` (meshd's format) or a chat template's family (``hermes``, ``llama3``;
+    docs/api.md, "Tools")."""
     if call.tools is None:
         return []
     return [(b"x-meshd-tool-format", call.tool_format.name.encode())]

@@ -177,7 +177,7 @@ HERMES = TemplateFormat("hermes", marker="<tool_call>", open_tag="<tool_call>\n"
 # the call as {"name": ..., "parameters": ...}, tool results in the ipython role
 LLAMA3 = JsonCallFormat("llama3", markers=("<|start_header_id|>ipython<|end_header_id|>",
                                            '"parameters": '))
-FAMILIES: tuple[TemplateFormat | JsonCallFormat, ...] = (HERMES,)
+FAMILIES: tuple[TemplateFormat | JsonCallFormat, ...] = (HERMES, LLAMA3)
 
 
 def detect(template: str | None) -> TemplateFormat | JsonCallFormat | None:

@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from chat_templates import FIRST_PROMPT, LOOP, LOOP_PROMPT, QUESTION, QWEN25, TIME, WEATHER  # noqa: E402
 from hf_fixtures import CHAT_TEMPLATE, make_tokenizer  # noqa: E402
 
+from .helpers import grammar_accepts, stream_and_answer  # noqa: E402
+
 SMOLLM2 = (  # SmolLM2-135M-Instruct's template: no tool syntax
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
@@ -106,14 +108,6 @@ def test_wants_template_only_for_tools_and_a_named_model() -> None:
     assert wants_template("junk") is None
 
 
-def _matcher_accepts(grammar: str, text: str, tok: Tokenizer) -> bool:
-    from meshd.engine.constrain import Matcher
-
-    m = Matcher(tok, grammar)
-    ids = tok.encode(text, add_special_tokens=False)
-    return all(m.consume(t) for t in ids) and bool(m.inner.is_accepting())
-
-
 ONE = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TWO = ONE + '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
 
@@ -136,7 +130,7 @@ TWO = ONE + '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n
 def test_the_hermes_grammar(qwen_tokenizer: Tokenizer, choice: Any, parallel: bool, reply: str,
                             ok: bool) -> None:
     call = chat_call(body_of([QUESTION], tool_choice=choice, parallel_tool_calls=parallel), QWEN25)
-    assert _matcher_accepts(call.fields["grammar"], reply, qwen_tokenizer) is ok
+    assert grammar_accepts(call.fields["grammar"], reply, qwen_tokenizer) is ok
 
 
 def test_a_hermes_reply_becomes_tool_calls() -> None:
@@ -192,7 +186,7 @@ def test_a_runaway_integer_cannot_fill_the_budget(qwen_tokenizer: Tokenizer) -> 
             reply = (f'<tool_call>\n{{"name": "set_timer", "arguments": {{"minutes": {n}}}}}'
                      f'\n</tool_call>' if template else
                      f'{{"tool_calls":[{{"name":"set_timer","arguments":{{"minutes":{n}}}}}]}}')
-            assert _matcher_accepts(grammar, reply, qwen_tokenizer) is ok
+            assert grammar_accepts(grammar, reply, qwen_tokenizer) is ok
 
 
 def test_a_stream_sends_each_call_once_its_tag_closes(tmp_path: Path) -> None:
@@ -230,45 +224,14 @@ def test_a_stream_sends_each_call_once_its_tag_closes(tmp_path: Path) -> None:
     assert first_at < len(pieces) == second_at  # the first went out before the reply ended
 
 
-def _stream_events(tmp_path: Path, template: str, pieces: tuple[str, ...], max_tokens: int,
-                   **kw: Any) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any]]:
-    """Stream a chat request for ``tools`` to a fake node whose model carries ``template`` and
-    answers ``pieces`` (one per token); the headers, each choice delta and the non-streamed
-    answer to the same request."""
-    import httpx
-
-    from meshd.testing.fake_entry import FakeChain, FakeModel, FakeNode
-
-    from .helpers import run
-
-    model = FakeModel("qwen", context_length=4096, facts={"chat_template": template}, reply=pieces)
-    node = FakeNode(FakeChain(models_served={"qwen": model}))
-    deltas: list[dict[str, Any]] = []
-    got: dict[str, Any] = {}
-
-    async def body(c: httpx.AsyncClient, key: str) -> None:
-        req = {**body_of([QUESTION]), "max_tokens": max_tokens, **kw}
-        auth = {"authorization": f"Bearer {key}"}
-        async with c.stream("POST", "/v1/chat/completions", json={**req, "stream": True},
-                            headers=auth) as r:
-            got["headers"] = dict(r.headers)
-            async for line in r.aiter_lines():
-                if line.startswith("data: {"):
-                    deltas.extend({**ch["delta"], "finish_reason": ch["finish_reason"]}
-                                  for ch in json.loads(line[6:])["choices"])
-        got["answer"] = (await c.post("/v1/chat/completions", json=req, headers=auth)).json()
-
-    run(tmp_path, node, body)
-    return got["headers"], deltas, got["answer"]
-
-
 def test_a_stream_cut_by_max_tokens_after_a_call_keeps_the_rest(tmp_path: Path) -> None:
     """Two hermes calls, the second cut short by max_tokens: the first call went out whole,
     and the rest of the reply follows as content (it was dropped), as in the answer not
     streamed: the whole call, the rest as content, finish_reason length."""
     cut = TWO[:len(ONE) + 30]
     pieces = tuple(cut)
-    _, deltas, answer = _stream_events(tmp_path, QWEN25, pieces, len(pieces))
+    _, deltas, answer = stream_and_answer(tmp_path, QWEN25, pieces,
+                                          {**body_of([QUESTION]), "max_tokens": len(pieces)})
     calls = [c for d in deltas for c in d.get("tool_calls") or []]
     text = "".join(d.get("content") or "" for d in deltas)
     assert [c["function"]["name"] for c in calls] == ["get_weather"]
