@@ -300,7 +300,7 @@ class ApiApp:
                                           if call.logprobs else None)
                 return data
             if is_call[i]:
-                done = fmt.closed_calls("".join(held[i]), rid, i)
+                done, _ = fmt.split_calls("".join(held[i]), rid, i)
                 sent = calls_sent.get(i, 0)
                 if len(done) > sent:
                     calls_sent[i] = len(done)
@@ -356,9 +356,13 @@ class ApiApp:
                     if len(calls) > sent:
                         ends += chunks.tool_calls_event(calls[sent:], i, sent)
                     finish = "tool_calls"
-                elif text and not sent:  # (calls that went out, then a cut: the rest is dropped)
-                    ends += chunks.delta_event(text, i, held_lp.pop(i, None)
-                                               if call.logprobs else None)
+                else:  # text, or cut short (max_tokens, a stop string) after the calls sent
+                    done, rest = fmt.split_calls(text, rid, i) if is_call.get(i) else ([], text)
+                    if len(done) > sent:
+                        ends += chunks.tool_calls_event(done[sent:], i, sent)
+                    if rest:
+                        ends += chunks.delta_event(rest, i, held_lp.pop(i, None)
+                                                   if call.logprobs else None)
             ends += chunks.last_event(finish, i)
         usage = chunks.usage(stats)
         await _body(send, tail + ends + (sse.event(usage) if usage is not None else b"")
@@ -394,8 +398,8 @@ def header(scope: Scope, name: bytes) -> bytes | None:
 
 def _call_headers(call: ApiCall) -> list[tuple[bytes, bytes]]:
     """``x-meshd-tool-format``: how the request's tools were rendered and its calls written,
-    ``generic`` (meshd's format) or a chat template's family (``hermes``; docs/api.md,
-    "Tools")."""
+    ``generic`` (meshd's format) or a chat template's family (``hermes``, ``llama3``;
+    docs/api.md, "Tools")."""
     if call.tools is None:
         return []
     return [(b"x-meshd-tool-format", call.tool_format.name.encode())]

@@ -62,7 +62,9 @@ def completion_logprobs(entries: Sequence[Sequence[Any]], offset: int = 0) -> di
 def chat_completion(rid: str, created: int, model: str, stats: Mapping[str, Any], *,
                     tools: ToolFormat | None = None, logprobs: bool = False) -> dict[str, Any]:
     """``chat.completion``; with ``tools`` (the format the tool calls are written in) a reply
-    that is a call becomes ``tool_calls`` (finish_reason ``tool_calls``)."""
+    that is a call becomes ``tool_calls`` (finish_reason ``tool_calls``); one cut short after
+    whole calls keeps them as ``tool_calls`` and the rest as ``content``, with its finish
+    reason (as the stream sends it)."""
     choices = []
     for c in choices_of(stats):
         i, text = int(c["index"]), str(c.get("text", ""))
@@ -72,6 +74,11 @@ def chat_completion(rid: str, created: int, model: str, stats: Mapping[str, Any]
         if calls:
             message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}
             finish = "tool_calls"
+        elif tools is not None:
+            done, rest = tools.split_calls(text, rid, i)
+            if done:
+                message = {"role": "assistant", "content": rest or None, "refusal": None,
+                           "tool_calls": done}
         choices.append({"index": i, "message": message,
                         "logprobs": chat_logprobs(c.get("logprobs") or []) if logprobs else None,
                         "finish_reason": finish})

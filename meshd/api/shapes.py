@@ -210,6 +210,7 @@ def chat_call(body: Any, template: str | None = None) -> ApiCall:
     if native is None:
         fields["messages"] = render_messages(messages, tools)
     else:
+        tool_template.check_calls(native, messages)
         fields["messages"] = tool_template.template_messages(messages)
         if tools is not None and tools.active:
             fields["tools"] = list(tools.tools)

@@ -1,26 +1,33 @@
 """Tool calling through the model's own chat template. Pure: no I/O.
 
-A chat template with tool syntax (Qwen2.5's, Qwen3's, others in the Hermes style: the *hermes*
-family) renders the request's ``tools`` itself and has its own call syntax, which the model was
-trained on; meshd then uses it instead of its generic format (meshd.api.tools, docs/api.md "Tools"):
+A chat template with tool syntax renders the request's ``tools`` itself and has its own call
+syntax, which the model was trained on; meshd then uses it instead of its generic format
+(meshd.api.tools, docs/api.md "Tools"). Two families are known:
+
+- *hermes* (Qwen2.5's, Qwen3's, others in the Hermes style: ``TemplateFormat``): each call
+  tagged, ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, several a reply;
+- *llama3* (Meta's Llama 3.1, 3.2 and 3.3 Instruct templates: ``JsonCallFormat``): the reply
+  is one bare ``{"name": ..., "parameters": {...}}``; the template renders one call per
+  assistant message (``check_calls``) and a tool's result in the ``ipython`` role.
 
 - detection (``detect``): the template's source uses the ``tools`` variable inside a Jinja tag
   (``{% if tools %}``, ``{{ tools ... }}``) and writes a family's call markup (``<tool_call>``
-  for hermes). A template that uses tools in a syntax meshd does not know, or none, keeps the
-  generic format;
+  for hermes; the ``ipython`` header and ``"parameters": `` for llama3). A template that uses
+  tools in a syntax meshd does not know, or none, keeps the generic format;
 - rendering (``template_messages``): the messages go to the template as Hugging Face's
   ``apply_chat_template`` takes them: an assistant's ``tool_calls`` with ``arguments`` as an
   object (OpenAI sends JSON text, which the template's ``tojson`` would quote), a tool message
   with its ``tool_call_id`` and ``name``; the tools as OpenAI sent them (``{"type": "function",
   "function": {...}}``), in their order;
 - the reply is constrained by the family's grammar (``meshd.engine.constrain.
-  tagged_tool_grammar``): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
-  the JSON spaced as the template's ``tojson`` writes it, the arguments valid against the
-  tool's parameters; with ``auto`` it may be text that does not begin with ``<``;
-- ``parse_reply`` turns the reply back into OpenAI's ``tool_calls``; ``closed_calls`` gives the
-  calls whose closing tag has come, so a stream sends each call as soon as it is whole.
+  tagged_tool_grammar``), the JSON spaced as the template's ``tojson`` writes it, the arguments
+  valid against the tool's parameters; with ``auto`` it may be text that does not begin with
+  the call's first character (``<``, ``{``);
+- ``parse_reply`` turns the reply back into OpenAI's ``tool_calls``; ``split_calls`` gives the
+  calls already whole and the text after them, so a stream sends each call as soon as it is
+  whole, and a reply cut short after whole calls keeps its rest as text.
 
-The response says which format was used: header ``x-meshd-tool-format: hermes``.
+The response says which format was used: header ``x-meshd-tool-format: hermes`` or ``llama3``.
 """
 
 from __future__ import annotations
@@ -31,17 +38,37 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshd.api.errors import bad_request
 from meshd.api.tools import call_arguments
 
 # a Jinja tag ({% ... %} or {{ ... }}) that reads the variable ``tools``
 _USES_TOOLS = re.compile(r"\{[{%][^}]*?\btools\b")
 
 
+def _calls(objs: Sequence[Any], args_key: str, rid: str, choice: int
+           ) -> list[dict[str, Any]] | None:
+    """OpenAI ``tool_calls`` of parsed calls ``{"name": ..., <args_key>: {...}}`` (ids
+    ``call_<request id>_<choice>_<k>``, arguments as JSON text), an identical call repeated
+    once; None if one is not such an object."""
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for obj in objs:
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None
+        args = json.dumps(obj.get(args_key, {}), ensure_ascii=False)
+        if (obj["name"], args) in seen:  # a small model may repeat a call: once is enough
+            continue
+        seen.add((obj["name"], args))
+        out.append({"id": f"call_{rid}_{choice}_{len(out)}", "type": "function",
+                    "function": {"name": obj["name"], "arguments": args}})
+    return out
+
+
 @dataclass(frozen=True)
 class TemplateFormat:
-    """A family of chat templates' call syntax: each call is ``open_tag`` + ``{"name": ...,
-    "<args_key>": {...}}`` + ``close_tag``, several joined by ``separator``; ``marker`` in a
-    template's source says it writes this syntax."""
+    """A family of chat templates whose calls are tagged: each call is ``open_tag`` +
+    ``{"name": ..., "<args_key>": {...}}`` + ``close_tag``, several joined by ``separator``;
+    ``marker`` in a template's source says it writes this syntax."""
 
     name: str
     marker: str
@@ -49,6 +76,10 @@ class TemplateFormat:
     close_tag: str
     separator: str
     args_key: str = "arguments"
+    calls_per_message: int | None = None  # the template renders any number
+
+    def recognizes(self, template: str) -> bool:
+        return self.marker in template
 
     def grammar(self, functions: Sequence[Mapping[str, Any]], choice: str | None, *,
                 parallel: bool, text: bool) -> str:
@@ -67,63 +98,94 @@ class TemplateFormat:
             return None
         return stripped[0] == self.open_tag[0]
 
-    def _bodies(self, text: str) -> tuple[list[str], str]:
-        """The JSON of each call whose closing tag has come, and what follows the last."""
-        bodies = []
-        rest = text.lstrip()
-        while rest.startswith(self.open_tag.strip()):
-            end = rest.find(self.close_tag.strip())
-            if end < 0:
+    def split_calls(self, text: str, rid: str, choice: int = 0
+                    ) -> tuple[list[dict[str, Any]], str]:
+        """The calls at the start of ``text`` whose closing tag has come (what a stream may
+        send already, with the ids ``parse_reply`` gives them), and the text after the last."""
+        opening, closing = self.open_tag.strip(), self.close_tag.strip()
+        bodies: list[Any] = []
+        pos = 0
+        while True:
+            start = len(text) - len(text[pos:].lstrip())
+            end = text.find(closing, start + len(opening))
+            if not text.startswith(opening, start) or end < 0:
                 break
-            bodies.append(rest[len(self.open_tag.strip()):end].strip())
-            rest = rest[end + len(self.close_tag.strip()):].lstrip()
-        return bodies, rest
-
-    def _calls(self, bodies: Sequence[str], rid: str, choice: int) -> list[dict[str, Any]] | None:
-        out: list[dict[str, Any]] = []
-        seen: set[tuple[str, str]] = set()
-        for body in bodies:
             try:
-                obj = json.loads(body)
+                bodies.append(json.loads(text[start + len(opening):end]))
             except ValueError:
-                return None
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                return None
-            args = json.dumps(obj.get(self.args_key, {}), ensure_ascii=False)
-            if (obj["name"], args) in seen:  # a small model may repeat a call: once is enough
-                continue
-            seen.add((obj["name"], args))
-            out.append({"id": f"call_{rid}_{choice}_{len(out)}", "type": "function",
-                        "function": {"name": obj["name"], "arguments": args}})
-        return out
-
-    def closed_calls(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]]:
-        """The calls of a reply that begins with ``text`` whose closing tag has come (what a
-        stream may send already), with the ids ``parse_reply`` gives them."""
-        bodies, _ = self._bodies(text)
-        return self._calls(bodies, rid, choice) or []
+                return [], text
+            pos = end + len(closing)
+        calls = _calls(bodies, self.args_key, rid, choice)
+        return (calls, text[pos:]) if calls is not None else ([], text)
 
     def parse_reply(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]] | None:
-        """OpenAI ``tool_calls`` from a reply in this syntax (ids ``call_<request id>_<choice>_
-        <k>``, arguments as JSON text), or None when the reply is text or a call cut short by
-        max_tokens."""
-        bodies, rest = self._bodies(text)
-        if not bodies or rest:
+        """OpenAI ``tool_calls`` from a reply in this syntax, or None when the reply is text or
+        a call cut short by max_tokens."""
+        calls, rest = self.split_calls(text, rid, choice)
+        return calls if calls and not rest.strip() else None
+
+
+@dataclass(frozen=True)
+class JsonCallFormat:
+    """A family of chat templates whose call is the whole reply, one bare JSON object
+    ``{"name": ..., "<args_key>": {...}}``; ``markers`` all in a template's source say it
+    writes this syntax. The template renders one call per assistant message (more raise), so
+    a reply holds one call whatever ``parallel_tool_calls`` says."""
+
+    name: str
+    markers: tuple[str, ...]
+    args_key: str = "parameters"
+    calls_per_message: int | None = 1
+
+    def recognizes(self, template: str) -> bool:
+        return all(m in template for m in self.markers)
+
+    def grammar(self, functions: Sequence[Mapping[str, Any]], choice: str | None, *,
+                parallel: bool, text: bool) -> str:
+        from meshd.engine.constrain import tagged_tool_grammar
+
+        return tagged_tool_grammar(functions, choice, parallel=False, text=text, open_tag="",
+                                   close_tag="", separator="", args_key=self.args_key)
+
+    def starts_call(self, text: str) -> bool | None:
+        """As ``TemplateFormat.starts_call``: the grammar's text cannot begin with ``{``."""
+        stripped = text.lstrip()
+        if not stripped:
             return None
-        return self._calls(bodies, rid, choice) or None
+        return stripped[0] == "{"
+
+    def split_calls(self, text: str, rid: str, choice: int = 0
+                    ) -> tuple[list[dict[str, Any]], str]:
+        """The call once its JSON object is whole (a stream may send it then), and the text
+        after it."""
+        stripped = text.lstrip()
+        try:
+            obj, end = json.JSONDecoder().raw_decode(stripped)
+        except ValueError:
+            return [], text
+        calls = _calls([obj], self.args_key, rid, choice)
+        return (calls, stripped[end:]) if calls else ([], text)
+
+    def parse_reply(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]] | None:
+        calls, rest = self.split_calls(text, rid, choice)
+        return calls if calls and not rest.strip() else None
 
 
 HERMES = TemplateFormat("hermes", marker="<tool_call>", open_tag="<tool_call>\n",
                         close_tag="\n</tool_call>", separator="\n")
-FAMILIES = (HERMES,)
+# Meta's Llama 3.1, 3.2 and 3.3 Instruct templates: tools as JSON in the first user message,
+# the call as {"name": ..., "parameters": ...}, tool results in the ipython role
+LLAMA3 = JsonCallFormat("llama3", markers=("<|start_header_id|>ipython<|end_header_id|>",
+                                           '"parameters": '))
+FAMILIES: tuple[TemplateFormat | JsonCallFormat, ...] = (HERMES, LLAMA3)
 
 
-def detect(template: str | None) -> TemplateFormat | None:
+def detect(template: str | None) -> TemplateFormat | JsonCallFormat | None:
     """The call syntax of a chat template that renders tools, None when it renders none (or in
     a syntax meshd does not know: the generic format serves then)."""
     if not template or not _USES_TOOLS.search(template):
         return None
-    return next((f for f in FAMILIES if f.marker in template), None)
+    return next((f for f in FAMILIES if f.recognizes(template)), None)
 
 
 def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -150,3 +212,16 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
 def carries_tools(messages: Sequence[Mapping[str, Any]]) -> bool:
     """Whether some message is a tool call or a tool's result."""
     return any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+
+
+def check_calls(family: TemplateFormat | JsonCallFormat, messages: Sequence[Mapping[str, Any]]
+                ) -> None:
+    """Refuse (400 naming the message) an assistant message with more calls than the
+    family's template renders (llama3's raises on more than one)."""
+    most = family.calls_per_message
+    for i, m in enumerate(messages):
+        calls = m.get("tool_calls") or ()
+        if most is not None and len(calls) > most:
+            raise bad_request(f"messages[{i}].tool_calls: the model's chat template "
+                              f"({family.name}) renders at most {most} call per assistant "
+                              f"message, this one has {len(calls)}", f"messages[{i}].tool_calls")

@@ -63,7 +63,10 @@ class ToolSpec:
 
 class ToolFormat(Protocol):
     """How a reply's tool calls are written: meshd's generic format (``GENERIC``) or a chat
-    template's own syntax (``meshd.api.tool_template.TemplateFormat``)."""
+    template's own syntax (``meshd.api.tool_template``). ``split_calls``: the calls at the
+    start of a reply that are whole already and the text after them (a stream sends each call
+    once whole; a reply cut short keeps its rest as text); ``parse_reply``: the calls of a
+    whole reply, None when it is text or cut short."""
 
     @property
     def name(self) -> str: ...
@@ -73,7 +76,8 @@ class ToolFormat(Protocol):
 
     def starts_call(self, text: str) -> bool | None: ...
 
-    def closed_calls(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]]: ...
+    def split_calls(self, text: str, rid: str, choice: int = 0
+                    ) -> tuple[list[dict[str, Any]], str]: ...
 
     def parse_reply(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]] | None: ...
 
@@ -92,8 +96,9 @@ class GenericFormat:
     def starts_call(self, text: str) -> bool | None:
         return starts_call(text)
 
-    def closed_calls(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]]:
-        return []  # one JSON object: whole only at the end
+    def split_calls(self, text: str, rid: str, choice: int = 0
+                    ) -> tuple[list[dict[str, Any]], str]:
+        return [], text  # one JSON object: whole only at the end
 
     def parse_reply(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]] | None:
         return parse_reply(text, rid, choice)

@@ -163,22 +163,26 @@ def tagged_tool_grammar(tools: Sequence[Mapping[str, Any]], choice: str | None, 
                         separator: str, args_key: str = "arguments") -> str:
     """The grammar of a reply in a chat template's own call syntax: one or more
     ``<open_tag>{"name": ..., "<args_key>": {...}}<close_tag>`` joined by ``separator`` (Qwen2.5's
-    ``<tool_call>\n...\n</tool_call>``), the JSON as the template's ``tojson`` writes it and
-    the arguments valid against the tool's parameters (``call_schemas``); one call unless
-    ``parallel``, else at most one more than the tools offered. With ``text`` (tool_choice auto)
-    the reply may instead be text that does not begin with the tag's first character or with
-    whitespace."""
+    ``<tool_call>\n...\n</tool_call>``; Llama 3's bare ``{"name": ..., "parameters": ...}``
+    has empty tags), the JSON as the template's ``tojson`` writes it and the arguments valid
+    against the tool's parameters (``call_schemas``); one call unless ``parallel``, else at most
+    one more than the tools offered. With ``text`` (tool_choice auto) the reply may instead be
+    text that does not begin with the call's first character (the open tag's, else ``{``) or
+    with whitespace."""
     calls = call_schemas(tools, choice, args_key)
     one: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
     schema = {**one, "x-guidance": TEMPLATE_JSON}
     most = len(calls) + 1 if parallel else 1
     rows = [" ".join(["call"] + ["SEP call"] * k) for k in range(most)]
+    call = " ".join([json.dumps(open_tag)] * bool(open_tag) + [f"%json {json.dumps(schema)}"]
+                    + [json.dumps(close_tag)] * bool(close_tag))
     lark = (f"start: calls{' | text' if text else ''}\n"
             f"calls: {' | '.join(rows)}\n"
-            f"call: {json.dumps(open_tag)} %json {json.dumps(schema)} {json.dumps(close_tag)}\n"
-            f"SEP: {json.dumps(separator)}\n")
+            f"call: {call}\n")
+    if most > 1:
+        lark += f"SEP: {json.dumps(separator)}\n"
     if text:
-        first = re.escape(open_tag[:1])
+        first = re.escape(open_tag[:1] or "{")
         lark += f"text: /[^{first}\\s](.|\\n)*/\n"
     grammar = str(_llg().LLMatcher.grammar_from_lark(lark))
     check(grammar)

@@ -1,7 +1,9 @@
-"""An API server on a fake node, in the test's own trio run, and an HTTP client for it."""
+"""An API server on a fake node, in the test's own trio run, and an HTTP client for it; a
+grammar's verdict on a text."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,3 +42,40 @@ def run(tmp: Path, node: FakeNode, body: Callable[[httpx.AsyncClient, str], Awai
                 await body(client, key)
 
     trio.run(main)
+
+
+def stream_and_answer(tmp: Path, template: str, pieces: tuple[str, ...], request: dict[str, Any]
+                      ) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, Any]]:
+    """Send chat ``request`` (its ``model`` is served) streamed, then not, to a fake node whose
+    model carries chat ``template`` and answers ``pieces`` (one per token): the stream's
+    headers, each choice's delta (with its ``finish_reason``) and the answer not streamed."""
+    from meshd.testing.fake_entry import FakeChain, FakeModel
+
+    model = FakeModel(request["model"], context_length=4096, facts={"chat_template": template},
+                      reply=pieces)
+    node = FakeNode(FakeChain(models_served={model.name: model}))
+    deltas: list[dict[str, Any]] = []
+    got: dict[str, Any] = {}
+
+    async def body(c: httpx.AsyncClient, key: str) -> None:
+        auth = {"authorization": f"Bearer {key}"}
+        async with c.stream("POST", "/v1/chat/completions", json={**request, "stream": True},
+                            headers=auth) as r:
+            got["headers"] = dict(r.headers)
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    deltas.extend({**ch["delta"], "finish_reason": ch["finish_reason"]}
+                                  for ch in json.loads(line[6:])["choices"])
+        got["answer"] = (await c.post("/v1/chat/completions", json=request, headers=auth)).json()
+
+    run(tmp, node, body)
+    return got["headers"], deltas, got["answer"]
+
+
+def grammar_accepts(grammar: str, text: str, tok: Any) -> bool:
+    """Whether ``grammar`` accepts ``text`` whole, token by token of ``tok``."""
+    from meshd.engine.constrain import Matcher
+
+    m = Matcher(tok, grammar)
+    ids = tok.encode(text, add_special_tokens=False)
+    return all(m.consume(t) for t in ids) and bool(m.inner.is_accepting())

@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 from chat_templates import FIRST_PROMPT, LOOP, LOOP_PROMPT, QUESTION, QWEN25, TIME, WEATHER  # noqa: E402
 from hf_fixtures import CHAT_TEMPLATE, make_tokenizer  # noqa: E402
 
+from .helpers import grammar_accepts, stream_and_answer  # noqa: E402
+
 SMOLLM2 = (  # SmolLM2-135M-Instruct's template: no tool syntax
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
@@ -106,14 +108,6 @@ def test_wants_template_only_for_tools_and_a_named_model() -> None:
     assert wants_template("junk") is None
 
 
-def _matcher_accepts(grammar: str, text: str, tok: Tokenizer) -> bool:
-    from meshd.engine.constrain import Matcher
-
-    m = Matcher(tok, grammar)
-    ids = tok.encode(text, add_special_tokens=False)
-    return all(m.consume(t) for t in ids) and bool(m.inner.is_accepting())
-
-
 ONE = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TWO = ONE + '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
 
@@ -136,7 +130,7 @@ TWO = ONE + '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n
 def test_the_hermes_grammar(qwen_tokenizer: Tokenizer, choice: Any, parallel: bool, reply: str,
                             ok: bool) -> None:
     call = chat_call(body_of([QUESTION], tool_choice=choice, parallel_tool_calls=parallel), QWEN25)
-    assert _matcher_accepts(call.fields["grammar"], reply, qwen_tokenizer) is ok
+    assert grammar_accepts(call.fields["grammar"], reply, qwen_tokenizer) is ok
 
 
 def test_a_hermes_reply_becomes_tool_calls() -> None:
@@ -150,10 +144,12 @@ def test_a_hermes_reply_becomes_tool_calls() -> None:
     assert fmt.parse_reply("It is sunny.", "r9") is None
     assert fmt.parse_reply(ONE[:30], "r9") is None  # cut short by max_tokens
     assert fmt.parse_reply(ONE + "\nand more", "r9") is None
-    # a stream sends each call once its closing tag has come
-    assert fmt.closed_calls(ONE[:-3], "r9") == []
-    assert [c["function"]["name"] for c in fmt.closed_calls(TWO[:-2], "r9")] == ["get_weather"]
-    assert fmt.closed_calls(TWO, "r9", 1)[1]["id"] == "call_r9_1_1"
+    # a stream sends each call once its closing tag has come; the rest follows as text
+    assert fmt.split_calls(ONE[:-3], "r9") == ([], ONE[:-3])
+    done, rest = fmt.split_calls(TWO[:-2], "r9")
+    assert [c["function"]["name"] for c in done] == ["get_weather"] and rest == TWO[len(ONE):-2]
+    assert fmt.split_calls(TWO, "r9", 1)[0][1]["id"] == "call_r9_1_1"
+    assert fmt.split_calls(ONE.replace("}}", "}"), "r9") == ([], ONE.replace("}}", "}"))
     assert (fmt.starts_call(""), fmt.starts_call(" \n"), fmt.starts_call("<"),
             fmt.starts_call("It")) == (None, None, True, False)
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
@@ -190,7 +186,7 @@ def test_a_runaway_integer_cannot_fill_the_budget(qwen_tokenizer: Tokenizer) -> 
             reply = (f'<tool_call>\n{{"name": "set_timer", "arguments": {{"minutes": {n}}}}}'
                      f'\n</tool_call>' if template else
                      f'{{"tool_calls":[{{"name":"set_timer","arguments":{{"minutes":{n}}}}}]}}')
-            assert _matcher_accepts(grammar, reply, qwen_tokenizer) is ok
+            assert grammar_accepts(grammar, reply, qwen_tokenizer) is ok
 
 
 def test_a_stream_sends_each_call_once_its_tag_closes(tmp_path: Path) -> None:
@@ -226,3 +222,20 @@ def test_a_stream_sends_each_call_once_its_tag_closes(tmp_path: Path) -> None:
     assert first[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert second[0]["function"]["name"] == "get_time" and finish == "tool_calls"
     assert first_at < len(pieces) == second_at  # the first went out before the reply ended
+
+
+def test_a_stream_cut_by_max_tokens_after_a_call_keeps_the_rest(tmp_path: Path) -> None:
+    """Two hermes calls, the second cut short by max_tokens: the first call went out whole,
+    and the rest of the reply follows as content (it was dropped), as in the answer not
+    streamed: the whole call, the rest as content, finish_reason length."""
+    cut = TWO[:len(ONE) + 30]
+    pieces = tuple(cut)
+    _, deltas, answer = stream_and_answer(tmp_path, QWEN25, pieces,
+                                          {**body_of([QUESTION]), "max_tokens": len(pieces)})
+    calls = [c for d in deltas for c in d.get("tool_calls") or []]
+    text = "".join(d.get("content") or "" for d in deltas)
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert text == cut[len(ONE):] and deltas[-1]["finish_reason"] == "length"
+    message = answer["choices"][0]["message"]
+    assert [c["function"] for c in message["tool_calls"]] == [c["function"] for c in calls]
+    assert message["content"] == text and answer["choices"][0]["finish_reason"] == "length"

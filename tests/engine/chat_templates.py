@@ -3,6 +3,11 @@
 ``QWEN25`` is Qwen2.5-Instruct's ``chat_template`` (Qwen/Qwen2.5-*-Instruct, public): tools in
 ``<tools>`` in the system message, calls as ``<tool_call>\\n{"name": ..., "arguments": ...}\\n
 </tool_call>``, tool results as ``<tool_response>`` in a user turn.
+
+``LLAMA32`` is Llama 3.2 Instruct's ``chat_template`` (meta-llama/Llama-3.2-3B-Instruct's
+tokenizer_config.json, as llama.cpp vendors it in models/templates/): tools as indented JSON in
+the first user message, the call as the whole reply ``{"name": ..., "parameters": ...}``, one
+per assistant message, tool results in the ``ipython`` role.
 """
 
 from __future__ import annotations
@@ -156,3 +161,251 @@ LOOP_PROMPT = (
     "</tool_response><|im_end|>\n"
     "<|im_start|>assistant\n"
 )
+
+
+LLAMA32 = (
+    '{{- bos_token }}\n'
+    '{%- if custom_tools is defined %}\n'
+    '    {%- set tools = custom_tools %}\n'
+    '{%- endif %}\n'
+    '{%- if not tools_in_user_message is defined %}\n'
+    '    {%- set tools_in_user_message = true %}\n'
+    '{%- endif %}\n'
+    '{%- if not date_string is defined %}\n'
+    '    {%- if strftime_now is defined %}\n'
+    '        {%- set date_string = strftime_now("%d %b %Y") %}\n'
+    '    {%- else %}\n'
+    '        {%- set date_string = "26 Jul 2024" %}\n'
+    '    {%- endif %}\n'
+    '{%- endif %}\n'
+    '{%- if not tools is defined %}\n'
+    '    {%- set tools = none %}\n'
+    '{%- endif %}\n'
+    '\n'
+    '{#- This block extracts the system message, so we can slot it into the right place. #}\n'
+    "{%- if messages[0]['role'] == 'system' %}\n"
+    "    {%- set system_message = messages[0]['content']|trim %}\n"
+    '    {%- set messages = messages[1:] %}\n'
+    '{%- else %}\n'
+    '    {%- set system_message = "" %}\n'
+    '{%- endif %}\n'
+    '\n'
+    '{#- System message #}\n'
+    '{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}\n'
+    '{%- if tools is not none %}\n'
+    '    {{- "Environment: ipython\\n" }}\n'
+    '{%- endif %}\n'
+    '{{- "Cutting Knowledge Date: December 2023\\n" }}\n'
+    '{{- "Today Date: " + date_string + "\\n\\n" }}\n'
+    '{%- if tools is not none and not tools_in_user_message %}\n'
+    '    {{- "You have access to the following functions. To call a function, please re'
+    'spond with JSON for a function call." }}\n'
+    '    {{- \'Respond in the format {"name": function name, "parameters": dictionary of'
+    " argument name and its value}.' }}\n"
+    '    {{- "Do not use variables.\\n\\n" }}\n'
+    '    {%- for t in tools %}\n'
+    '        {{- t | tojson(indent=4) }}\n'
+    '        {{- "\\n\\n" }}\n'
+    '    {%- endfor %}\n'
+    '{%- endif %}\n'
+    '{{- system_message }}\n'
+    '{{- "<|eot_id|>" }}\n'
+    '\n'
+    '{#- Custom tools are passed in a user message with some extra guidance #}\n'
+    '{%- if tools_in_user_message and not tools is none %}\n'
+    '    {#- Extract the first user message so we can plug it in here #}\n'
+    '    {%- if messages | length != 0 %}\n'
+    "        {%- set first_user_message = messages[0]['content']|trim %}\n"
+    '        {%- set messages = messages[1:] %}\n'
+    '    {%- else %}\n'
+    '        {{- raise_exception("Cannot put tools in the first user message when there'
+    '\'s no first user message!") }}\n'
+    '{%- endif %}\n'
+    "    {{- '<|start_header_id|>user<|end_header_id|>\\n\\n' -}}\n"
+    '    {{- "Given the following functions, please respond with a JSON for a function '
+    'call " }}\n'
+    '    {{- "with its proper arguments that best answers the given prompt.\\n\\n" }}\n'
+    '    {{- \'Respond in the format {"name": function name, "parameters": dictionary of'
+    " argument name and its value}.' }}\n"
+    '    {{- "Do not use variables.\\n\\n" }}\n'
+    '    {%- for t in tools %}\n'
+    '        {{- t | tojson(indent=4) }}\n'
+    '        {{- "\\n\\n" }}\n'
+    '    {%- endfor %}\n'
+    '    {{- first_user_message + "<|eot_id|>"}}\n'
+    '{%- endif %}\n'
+    '\n'
+    '{%- for message in messages %}\n'
+    "    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls"
+    "' in message) %}\n"
+    "        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ mes"
+    "sage['content'] | trim + '<|eot_id|>' }}\n"
+    "    {%- elif 'tool_calls' in message %}\n"
+    '        {%- if not message.tool_calls|length == 1 %}\n'
+    '            {{- raise_exception("This model only supports single tool-calls at once!") }}\n'
+    '        {%- endif %}\n'
+    '        {%- set tool_call = message.tool_calls[0].function %}\n'
+    "        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n"
+    '        {{- \'{"name": "\' + tool_call.name + \'", \' }}\n'
+    '        {{- \'"parameters": \' }}\n'
+    '        {{- tool_call.arguments | tojson }}\n'
+    '        {{- "}" }}\n'
+    '        {{- "<|eot_id|>" }}\n'
+    '    {%- elif message.role == "tool" or message.role == "ipython" %}\n'
+    '        {{- "<|start_header_id|>ipython<|end_header_id|>\\n\\n" }}\n'
+    '        {%- if message.content is mapping or message.content is iterable %}\n'
+    '            {{- message.content | tojson }}\n'
+    '        {%- else %}\n'
+    '            {{- message.content }}\n'
+    '        {%- endif %}\n'
+    '        {{- "<|eot_id|>" }}\n'
+    '    {%- endif %}\n'
+    '{%- endfor %}\n'
+    '{%- if add_generation_prompt %}\n'
+    "    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n"
+    '{%- endif %}\n'
+)
+
+# A Llama 3.2 conversation (one call: the template refuses more) and what Hugging Face renders of
+# it with LLAMA32: ``transformers`` 5.24's ``render_jinja_template(conversations=[...],
+# tools=[WEATHER, TIME], chat_template=LLAMA32, add_generation_prompt=True,
+# bos_token="<|begin_of_text|>", date_string=LLAMA_DATE)``. meshd renders today's date
+# (the template's ``strftime_now``): ``dated`` puts it in.
+LLAMA_DATE = "29 Nov 2026"
+LLAMA_LOOP = [{"role": "system", "content": "Be brief."}, QUESTION,
+              {"role": "assistant", "content": None, "tool_calls": [
+                  {"id": "call_1", "type": "function",
+                   "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "18 °C and sunny"}]
+
+LLAMA_FIRST_PROMPT = (
+    '<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n'
+    '\n'
+    'Environment: ipython\n'
+    'Cutting Knowledge Date: December 2023\n'
+    'Today Date: 29 Nov 2026\n'
+    '\n'
+    '<|eot_id|><|start_header_id|>user<|end_header_id|>\n'
+    '\n'
+    'Given the following functions, please respond with a JSON for a function call wi'
+    'th its proper arguments that best answers the given prompt.\n'
+    '\n'
+    'Respond in the format {"name": function name, "parameters": dictionary of argume'
+    'nt name and its value}.Do not use variables.\n'
+    '\n'
+    '{\n'
+    '    "type": "function",\n'
+    '    "function": {\n'
+    '        "name": "get_weather",\n'
+    '        "description": "The weather in a city, in °C & <rounded>",\n'
+    '        "parameters": {\n'
+    '            "type": "object",\n'
+    '            "properties": {\n'
+    '                "city": {\n'
+    '                    "type": "string",\n'
+    '                    "enum": [\n'
+    '                        "Paris",\n'
+    '                        "Lyon"\n'
+    '                    ]\n'
+    '                }\n'
+    '            },\n'
+    '            "required": [\n'
+    '                "city"\n'
+    '            ]\n'
+    '        }\n'
+    '    }\n'
+    '}\n'
+    '\n'
+    '{\n'
+    '    "type": "function",\n'
+    '    "function": {\n'
+    '        "name": "get_time",\n'
+    '        "parameters": {\n'
+    '            "type": "object",\n'
+    '            "properties": {\n'
+    '                "zone": {\n'
+    '                    "enum": [\n'
+    '                        "CET",\n'
+    '                        "UTC"\n'
+    '                    ]\n'
+    '                }\n'
+    '            }\n'
+    '        }\n'
+    '    }\n'
+    '}\n'
+    '\n'
+    'Weather and time in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n'
+    '\n'
+)
+LLAMA_LOOP_PROMPT = (
+    '<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n'
+    '\n'
+    'Environment: ipython\n'
+    'Cutting Knowledge Date: December 2023\n'
+    'Today Date: 29 Nov 2026\n'
+    '\n'
+    'Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n'
+    '\n'
+    'Given the following functions, please respond with a JSON for a function call wi'
+    'th its proper arguments that best answers the given prompt.\n'
+    '\n'
+    'Respond in the format {"name": function name, "parameters": dictionary of argume'
+    'nt name and its value}.Do not use variables.\n'
+    '\n'
+    '{\n'
+    '    "type": "function",\n'
+    '    "function": {\n'
+    '        "name": "get_weather",\n'
+    '        "description": "The weather in a city, in °C & <rounded>",\n'
+    '        "parameters": {\n'
+    '            "type": "object",\n'
+    '            "properties": {\n'
+    '                "city": {\n'
+    '                    "type": "string",\n'
+    '                    "enum": [\n'
+    '                        "Paris",\n'
+    '                        "Lyon"\n'
+    '                    ]\n'
+    '                }\n'
+    '            },\n'
+    '            "required": [\n'
+    '                "city"\n'
+    '            ]\n'
+    '        }\n'
+    '    }\n'
+    '}\n'
+    '\n'
+    '{\n'
+    '    "type": "function",\n'
+    '    "function": {\n'
+    '        "name": "get_time",\n'
+    '        "parameters": {\n'
+    '            "type": "object",\n'
+    '            "properties": {\n'
+    '                "zone": {\n'
+    '                    "enum": [\n'
+    '                        "CET",\n'
+    '                        "UTC"\n'
+    '                    ]\n'
+    '                }\n'
+    '            }\n'
+    '        }\n'
+    '    }\n'
+    '}\n'
+    '\n'
+    'Weather and time in Paris?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n'
+    '\n'
+    '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|><|start_header'
+    '_id|>ipython<|end_header_id|>\n'
+    '\n'
+    '"18 °C and sunny"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n'
+    '\n'
+)
+
+
+def dated(prompt: str) -> str:
+    """A Llama 3.2 prompt above with today's date, as the template writes it."""
+    import datetime
+
+    return prompt.replace(f"Today Date: {LLAMA_DATE}",
+                          "Today Date: " + datetime.datetime.now().strftime("%d %b %Y"))
