@@ -246,7 +246,7 @@ class EdgeCache:
 
         def work() -> Any:
             pending.began = time.perf_counter()
-            got = store.lookup(req)
+            got = store.lookup_semantic(req)  # the exact path missed it on the event loop
             pending.answered = time.perf_counter()
             return got
 
