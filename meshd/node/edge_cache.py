@@ -207,8 +207,6 @@ class EdgeCache:
             self.stats["errors"] += 1
             log.exception("semantic cache lookup failed")
             return None
-        if got is not None:
-            self._hit()
         return got
 
     def missed(self) -> None:
@@ -264,8 +262,6 @@ class EdgeCache:
             self.stats["errors"] += 1
             log.exception("semantic cache lookup failed")
             got = None
-        if got is not None and got.hit:
-            self._hit()
         pending.set(got)
 
     @staticmethod
@@ -287,8 +283,6 @@ class EdgeCache:
             self.stats["errors"] += 1
             log.exception("semantic cache lookup failed")
             return None
-        if got.hit:
-            self._hit()
         return got
 
     def _hit(self) -> None:
@@ -297,8 +291,8 @@ class EdgeCache:
             self._nursery.start_soon(self._flush)
 
     async def _flush(self) -> None:
-        """Write the hits' counters (queued behind this lookup's caller, not in its way)."""
-        await trio.lowlevel.checkpoint()  # let the hit's answer go out first
+        """Write the hits' counters (started by ``served``: after the hit's answer went out)."""
+        await trio.lowlevel.checkpoint()
         self._flush_pending = False
         store = self.store
         if store is None:
@@ -312,7 +306,9 @@ class EdgeCache:
     # -- storing, feedback -----------------------------------------------------------------
 
     def served(self, rid: str, got: Any) -> None:
-        """``rid`` was answered from the cache by ``got`` (a hit): what its feedback names."""
+        """``rid`` was answered from the cache by ``got`` (a hit): what its feedback names; the
+        hit's counters are written now, after its answer went out, not beside it."""
+        self._hit()
         self._remember_rid(rid, Served(got.kind, got.entry_id, got.partition, got.key,
                                        got.score))
 
