@@ -34,7 +34,8 @@ question's answer).
   saved as at shutdown) and started again; then, interleaved, N times: a paraphrase (a
   semantic hit when served), an exact repeat of an anchor (answers of 32 tokens), a new prompt
   (a miss) and the same with ``cache: false`` (first token); submit to DONE on the client,
-  through the control socket.
+  through the control socket; and, read from each semantic hit's journal afterwards (not
+  timed), where its lookup spent its time (``semantic_hit_phases_ms_p50``).
 """
 
 from __future__ import annotations
@@ -543,6 +544,20 @@ def fill_daemon_cache(path: Path, model_dir: Path, vec: dict[str, np.ndarray], t
             "graph_build_s": round(build_s, 1), "sqlite_file_bytes": path.stat().st_size}
 
 
+def hit_phases(sock: str, rid: str) -> dict[str, float]:
+    """Where a semantic hit's lookup spent its time, from its ``cache_hit`` journal event
+    (``meshd explain``): ``start_ms``, ``queued_ms``, ``embed_ms``, ``search_ms``,
+    ``handoff_ms``."""
+    import trio
+
+    from meshd.control.client import call
+    from meshd.core.messages import MessageType
+
+    record = trio.run(call, sock, MessageType.EXPLAIN_REQ, {"rid": rid})["record"] or {}
+    hit = next((e["payload"] for e in record.get("events", []) if e["kind"] == "cache_hit"), {})
+    return {k: float(v) for k, v in hit.items() if k.endswith("_ms") and v is not None}
+
+
 def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, model_dir: Path, *,
                fill: int = 0, vec: dict[str, np.ndarray] | None = None,
                serve: str = "default") -> dict[str, Any]:
@@ -599,6 +614,7 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, model_dir: Path, 
         paraphrases = [r["b"] for r in rows if r["same"]]
         hit_ms, repeat_ms, miss_first, off_first = [], [], [], []
         answer_chars: list[float] = []
+        phases: dict[str, list[float]] = {}  # a semantic hit's, from its journal (not timed)
         kinds: dict[str, int] = {}
         for i in range(n):
             st, ms = ask(paraphrases[i % len(paraphrases)])
@@ -607,6 +623,9 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, model_dir: Path, 
             if kind == "semantic":
                 hit_ms.append(ms)
                 answer_chars.append(len(str(st.get("text") or "")))
+                phases.setdefault("daemon_ttft_ms", []).append(float(st["ttft_ms"]))
+                for k, v in hit_phases(sock, str(st["request_id"])).items():
+                    phases.setdefault(k, []).append(v)
             st, ms = ask(anchors[i % len(anchors)])
             if (st.get("cache") or {}).get("kind") == "exact":
                 repeat_ms.append(ms)
@@ -629,6 +648,7 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, model_dir: Path, 
         "hit_answer_chars_p50": p(answer_chars, 50),
         "semantic_hit_submit_to_done_ms": {"n": len(hit_ms), "p50": p(hit_ms, 50),
                                            "p95": p(hit_ms, 95), "p99": p(hit_ms, 99)},
+        "semantic_hit_phases_ms_p50": {k: p(v, 50) for k, v in phases.items()},
         "exact_repeat_submit_to_done_ms": {"n": len(repeat_ms), "p50": p(repeat_ms, 50),
                                            "p95": p(repeat_ms, 95), "p99": p(repeat_ms, 99)},
         "miss_client_first_token_ms": {"p50": p(miss_first, 50), "p99": p(miss_first, 99)},

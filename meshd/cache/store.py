@@ -51,7 +51,7 @@ from meshd.cache.eviction import (
     overflow,
 )
 from meshd.cache.index import EXACT_MAX, PartitionIndex
-from meshd.cache.keys import CacheRequest, admit, prompt_key
+from meshd.cache.keys import Admission, CacheRequest, admit, prompt_key
 from meshd.cache.lookup import Busy, EmbedderLike, Lookup, Verifier
 from meshd.cache.policy import decide
 
@@ -310,7 +310,7 @@ class SemanticCache:
         try:
             same = self._exact_locked(adm.read, key)
         except sqlite3.DatabaseError:
-            return None  # lookup() meets it again and rebuilds
+            return None  # the semantic path (or lookup()) meets it again and rebuilds
         finally:
             self._lock.release()
         if same is None:
@@ -339,6 +339,21 @@ class SemanticCache:
         same = self.lookup_exact(req)
         if same is not None:
             return same
+        return self._semantic(req, adm, vector)
+
+    def lookup_semantic(self, req: CacheRequest, *, vector: np.ndarray | None = None
+                        ) -> Lookup:
+        """The semantic path alone, for a caller that has just missed ``lookup_exact`` with
+        the same request (the daemon: the exact path on its event loop, this in a worker
+        thread), so that the exact read is not made twice."""
+        adm = admit(req)
+        if not adm.cacheable:
+            self._count("skips")
+            return Lookup("skip", adm.reason)
+        return self._semantic(req, adm, vector)
+
+    def _semantic(self, req: CacheRequest, adm: Admission, vector: np.ndarray | None
+                  ) -> Lookup:
         if not adm.semantic or self.embedder is None:
             self._count("misses")
             why = "exact repeats only" if not adm.semantic else "no embedding model yet"

@@ -23,6 +23,7 @@ and, for a semantic hit, counts against the threshold that served it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -206,8 +207,6 @@ class EdgeCache:
             self.stats["errors"] += 1
             log.exception("semantic cache lookup failed")
             return None
-        if got is not None:
-            self._hit()
         return got
 
     def missed(self) -> None:
@@ -225,15 +224,50 @@ class EdgeCache:
         return False
 
     def start_lookup(self, req: Any) -> PendingLookup:
-        """Start the semantic lookup of ``req`` in this service's nursery (a worker thread
-        embeds the question) and return at once; ``await pending.result()`` gives the
-        ``Lookup`` (None on an error). The entry chain routes meanwhile."""
+        """Start the semantic lookup of ``req`` (a worker thread embeds the question) and return
+        at once; ``await pending.result()`` gives the ``Lookup`` (None on an error). The entry
+        chain routes meanwhile. When no other cache work holds the worker, its thread starts
+        here and now, not when the caller next yields to trio (the route step runs first:
+        about a millisecond on the 2-core box); else the lookup waits for it in this service's
+        nursery. Either way the nursery does not end before the thread has answered."""
         pending = PendingLookup()
         if self._nursery is None:
             pending.set(None)
-        else:
+            return pending
+        try:
+            self._limiter.acquire_on_behalf_of_nowait(pending)
+        except trio.WouldBlock:
             self._nursery.start_soon(self._run_pending, req, pending)
+            return pending
+        token = trio.lowlevel.current_trio_token()
+        trio.lowlevel.start_thread_soon(
+            functools.partial(self._lookup_work, req, pending),
+            lambda outcome: token.run_sync_soon(self._answered, pending, outcome))
+        self._nursery.start_soon(self._until_answered, pending)
         return pending
+
+    def _lookup_work(self, req: Any, pending: PendingLookup) -> Any:
+        """In the worker thread: the semantic path (the exact path missed on the event loop)."""
+        pending.began = time.perf_counter()
+        got = self.store.lookup_semantic(req)
+        pending.answered = time.perf_counter()
+        return got
+
+    def _answered(self, pending: PendingLookup, outcome: Any) -> None:
+        """Back on the event loop: the thread's ``Lookup`` (or its exception) to the waiter."""
+        self._limiter.release_on_behalf_of(pending)
+        try:
+            got = outcome.unwrap()
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("semantic cache lookup failed")
+            got = None
+        pending.set(got)
+
+    @staticmethod
+    async def _until_answered(pending: PendingLookup) -> None:
+        with trio.CancelScope(shield=True):  # as trio.to_thread: a thread is not cancelled
+            await pending.result()
 
     async def _run_pending(self, req: Any, pending: PendingLookup) -> None:
         try:
@@ -242,22 +276,13 @@ class EdgeCache:
             pending.set(None)  # no-op once set; a cancelled lookup still wakes its waiter
 
     async def _semantic(self, req: Any, pending: PendingLookup) -> Any:
-        store = self.store
-
-        def work() -> Any:
-            pending.began = time.perf_counter()
-            got = store.lookup(req)
-            pending.answered = time.perf_counter()
-            return got
-
         try:
-            got = await trio.to_thread.run_sync(work, limiter=self._limiter)
+            got = await trio.to_thread.run_sync(self._lookup_work, req, pending,
+                                                limiter=self._limiter)
         except Exception:
             self.stats["errors"] += 1
             log.exception("semantic cache lookup failed")
             return None
-        if got.hit:
-            self._hit()
         return got
 
     def _hit(self) -> None:
@@ -266,8 +291,8 @@ class EdgeCache:
             self._nursery.start_soon(self._flush)
 
     async def _flush(self) -> None:
-        """Write the hits' counters (queued behind this lookup's caller, not in its way)."""
-        await trio.lowlevel.checkpoint()  # let the hit's answer go out first
+        """Write the hits' counters (started by ``served``: after the hit's answer went out)."""
+        await trio.lowlevel.checkpoint()
         self._flush_pending = False
         store = self.store
         if store is None:
@@ -281,7 +306,9 @@ class EdgeCache:
     # -- storing, feedback -----------------------------------------------------------------
 
     def served(self, rid: str, got: Any) -> None:
-        """``rid`` was answered from the cache by ``got`` (a hit): what its feedback names."""
+        """``rid`` was answered from the cache by ``got`` (a hit): what its feedback names; the
+        hit's counters are written now, after its answer went out, not beside it."""
+        self._hit()
         self._remember_rid(rid, Served(got.kind, got.entry_id, got.partition, got.key,
                                        got.score))
 

@@ -367,3 +367,28 @@ def test_exact_repeat_needs_no_embedding(tmp_path: Path) -> None:
         "exact", "Paris", "same request", 1.0)
     assert emb.calls == calls
     assert c.lookup(replace(REQ, client="bob")).kind == "miss"  # partitions still apply
+
+
+def test_lookup_semantic_reads_no_exact_row(tmp_path: Path) -> None:
+    """The daemon's worker thread takes the semantic path alone after the event loop's exact
+    miss: the same decision as ``lookup``'s second half, without reading the exact row again."""
+    c = _cache(tmp_path / "c.db")
+    eid = c.insert(REQ, "Paris")
+    statements: list[str] = []
+    c.db.conn.set_trace_callback(statements.append)
+    got = c.lookup_semantic(REQ)  # word for word, but found by meaning
+    c.db.conn.set_trace_callback(None)
+    assert (got.kind, got.answer, got.entry_id) == ("semantic", "Paris", eid)
+    assert not any("prompt_key" in s for s in statements)  # no exact read
+    assert [s for s in statements if s.startswith("SELECT")] == [
+        f"SELECT prompt, answer, expires_at, partition FROM entries WHERE id = {eid}"]
+    para = replace(REQ, prompt="What is the capital of France?")
+    alone, both = c.lookup_semantic(para), c.lookup(para)
+    assert [(g.kind, g.answer, g.similarity, g.score, g.threshold) for g in (alone, both)] == [
+        ("semantic", "Paris", both.similarity, 1.0, 0.9)] * 2
+    assert c.lookup_semantic(replace(REQ, client="bob")).kind == "miss"
+    assert c.lookup_semantic(replace(REQ, temperature=0.9)).kind == "skip"
+    assert c.lookup_semantic(replace(REQ, follow_up=True)).kind == "miss"  # exact only
+    s = c.statistics()
+    assert (s["exact_hits"], s["semantic_hits"], s["misses"], s["skips"]) == (0, 3, 2, 1)
+    assert s["lookups"] == 5
