@@ -3,7 +3,8 @@
     accept       the control socket's SUBMIT (meshd.node.control) or the HTTP API turn the
                  client's message into an ``EntryRequest`` (meshd.core.request.parse_submit:
                  every field checked once) and name the client (socket owner, or API key)
-    admit        a request id already in flight here is refused at once  (meshd.node.entry.admit)
+    admit        counted; a request id already in flight here is refused at once
+                                                                        (meshd.node.entry.admit)
     tier         model = "auto": the classifier's score and the pure tier decision choose
                  the model                                              (meshd.node.entry.tier)
     reach        cells on: probe a few nodes of other cells for their load   (meshd.node.entry.reach)
@@ -21,10 +22,10 @@
                  and is served)                                       (meshd.node.entry.execute)
     remember     a model's answer goes into the semantic cache, after the client has it
                                                                         (meshd.node.entry.cache)
-    record       journal, statistics, observers, however the request ended
-                                                                       (meshd.node.entry.record)
+    record       however the request ended: out of the set in flight, counted, journal,
+                 observers                                             (meshd.node.entry.record)
 
-``STEPS`` is the ordered list, and the one place the chain is written: each step is a plain
+``STEPS`` is the list the chain runs, in this order, with nothing around it: each step is a plain
 ``async def step(ctx, node) -> None`` of its module, named as above, that reads and fills the
 ``EntryContext``, reads and moves what the ``EntryNode`` holds (its services, and the entry
 path's ``EntryState``), raises a ``MeshdError`` to refuse, or sets ``ctx.answer`` to answer
