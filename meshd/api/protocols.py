@@ -26,7 +26,8 @@ Observer = Callable[[dict[str, Any]], None]
 class EntryChain(Protocol):
     """The one way into the mesh: `meshd submit` and the HTTP API both submit through it."""
 
-    observers: list[Observer]
+    @property
+    def observers(self) -> list[Observer]: ...
 
     async def submit(self, req: EntryRequest, emit: Emit) -> dict[str, Any]:
         """Route and serve ``req``, calling ``emit`` as it goes; returns the final stats

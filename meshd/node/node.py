@@ -41,7 +41,7 @@ from meshd.node.autoplace import AutoPlacer
 from meshd.node.cells import Cells
 from meshd.node.control import ControlService
 from meshd.node.edge_cache import EdgeCache
-from meshd.node.entry import EntryChain
+from meshd.node.entry import EntryChain, EntryState
 from meshd.node.hwmon import HardwareMonitor
 from meshd.node.links import Links
 from meshd.node.membership import Membership
@@ -52,6 +52,7 @@ from meshd.node.serve import RequestServer
 from meshd.node.stagelinks import StageLinks
 from meshd.node.stages import StageServer
 from meshd.node.status import node_status, peers_listing
+from meshd.node.tiering import Tiering
 from meshd.node.tokenizers import TokenizerService
 from meshd.paths import control_socket_path
 from meshd.store.async_store import AsyncStore
@@ -109,10 +110,12 @@ class Node:
         self.stage_server.links = self.stage_links
         self.placer = AutoPlacer(config, runner, self.membership, self.stage_server)
         self.tokenizers = TokenizerService(self)  # edge tokenization: docs/edge-tokenization.md
-        # what this node does with a request a client gave it; a round-robin counter that starts
-        # where this node's identity says, so independent entry nodes do not walk in step
-        self.entry = EntryChain(self, rr_offset=round_robin_offset(self.peer_id, config.routing.strategy),
-                                cache=self.edge_cache)
+        self.tiering = Tiering(config, self.edge_cache)  # model = "auto" (docs/tiers.md)
+        # what this node does with a request a client gave it, and what it keeps across them; a
+        # round-robin counter that starts where this node's identity says, so independent entry
+        # nodes do not walk in step
+        self.entry_state = EntryState(round_robin_offset(self.peer_id, config.routing.strategy))
+        self.entry = EntryChain(self)
         self.control = ControlService(self.entry, self.revocations, self.edge_cache,
                                       node_name=self.node_name, peer_id=self.peer_id,
                                       status=self.status, peers=self.peers_listing, store=store)

@@ -22,6 +22,7 @@ from meshd.node.membership import Membership
 from meshd.node.runner import Runner
 from meshd.node.serve import RequestServer
 from meshd.node.stages import StageServer
+from meshd.node.tiering import Tiering
 from meshd.node.tokenizers import TokenizerService
 from meshd.node.view import coord_of, peer_rtt
 
@@ -75,6 +76,9 @@ class StatusSource(Protocol):
     def edge_cache(self) -> EdgeCache: ...
 
     @property
+    def tiering(self) -> Tiering: ...
+
+    @property
     def tokenizers(self) -> TokenizerService: ...
 
     @property
@@ -114,7 +118,7 @@ def node_status(node: StatusSource) -> dict[str, Any]:
             "placement": node.placer.statistics(),
             "entry": node.entry.statistics(),
             "cache": node.edge_cache.statistics(),
-            "tiers": node.entry.tiering.statistics(),  # model = "auto" (docs/tiers.md)
+            "tiers": node.tiering.statistics(),  # model = "auto" (docs/tiers.md)
             "upstreams": {s.name: s.model.statistics() for s in node.runner.models.values()
                           if hasattr(s.model, "base_url")},  # [[models]] upstream
             "tokenizers": node.tokenizers.statistics(),

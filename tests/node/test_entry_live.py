@@ -16,7 +16,7 @@ import trio
 from meshd.control.client import submit_events
 from meshd.core.messages import MessageType
 from meshd.errors import RemoteError
-from meshd.testnet.drive import stream
+from meshd.testnet.drive import ask, stream
 from meshd.testnet.launcher import NodeSpec, down, up
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,15 @@ def test_bad_requests_are_refused_at_the_entry(sock: str, fields: dict[str, Any]
     assert len(ok["ids"]) == 3
 
 
+def entry_stats(sock: str) -> dict[str, Any]:
+    r = ask(sock, MessageType.STATUS_REQ)
+    assert r is not None, "the daemon did not answer STATUS"
+    return dict(r["data"]["services"]["entry"])
+
+
 def test_a_request_id_in_flight_is_refused_at_once(sock: str) -> None:
+    before = entry_stats(sock)
+
     async def main() -> tuple[dict[str, Any], tuple[str, str, float]]:
         async with trio.open_nursery() as nursery:
             first: dict[str, Any] = {}
@@ -97,6 +105,16 @@ def test_a_request_id_in_flight_is_refused_at_once(sock: str) -> None:
     assert code == "duplicate_request" and "dup-1" in message
     assert took < 2.0  # at once, not after the first one ends
     assert first["tokens"] == 40 and first["request_id"] == "dup-1"  # the first is untouched
+    # admit counted both and refused one; record counted the first's end and let its id go
+    after = entry_stats(sock)
+    moved = {k: after[k] - before[k] for k in ("submitted", "duplicate_ids", "answered", "failed",
+                                               "cancelled", "timeouts")}
+    assert moved == {"submitted": 2, "duplicate_ids": 1, "answered": 1, "failed": 0,
+                     "cancelled": 0, "timeouts": 0}
+    assert after["in_flight"] == 0 and after["client_in_flight"] == {}
+    again = trio.run(stream, sock, {"rid": "dup-1", "prompt": "And God said", "max_tokens": 3,
+                                    "temperature": 0.0})
+    assert len(again["ids"]) == 3  # the id is free once its request is done
 
 
 def test_no_client_waits_past_the_request_timeout(sock: str) -> None:

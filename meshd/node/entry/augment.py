@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from meshd.core.augment import Fit, Passage, build_prompt, fit_passages
 from meshd.core.request import EntryRequest
@@ -30,13 +29,11 @@ from meshd.node.entry.context import EntryContext, EntryNode
 from meshd.node.entry.prepare import context_length, template_tools
 
 
-async def augment(ctx: EntryContext, chain: Any) -> None:
-    """The step (``chain``: the ``EntryChain``; its node runs ``rag``)."""
+async def augment(ctx: EntryContext, node: EntryNode) -> None:
     name = ctx.req.rag
     if not name:
         return
-    node: EntryNode = chain.node
-    rag = getattr(node, "rag", None)
+    rag = node.rag
     if rag is None:
         raise RemoteError("this node cannot retrieve (no retrieval service)", ErrorCode.UNSUPPORTED)
     question = question_of(ctx.req)

@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from meshd.engine.sampling import GenerationConfig
-from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry.context import EntryContext, EntryNode
 
 _ENGINE = GenerationConfig()  # what the engine uses for the settings a request leaves unset
@@ -91,11 +90,14 @@ def identity_of(node: EntryNode, model: str, served_by: str | None = None) -> st
     return min(counts, key=lambda k: (-counts[k], k)) if counts else ""
 
 
-async def edge_answer(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None:
+async def edge_answer(ctx: EntryContext, node: EntryNode) -> None:
     """The very same request is answered here, at once. Anything else that the semantic path
     may take starts its lookup (the question's embedding, in a worker thread) and moves on:
     routing and the model start meanwhile, and the request's machine settles which answers
-    (``pending_lookup``, fed to it by the execute step)."""
+    (``pending_lookup``, fed to it by the execute step). Nothing when the node runs no cache."""
+    cache = node.edge_cache
+    if cache is None:
+        return
     if ctx.req.cache is False or ctx.req.rag:
         return  # a retrieval request's answer depends on context the cache key does not hold
     await cache.opened.wait()  # a request may come in while the node is still starting
@@ -182,10 +184,11 @@ async def _serve_hit(ctx: EntryContext, node: EntryNode, got: Any) -> None:
     }
 
 
-async def remember(ctx: EntryContext, node: EntryNode, cache: EdgeCache) -> None:
+async def remember(ctx: EntryContext, node: EntryNode) -> None:
     """After the answer: a model's is kept for next time (an exact hit from now on); a cache
     hit is noted, so that feedback on it can name its entry."""
-    if ctx.answer is None or "cache" not in ctx.extra:
+    cache = node.edge_cache
+    if cache is None or ctx.answer is None or "cache" not in ctx.extra:
         return
     creq, got = ctx.extra["cache"]
     rid = ctx.req.request_id

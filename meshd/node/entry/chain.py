@@ -3,7 +3,8 @@
     accept       the control socket's SUBMIT (meshd.node.control) or the HTTP API turn the
                  client's message into an ``EntryRequest`` (meshd.core.request.parse_submit:
                  every field checked once) and name the client (socket owner, or API key)
-    admit        a request id already in flight here is refused at once  (meshd.node.entry.admit)
+    admit        counted; a request id already in flight here is refused at once
+                                                                        (meshd.node.entry.admit)
     tier         model = "auto": the classifier's score and the pure tier decision choose
                  the model                                              (meshd.node.entry.tier)
     reach        cells on: probe a few nodes of other cells for their load   (meshd.node.entry.reach)
@@ -21,11 +22,13 @@
                  and is served)                                       (meshd.node.entry.execute)
     remember     a model's answer goes into the semantic cache, after the client has it
                                                                         (meshd.node.entry.cache)
-    record       journal, statistics, observers, however the request ended
-                                                                       (meshd.node.entry.record)
+    record       however the request ended: out of the set in flight, counted, journal,
+                 observers                                             (meshd.node.entry.record)
 
-``STEPS`` is the ordered list; a step is ``async def step(ctx, chain) -> None`` that reads and
-fills the ``EntryContext``, raises a ``MeshdError`` to refuse, or sets ``ctx.answer`` to answer
+``STEPS`` is the list the chain runs, in this order, with nothing around it: each step is a plain
+``async def step(ctx, node) -> None`` of its module, named as above, that reads and fills the
+``EntryContext``, reads and moves what the ``EntryNode`` holds (its services, and the entry
+path's ``EntryState``), raises a ``MeshdError`` to refuse, or sets ``ctx.answer`` to answer
 (execute does; an edge answer such as a cache hit does it early). Each step says when it runs:
 ``UNTIL_ANSWER`` (until the request is answered), ``AFTER_ANSWER`` (only once it is) or
 ``ALWAYS`` (last, however the request ended: refused, failed, timed out or cancelled; shielded
@@ -38,7 +41,6 @@ The whole chain runs under the request timeout: no client ever waits longer than
 
 from __future__ import annotations
 
-import itertools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -48,98 +50,49 @@ import trio
 
 from meshd.core.request import EntryRequest
 from meshd.errors import ErrorCode, MeshdError, RemoteError
-from meshd.node.edge_cache import EdgeCache
 from meshd.node.entry.admit import admit
 from meshd.node.entry.augment import augment
 from meshd.node.entry.cache import edge_answer, remember
-from meshd.node.entry.context import Emit, EntryContext, EntryNode
+from meshd.node.entry.context import Emit, EntryContext, EntryNode, Observer
 from meshd.node.entry.execute import execute
 from meshd.node.entry.prepare import chat_template, models_heard, prepare
 from meshd.node.entry.reach import reach
-from meshd.node.entry.record import Observer, record
+from meshd.node.entry.record import record
 from meshd.node.entry.route import route
-from meshd.node.entry.tier import choose_model
+from meshd.node.entry.tier import tier
 from meshd.node.model_facts import model_facts
-from meshd.node.tiering import Tiering
 
 log = logging.getLogger(__name__)
 
-Step = Callable[[EntryContext, "EntryChain"], Awaitable[None]]
+Step = Callable[[EntryContext, EntryNode], Awaitable[None]]
 
 UNTIL_ANSWER, AFTER_ANSWER, ALWAYS = "until_answer", "after_answer", "always"
 
-
-async def _admit(ctx: EntryContext, chain: EntryChain) -> None:
-    admit(ctx, chain.in_flight, chain.stats)
-
-
-async def _tier(ctx: EntryContext, chain: EntryChain) -> None:
-    await choose_model(ctx, chain.node, chain.tiering)
-
-
-async def _prepare(ctx: EntryContext, chain: EntryChain) -> None:
-    await prepare(ctx, chain.node)
-
-
-async def _route(ctx: EntryContext, chain: EntryChain) -> None:
-    await route(ctx, chain.node, chain.client_in_flight, chain.next_rr())
-
-
-async def _reach(ctx: EntryContext, chain: EntryChain) -> None:
-    await reach(ctx, chain.node)
-
-
-async def _execute(ctx: EntryContext, chain: EntryChain) -> None:
-    await execute(ctx, chain.node, chain.client_in_flight, chain.next_rr)
-
-
-async def _edge_answer(ctx: EntryContext, chain: EntryChain) -> None:
-    if chain.cache is not None:
-        await edge_answer(ctx, chain.node, chain.cache)
-
-
-async def _remember(ctx: EntryContext, chain: EntryChain) -> None:
-    if chain.cache is not None:
-        await remember(ctx, chain.node, chain.cache)
-
-
-async def _record(ctx: EntryContext, chain: EntryChain) -> None:
-    record(ctx, chain.node, chain.observers)
-
-
-# (name, step, when): in order (see the module's docstring for ``when``)
-STEPS: tuple[tuple[str, Step, str], ...] = (
-    ("admit", _admit, UNTIL_ANSWER),
-    ("tier", _tier, UNTIL_ANSWER),
-    ("reach", _reach, UNTIL_ANSWER),
-    ("prepare", _prepare, UNTIL_ANSWER),
-    ("edge_answer", _edge_answer, UNTIL_ANSWER),
-    ("augment", augment, UNTIL_ANSWER),
-    ("route", _route, UNTIL_ANSWER),
-    ("execute", _execute, UNTIL_ANSWER),
-    ("remember", _remember, AFTER_ANSWER),
-    ("record", _record, ALWAYS),
+# (step, when): in order (see the module's docstring for ``when``)
+STEPS: tuple[tuple[Step, str], ...] = (
+    (admit, UNTIL_ANSWER),
+    (tier, UNTIL_ANSWER),
+    (reach, UNTIL_ANSWER),
+    (prepare, UNTIL_ANSWER),
+    (edge_answer, UNTIL_ANSWER),
+    (augment, UNTIL_ANSWER),
+    (route, UNTIL_ANSWER),
+    (execute, UNTIL_ANSWER),
+    (remember, AFTER_ANSWER),
+    (record, ALWAYS),
 )
 
 
 class EntryChain:
     """The entry node's service: ``submit`` runs one request through ``STEPS``."""
 
-    def __init__(self, node: EntryNode, *, rr_offset: int = 0, cache: EdgeCache | None = None,
-                 tiering: Tiering | None = None) -> None:
+    def __init__(self, node: EntryNode) -> None:
         self.node = node
-        self.cache = cache  # the semantic cache service, when the node runs one
-        self.tiering = tiering or Tiering(node.config, cache)  # model = "auto" (docs/tiers.md)
-        self.client_in_flight: dict[str, int] = {}  # requests running here, per client
-        self.in_flight: set[str] = set()  # request ids entered here and not yet answered
-        self.observers: list[Observer] = []
-        self._rr = itertools.count(rr_offset)
-        self.stats: dict[str, int] = {"submitted": 0, "answered": 0, "failed": 0,
-                                      "duplicate_ids": 0, "timeouts": 0, "cancelled": 0}
 
-    def next_rr(self) -> int:
-        """The round-robin position of the next routed request."""
-        return next(self._rr)
+    @property
+    def observers(self) -> list[Observer]:
+        """Told of every recorded request's end (the record step)."""
+        return self.node.entry_state.observers
 
     def new_request_id(self) -> str:
         return uuid.uuid4().hex[:16]
@@ -159,42 +112,44 @@ class EntryChain:
 
     async def embed(self, texts: list[str]) -> tuple[str, list[list[float]], int]:
         """Sentence embeddings with this node's model (the semantic cache's), for the API."""
-        if self.cache is None:
+        cache = self.node.edge_cache
+        if cache is None:
             raise RemoteError("this node runs no semantic cache, so no embedding model",
                               ErrorCode.UNSUPPORTED)
-        return await self.cache.embed(texts)
+        return await cache.embed(texts)
 
     async def cache_feedback(self, rid: str, verdict: str) -> dict[str, Any]:
         """The answer of ``rid`` was right or wrong (``EdgeCache.feedback``)."""
-        if self.cache is None:
+        cache = self.node.edge_cache
+        if cache is None:
             raise RemoteError("this node runs no answer cache", ErrorCode.UNSUPPORTED)
-        return await self.cache.feedback(rid, verdict)
+        return await cache.feedback(rid, verdict)
 
     def statistics(self) -> dict[str, Any]:
-        return {**self.stats, "in_flight": len(self.in_flight),
-                "client_in_flight": dict(self.client_in_flight)}
+        state = self.node.entry_state
+        return {**state.stats, "in_flight": len(state.in_flight),
+                "client_in_flight": dict(state.client_in_flight)}
 
     async def submit(self, req: EntryRequest, emit: Emit) -> dict[str, Any]:
         """Run ``req`` through the chain; ``emit`` gets "route" and "tokens" events as they come.
         Returns the answer's stats (``meshd.node.entry.execute.answer_fields``); raises a
         ``RemoteError`` with the code to answer the client with. Cancelling the caller cancels
         the request everywhere it runs."""
-        self.stats["submitted"] += 1
-        self.node.stats["requests_submitted"] += 1
+        node = self.node
         rid = req.request_id
         ctx = EntryContext(req, emit, self._journal(rid))
         cancelled = True
-        timeout_s = self.node.config.routing.request_timeout_s
+        timeout_s = node.config.routing.request_timeout_s
         try:
             with trio.move_on_after(timeout_s) as scope:
-                for name, step, when in STEPS:
+                for step, when in STEPS:
                     if when == ALWAYS or (ctx.answer is not None) != (when == AFTER_ANSWER):
                         continue
-                    log.debug("entry step rid=%s step=%s", rid, name)
-                    await step(ctx, self)
+                    log.debug("entry step rid=%s step=%s", rid, step.__name__)
+                    await step(ctx, node)
             cancelled = False
             if scope.cancelled_caught:
-                self.stats["timeouts"] += 1
+                node.entry_state.stats["timeouts"] += 1
                 ctx.error = RemoteError(f"no answer within the request timeout of {timeout_s:g} s",
                                         ErrorCode.DEADLINE)
         except MeshdError as e:
@@ -206,21 +161,14 @@ class EntryChain:
             log.exception("entry chain failed rid=%s", rid)
             ctx.error = RemoteError("internal error; see the daemon log", ErrorCode.INTERNAL)
         finally:
-            if ctx.admitted:
-                self.in_flight.discard(rid)
-                if cancelled:
-                    self.stats["cancelled"] += 1
             ctx.cancelled = cancelled
             with trio.CancelScope(shield=True):
-                for name, step, when in STEPS:
+                for step, when in STEPS:
                     if when == ALWAYS:
-                        log.debug("entry step rid=%s step=%s", rid, name)
-                        await step(ctx, self)
+                        log.debug("entry step rid=%s step=%s", rid, step.__name__)
+                        await step(ctx, node)
         if ctx.error is not None:
-            if ctx.admitted:
-                self.stats["failed"] += 1
             raise ctx.error
-        self.stats["answered"] += 1
         assert ctx.answer is not None
         return ctx.answer
 

@@ -1,17 +1,21 @@
 """What the entry chain's steps share: the request's context, and what they need of the node.
 
+Every step is ``async def step(ctx: EntryContext, node: EntryNode) -> None``.
 ``EntryContext`` is the request on its way through the chain: each step reads what earlier
 steps left in it and adds its own part (the model and token ids, the decision, the outcome, the
 answer). ``EntryNode`` is the narrow view of the node the steps use; ``meshd.node.node.Node``
-conforms, and a test may pass anything else that does. ``Reach`` is what the reach step needs of
-the cells service.
+conforms, and a test may pass anything else that does. ``EntryState`` is what the entry path
+keeps across requests (ids and clients in flight, its counters, the round-robin position, the
+observers). ``Reach`` and ``Retrieval`` are what the reach and augment steps need of the cells
+and retrieval services.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,10 +26,12 @@ from meshd.core.request import EntryRequest
 from meshd.core.snapshot import Policy, RouteRequest
 from meshd.core.tokident import short_id
 from meshd.errors import MeshdError, RemoteError
+from meshd.node.edge_cache import EdgeCache
 from meshd.node.forward import Outcome
 from meshd.node.links import Links
 from meshd.node.runner import Runner
 from meshd.node.stagelinks import StageLinks
+from meshd.node.tiering import Tiering
 from meshd.node.tokenizers import TokenizerService
 from meshd.node.view import MeshView
 from meshd.store.protocol import Recorder
@@ -36,11 +42,41 @@ Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 Journal = Callable[[str, dict[str, Any]], None]
 """``journal(kind, payload)``: one event of the request in the node's journal (never raises)."""
 
+Observer = Callable[[dict[str, Any]], None]
+"""``observer(event)``: told once of every recorded request's end (the record step)."""
+
+
+@dataclass(slots=True)
+class EntryState:
+    """What the entry path keeps across requests at this node."""
+
+    rr_offset: int = 0  # where this node's round-robin starts (``meshd.node.node``)
+    in_flight: set[str] = field(default_factory=set)  # ids admitted here and not yet recorded
+    client_in_flight: dict[str, int] = field(default_factory=dict)  # executing, per client
+    observers: list[Observer] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=lambda: {
+        "submitted": 0, "answered": 0, "failed": 0, "duplicate_ids": 0, "timeouts": 0,
+        "cancelled": 0})
+    _rr: Iterator[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._rr = itertools.count(self.rr_offset)
+
+    def next_rr(self) -> int:
+        """The round-robin position of the next decision (route, and execute's new ones)."""
+        return next(self._rr)
+
 
 class Reach(Protocol):
     """What the reach step needs of the cells service (``meshd.node.cells.Cells``)."""
 
     async def reach(self, model: str, *, need: bool, residency: str | None = None) -> None: ...
+
+
+class Retrieval(Protocol):
+    """What the augment step needs of the retrieval service (``meshd.node.rag.RagService``)."""
+
+    async def retrieve(self, collection: str, question: str, k: int) -> dict[str, Any]: ...
 
 
 class EntryNode(Protocol):
@@ -69,6 +105,18 @@ class EntryNode(Protocol):
 
     @property
     def cells(self) -> Reach | None: ...  # cells on: probes of other cells (meshd.node.cells)
+
+    @property
+    def entry_state(self) -> EntryState: ...
+
+    @property
+    def tiering(self) -> Tiering: ...  # model = "auto": the tier classifier (meshd.node.tiering)
+
+    @property
+    def edge_cache(self) -> EdgeCache | None: ...  # the answer cache (None: none runs)
+
+    @property
+    def rag(self) -> Retrieval | None: ...  # retrieval collections (None: none)
 
 
 @dataclass(slots=True)

@@ -16,7 +16,6 @@ whoever served it (``answer_fields``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
@@ -43,18 +42,18 @@ REPLAN_WAIT_MIN_S = 3.0
 REPLAN_POLL_S = 0.2
 
 
-async def execute(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int],
-                  next_rr: Callable[[], int] | None = None) -> None:
+async def execute(ctx: EntryContext, node: EntryNode) -> None:
     """Run ``ctx.decision`` (or ``ctx.no_route``) to its end, the pending cache lookup racing
-    it; ``next_rr``: the round-robin position of a new decision (the chain's counter)."""
+    it."""
     lookup = pending_lookup(ctx)
     if ctx.decision is None and lookup is None:
         assert ctx.no_route is not None
         raise ctx.no_route
     client = ctx.req.client
+    in_flight = node.entry_state.client_in_flight
     in_flight[client] = in_flight.get(client, 0) + 1
     try:
-        driver = await _run(ctx, node, next_rr or (lambda: 0), lookup)
+        driver = await _run(ctx, node, lookup)
     finally:
         in_flight[client] -= 1
         if not in_flight[client]:
@@ -165,8 +164,7 @@ class _Gone:
         return peer != self._node.peer_id and self._node.membership.table.get(str(peer)) is None
 
 
-async def _run(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int],
-               lookup: Lookup | None) -> Driver:
+async def _run(ctx: EntryContext, node: EntryNode, lookup: Lookup | None) -> Driver:
     d = ctx.decision
     assert ctx.policy is not None and ctx.route_req is not None
     fields = ctx.wire_fields()
@@ -194,7 +192,7 @@ async def _run(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int],
 
     async def redecide(a: Redecide, plan: Plan | None, failed: StageFailure | None,
                        tokens: int) -> tuple[Decision, dict[str, Target]]:
-        return await _redecide(ctx, node, next_rr, preq, a, plan, failed, tokens)
+        return await _redecide(ctx, node, preq, a, plan, failed, tokens)
 
     targets = targets_of(d, node.peer_id) if d is not None else {}
     life: RequestLife[str] = RequestLife(
@@ -219,7 +217,7 @@ async def _run(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int],
     return driver
 
 
-async def _redecide(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], int],
+async def _redecide(ctx: EntryContext, node: EntryNode,
                     preq: PipelineRequest, a: Redecide, plan: Plan | None,
                     failed: StageFailure | None, tokens: int) -> tuple[Decision, dict[str, Target]]:
     """``decide()`` again on a fresh snapshot, without the nodes ``a.exclude`` names, for the
@@ -237,7 +235,8 @@ async def _redecide(ctx: EntryContext, node: EntryNode, next_rr: Callable[[], in
     deadline = trio.current_time() + wait_s
     while True:
         try:
-            d = decide(again, node.membership.snapshot(), policy, node.rng, next_rr(),
+            d = decide(again, node.membership.snapshot(), policy, node.rng,
+                       node.entry_state.next_rr(),
                        pipeline_mode=ctx.req.pipeline, hedge=node.config.routing.hedge)
             break
         except RoutingError:

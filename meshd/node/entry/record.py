@@ -1,16 +1,16 @@
 """Entry step "record": the request's end in the journal and the statistics, whatever it was.
 
 Runs last for every admitted request, answered, failed, refused or cancelled, even when the
-chain was cut short (``EntryChain.submit`` runs it shielded, after the others): the outcome goes to the
-store (``meshd explain`` reads it), the node's counters move, and every observer (the metrics
-endpoint) is told once, with the final stats plus ``outcome`` ("ok" or the error code) and
-``origin``. A store or observer failure is logged and counted, never the client's problem.
+chain was cut short (``EntryChain.submit`` runs it shielded, after the others): the request
+leaves this node's set in flight (``admit`` put it there), the outcome goes to the store
+(``meshd explain`` reads it), the counters move, and every observer (the metrics endpoint) is
+told once, with the final stats plus ``outcome`` ("ok" or the error code) and ``origin``. A
+store or observer failure is logged and counted, never the client's problem.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from meshd.errors import ErrorCode
@@ -19,15 +19,21 @@ from meshd.store.protocol import Recorder
 
 log = logging.getLogger(__name__)
 
-Observer = Callable[[dict[str, Any]], None]
 
-
-def record(ctx: EntryContext, node: EntryNode, observers: list[Observer]) -> None:
+async def record(ctx: EntryContext, node: EntryNode) -> None:
     """The request's end, as ``ctx`` says it (``cancelled``, ``error``, ``answer``); nothing for a
     request the admit step refused."""
     if not ctx.admitted:
         return
     rid = ctx.req.request_id
+    state = node.entry_state
+    state.in_flight.discard(rid)
+    if ctx.cancelled:
+        state.stats["cancelled"] += 1
+    elif ctx.error is not None:
+        state.stats["failed"] += 1
+    else:
+        state.stats["answered"] += 1
     code = "ok"
     if ctx.cancelled:
         code = ErrorCode.CANCELLED
@@ -46,7 +52,7 @@ def record(ctx: EntryContext, node: EntryNode, observers: list[Observer]) -> Non
     event = {**stats, "request_id": rid, "outcome": code, "origin": ctx.req.origin,
              "model": ctx.model, "strategy": ctx.strategy, "client": ctx.req.client,
              **decisions(ctx)}
-    for obs in observers:
+    for obs in state.observers:
         try:
             obs(event)
         except Exception:

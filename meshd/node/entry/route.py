@@ -28,7 +28,8 @@ def policy_for(node: EntryNode, req: EntryRequest) -> Policy:
     return node.policy
 
 
-async def route(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int], rr_index: int) -> None:
+async def route(ctx: EntryContext, node: EntryNode) -> None:
+    rr_index = node.entry_state.next_rr()
     req = ctx.req
     ctx.policy = policy = policy_for(node, req)
     ctx.route_req = rreq = RouteRequest(
@@ -38,7 +39,7 @@ async def route(ctx: EntryContext, node: EntryNode, in_flight: dict[str, int], r
     )
     snap = node.membership.snapshot()
     if policy.client_quota:  # the quota reads the requests in flight per client
-        snap = _with_clients(snap, in_flight)
+        snap = _with_clients(snap, node.entry_state.client_in_flight)
     try:
         ctx.decision = decide(rreq, snap, policy, node.rng, rr_index,
                               pipeline_mode=req.pipeline, hedge=node.config.routing.hedge)

@@ -17,7 +17,6 @@ from meshd.core.tiers import AUTO, TIERS, ModelTier, TierPolicy, TierRequest, ch
 from meshd.errors import ErrorCode, RemoteError, RoutingError
 from meshd.node.entry.context import EntryContext, EntryNode
 from meshd.node.entry.route import policy_for
-from meshd.node.tiering import Tiering
 
 
 def wants_auto(ctx: EntryContext, node: EntryNode) -> bool:
@@ -25,9 +24,10 @@ def wants_auto(ctx: EntryContext, node: EntryNode) -> bool:
     return model == AUTO or (model is None and node.config.tiers.default_auto)
 
 
-async def choose_model(ctx: EntryContext, node: EntryNode, tiering: Tiering) -> None:
+async def tier(ctx: EntryContext, node: EntryNode) -> None:
     if not wants_auto(ctx, node):
         return
+    tiering = node.tiering
     req = ctx.req
     catalogue = tier_catalogue(node)
     if not catalogue:
