@@ -11,9 +11,14 @@ syntax, which the model was trained on; meshd then uses it instead of its generi
   assistant message (``check_calls``) and a tool's result in the ``ipython`` role.
 
 - detection (``detect``): the template's source uses the ``tools`` variable inside a Jinja tag
-  (``{% if tools %}``, ``{{ tools ... }}``) and writes a family's call markup (``<tool_call>``
-  for hermes; the ``ipython`` header and ``"parameters": `` for llama3). A template that uses
-  tools in a syntax meshd does not know, or none, keeps the generic format;
+  (``{% if tools %}``, ``{{ tools ... }}``) and writes a family's call syntax. For hermes the
+  template renders a probe chat (one tool, one call of it, its result) and must list the tool
+  inside ``<tools>...</tools>`` and write the call exactly as ``<tool_call>\\n{"name": ...,
+  "arguments": {...}}\\n</tool_call>``: ``<tool_call>`` alone is no proof, GLM-4.x, MiniMax-M3,
+  Qwen3-Coder and Qwen3.5 write other syntaxes inside it (``<arg_key>``, ``<function=...>``). For
+  llama3 the source holds the ``ipython`` header and ``"parameters": ``. A template that uses
+  tools in a syntax meshd does not know, or none, or fails on the probe, keeps the generic
+  format;
 - rendering (``template_messages``): the messages go to the template as Hugging Face's
   ``apply_chat_template`` takes them: an assistant's ``tool_calls`` with ``arguments`` as an
   object (OpenAI sends JSON text, which the template's ``tojson`` would quote), a tool message
@@ -32,6 +37,7 @@ The response says which format was used: header ``x-meshd-tool-format: hermes`` 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -43,6 +49,49 @@ from meshd.api.tools import call_arguments
 
 # a Jinja tag ({% ... %} or {{ ... }}) that reads the variable ``tools``
 _USES_TOOLS = re.compile(r"\{[{%][^}]*?\btools\b")
+
+# the probe chat a template renders to show its tool syntax: one tool, one call of it, its result
+_PROBE_NAME = "get_weather"
+_PROBE_ARGS = {"city": "Paris"}
+
+
+def _probe_chat() -> dict[str, Any]:
+    tool = {"type": "function", "function": {
+        "name": _PROBE_NAME, "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+    call = {"id": "call0", "type": "function",
+            "function": {"name": _PROBE_NAME, "arguments": dict(_PROBE_ARGS)}}
+    return {"tools": [tool], "messages": [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call0", "name": _PROBE_NAME, "content": "sunny"}]}
+
+
+@functools.lru_cache(maxsize=16)
+def _probe(template: str) -> str | None:
+    """The template's rendering of the probe chat (as the entry node renders a chat:
+    meshd.engine.tokenizer), None if it does not compile or fails on it."""
+    from meshd.engine.tokenizer import compile_template
+
+    try:
+        return str(compile_template(template).render(
+            **_probe_chat(), add_generation_prompt=True, bos_token="", eos_token=""))
+    except Exception:  # a template fails in any way (raise_exception, undefined, the sandbox)
+        return None
+
+
+def _lists(text: str, open_tag: str, close_tag: str, needle: str) -> bool:
+    """Whether some ``open_tag ... close_tag`` span of ``text`` holds ``needle``."""
+    start = text.find(open_tag)
+    while start >= 0:
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            return False
+        if needle in text[start + len(open_tag):end]:
+            return True
+        start = text.find(open_tag, end)
+    return False
 
 
 def _calls(objs: Sequence[Any], args_key: str, rid: str, choice: int
@@ -68,18 +117,27 @@ def _calls(objs: Sequence[Any], args_key: str, rid: str, choice: int
 class TemplateFormat:
     """A family of chat templates whose calls are tagged: each call is ``open_tag`` +
     ``{"name": ..., "<args_key>": {...}}`` + ``close_tag``, several joined by ``separator``;
-    ``marker`` in a template's source says it writes this syntax."""
+    the template lists the tools between ``tools_open`` and ``tools_close``."""
 
     name: str
-    marker: str
     open_tag: str
     close_tag: str
     separator: str
+    tools_open: str
+    tools_close: str
     args_key: str = "arguments"
     calls_per_message: int | None = None  # the template renders any number
 
     def recognizes(self, template: str) -> bool:
-        return self.marker in template
+        """Whether the template, rendering the probe chat, lists its tool between the tools
+        tags and writes its call in exactly this syntax (JSON spaced as ``tojson`` writes it)."""
+        out = _probe(template)
+        if out is None:
+            return False
+        call = self.open_tag + json.dumps({"name": _PROBE_NAME, self.args_key: _PROBE_ARGS}) \
+            + self.close_tag
+        return call in out and _lists(out, self.tools_open, self.tools_close,
+                                      json.dumps({"name": _PROBE_NAME})[1:-1])
 
     def grammar(self, functions: Sequence[Mapping[str, Any]], choice: str | None, *,
                 parallel: bool, text: bool) -> str:
@@ -171,8 +229,10 @@ class JsonCallFormat:
         return calls if calls and not rest.strip() else None
 
 
-HERMES = TemplateFormat("hermes", marker="<tool_call>", open_tag="<tool_call>\n",
-                        close_tag="\n</tool_call>", separator="\n")
+# Qwen2.5's, QwQ's, Qwen3's (not Qwen3-Coder's or Qwen3.5's), NousResearch Hermes 2 Pro's and
+# 3's, IBM Granite 4's: tools as JSON lines inside <tools></tools>, each call tagged
+HERMES = TemplateFormat("hermes", open_tag="<tool_call>\n", close_tag="\n</tool_call>",
+                        separator="\n", tools_open="<tools>", tools_close="</tools>")
 # Meta's Llama 3.1, 3.2 and 3.3 Instruct templates: tools as JSON in the first user message,
 # the call as {"name": ..., "parameters": ...}, tool results in the ipython role
 LLAMA3 = JsonCallFormat("llama3", markers=("<|start_header_id|>ipython<|end_header_id|>",

@@ -75,7 +75,7 @@ class Tokenizer:
         if not self.info.chat_template:
             raise LocalError("this model ships no chat template")
         if self._template is None:
-            self._template = _compile_template(self.info.chat_template)
+            self._template = compile_template(self.info.chat_template)
         try:
             return str(self._template.render(
                 messages=list(messages), add_generation_prompt=add_generation_prompt,
@@ -99,7 +99,9 @@ class Tokenizer:
         return self.encode(text)
 
 
-def _compile_template(source: str) -> Any:
+def compile_template(source: str) -> Any:
+    """A chat template's source compiled as Hugging Face compiles it (sandboxed Jinja, its
+    ``tojson``, ``raise_exception``, ``strftime_now``); ModelError if it does not compile."""
     try:
         from jinja2 import TemplateError
         from jinja2.ext import loopcontrols

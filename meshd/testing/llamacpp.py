@@ -4,7 +4,8 @@
 llama-perplexity. ``llama_bin(name)`` finds one: in ``$MESHD_LLAMA_CPP_DIR`` (the build folder,
 or its ``bin/``) when set, else in ``build/llama.cpp/bin`` of this checkout, else in that of
 the main checkout when this is a git worktree (one build serves every worktree). It returns
-None when there is none, so a test can skip.
+None when there is none, so a test can skip. ``vendored_templates()`` finds, the same way, the
+real chat templates llama.cpp vendors (the sdist the build unpacks).
 
 ``llama_server(gguf, ...)`` starts llama-server on a free loopback port, returns once its
 ``/health`` answers ok (a condition with a deadline; the process exiting early is an error
@@ -71,6 +72,18 @@ def llama_bin(name: str, repo: Path = REPO) -> Path | None:
         p = d / name
         if p.is_file() and os.access(p, os.X_OK):
             return p
+    return None
+
+
+def vendored_templates(repo: Path = REPO) -> Path | None:
+    """llama.cpp's collection of real chat templates (``models/templates``) in the
+    llama-cpp-python sdist that scripts/build_llama_cpp.sh unpacks beside the binaries
+    ``llama_bin`` finds (``<build>/src/llama_cpp_python-<version>/...``), or None."""
+    for d in search_dirs(repo):
+        build = d.parent if d.name == "bin" else d
+        found = sorted(build.glob("src/llama_cpp_python-*/vendor/llama.cpp/models/templates"))
+        if found:
+            return found[-1]
     return None
 
 

