@@ -1,7 +1,7 @@
 """Prefix reuse on a stage: restore a prompt's cached blocks into a cache row, keep a finished
 row's blocks (docs/engine.md, "Prefix cache").
 
-``StagePrefixes`` binds a model's ``PrefixCache`` (``meshd.engine.prefix_cache``) to one stage:
+``StagePrefixes`` binds a model's ``PrefixCache`` (``meshd.core.prefix_cache``) to one stage:
 its blocks are stored under the stage's layer range, named by ``block_hashes`` over the model's
 content hash. It reads and writes a row through the cache *views* the stage exposes (per layer
 a key and a value buffer of one row, ``BatchStage.cache``, ``StageSession.cache``), so the only
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from meshd.core.prefix_cache import PrefixCache, block_hashes, layer_space
 from meshd.engine import graph as g
-from meshd.engine.prefix_cache import PrefixCache, block_hashes, layer_space
 from meshd.errors import ModelError
 
 # The token axis of a key buffer and of a value buffer, per KV layout (graph.KV_LAYOUT).
