@@ -151,3 +151,23 @@ def test_prefix_only_takes_the_longest_match_whatever_its_queue_and_ties_by_load
     nodes[-1] = node(nodes[-1].peer_id, queue_depth=0)  # no match anywhere: the least loaded
     d, _ = candidates(nodes, req(ids=tuple(i + 1 for i in IDS)), "prefix_only")
     assert d.chosen == nodes[-1].peer_id
+
+
+@pytest.mark.parametrize("n", [12, NUMPY_MIN_NODES + 6])
+def test_a_busy_mesh_compares_the_deepest_holder_but_never_piles_onto_it(n: int) -> None:
+    """Past argmin_below_occupancy meshd compares sample_d drawn candidates; one of them is drawn
+    among the nodes listing the deepest prefix (sample_prefix), so the holder wins whenever its
+    credit beats its queue, and never when its queue costs more than the credit."""
+    def chosen(holder_queue: int, sample_prefix: bool) -> float:
+        fast = {"in_flight": 4, "service_rate_rps": 8.0, "prefill_tps": 5000.0}
+        nodes = [node(f"n{i:03d}", queue_depth=4, **fast) for i in range(n)]  # occupancy 2
+        nodes[5] = node("n005", held(9), queue_depth=holder_queue, **fast)  # 256 tokens: 51 ms
+        policy = Policy(explain_limit=0, sample_prefix=sample_prefix)
+        snap = MeshSnapshot("x", tuple(nodes))
+        wins = sum(route(req(), snap, policy, random.Random(s)).chosen == "n005"
+                   for s in range(200))
+        return wins / 200
+
+    assert chosen(4, True) == 1.0  # the same queue as the others, 51 ms less prefill
+    assert chosen(4, False) < 0.5  # drawn only now and then without it
+    assert chosen(6, True) == 0.0  # two more queued: 250 ms of wait against 51 ms saved

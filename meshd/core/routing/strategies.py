@@ -289,6 +289,18 @@ def _choose_meshd(
             tk = known_temperature_ms(policy, occupancy)
     weights = _weights(pr, known, policy, tk)
     taken = set(picked)
+    if policy.sample_prefix and pr.cached is not None and len(picked) < max(policy.sample_d, 1):
+        # one of those compared holds the deepest advertised prefix of the prompt (drawn by
+        # the weights among the nodes holding that much): its credit is weighed against its
+        # queue in the score, as the local node's fresh figures are
+        cached = np.asarray(pr.cached)
+        deepest = cached == cached.max()
+        held = [w if h else 0.0 for w, h in zip(np.asarray(weights).tolist(), deepest.tolist(),
+                                                strict=True)]
+        j = _pick(held, rng, taken)
+        if j is not None:
+            picked.append(j)
+            taken.add(j)
     for _ in range(max(policy.sample_d, 1) - len(picked)):
         if len(taken) >= n:
             break
