@@ -118,12 +118,20 @@ def mean_sizes(spec: ChatSpec, samples: int = 4000, seed: int = 7) -> tuple[floa
     return sum(len(r.prompt_ids) for r in reqs) / n, sum(r.max_tokens for r in reqs) / n
 
 
+LEAD_TURNS = 5  # turn gaps drawn before the run: a conversation of more turns is rare (1/32)
+
+
 class ChatStream:
     """One ``[[arrivals]]`` stream of process ``"chat"``, with ``ArrivalStream``'s interface
-    (``next_time``, ``sizes``, ``rng``, ``spec``): its requests are drawn up front
-    (``chat_requests`` over the run's arrival window, seeded by the scenario seed and the
-    stream's index), and each turn enters at the node its conversation entered at first (a
-    client keeps talking to its node; another when that one is gone)."""
+    (``next_time``, ``rng``, ``spec``): its requests are drawn up front (``chat_requests``,
+    seeded by the scenario seed and the stream's index), and each turn enters at the node its
+    conversation entered at first (a client keeps talking to its node; another when that one
+    is gone).
+
+    The conversations start ``LEAD_TURNS`` mean turn gaps (answer and think time) before the
+    run, and only the turns arriving from 0 on are kept: requests come at the stream's
+    ``rate_per_s`` from the start, later turns among them, instead of first turns alone until
+    the first think times pass (a mesh that has been serving chats for a while)."""
 
     def __init__(self, spec: ArrivalSpec, index: int, seed: int, until_s: float) -> None:
         assert spec.chat is not None
@@ -131,8 +139,11 @@ class ChatStream:
         self.index = index
         self.rng = random.Random((seed * 1_000_003) ^ (index * 7919 + 17))
         chat = dataclasses.replace(spec.chat, rate_per_s=spec.rate_per_s)
-        self.turns = (chat_requests(chat, 1 << 62, seed * 7_919 + index, until_s=until_s)
-                      if spec.rate_per_s > 0 else [])
+        lead = LEAD_TURNS * (chat.think_s + chat.answer_tokens.mean / chat.answer_tps)
+        drawn = (chat_requests(chat, 1 << 62, seed * 7_919 + index, until_s=until_s + lead)
+                 if spec.rate_per_s > 0 else [])
+        self.turns = [dataclasses.replace(t, at_s=t.at_s - lead) for t in drawn
+                      if t.at_s >= lead]
         self._next = 0
         self._scheduled: collections.deque[ChatTurn] = collections.deque()
         self._entry: dict[int, int] = {}  # conversation -> its entry node
