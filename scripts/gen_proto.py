@@ -57,6 +57,12 @@ GOLDEN = {
     "submit_v5": (MessageType.SUBMIT, {"rid": "r4", "prompt": "Who wrote Hamlet?", "max_tokens": 32,
                                        "cache_max_error": 0.01}),
     "cache_req_v5": (MessageType.CACHE_REQ, {"op": "feedback", "rid": "r4", "verdict": "wrong"}),
+    "stage_open_v6": (MessageType.STAGE_OPEN, {"rid": "r5.1@0", "model": "tiny-en", "layer_start": 0,
+                                               "layer_end": 2, "deadline_ms": 120000,
+                                               "next": ["12D3KooWPeer", "r5.1@2"],
+                                               "px": bytes(range(32))}),
+    "stage_ready_v6": (MessageType.STAGE_READY, {"rid": "r5.1@0", "free_kv_tokens": 4096,
+                                                 "reused": 128}),
 }
 
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from meshd.core.routing import RouteDecision
 from meshd.core.snapshot import Policy
 
-STRATEGIES_WITH_BOUNDS = ("meshd",)
+STRATEGIES_WITH_BOUNDS = ("meshd", "meshd_no_prefix")
 # checked attempts (bounded by the best refuser's wait) after the planned bounded ones: each
 # refusal costs one round trip, so after this many more the request goes back to the soonest
 # refuser

@@ -116,6 +116,19 @@ def read_signals(hw: Mapping[str, Any] | object) -> HwSignals:
     )
 
 
+def reserve_host_memory(hw: Mapping[str, Any], reserved_bytes: int) -> Mapping[str, Any]:
+    """The hardware map a node advertises once ``reserved_bytes`` of its host memory are
+    promised to something that does not hold them yet: its KV prefix caches' budgets less what
+    they hold (what they hold is already gone from the reading). The prefix cache keeps its
+    blocks in host memory, so the host's available memory (a CPU node's, or a Jetson's, KV
+    memory) goes down by it; a dedicated GPU's free memory does not. The map as it was when
+    nothing is reserved or the host's memory was not read."""
+    free = hw.get("memory_available_bytes")
+    if reserved_bytes <= 0 or isinstance(free, bool) or not isinstance(free, int) or not free:
+        return hw
+    return {**hw, "memory_available_bytes": max(1, free - reserved_bytes)}
+
+
 def kv_tokens_in_memory(free_memory_bytes: int | None, kv_bytes_per_token: int) -> int:
     """Tokens of KV cache that fit in ``free_memory_bytes`` (unlimited when either is unknown)."""
     if free_memory_bytes is None or kv_bytes_per_token <= 0:

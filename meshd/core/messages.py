@@ -16,9 +16,10 @@ from typing import Any
 
 from meshd.errors import ProtocolError
 
-PROTOCOL_VERSION = 5  # 2: tokenizer identities, packed prompt ids, TOK_REQ/TOK_PART; 3: cells;
+PROTOCOL_VERSION = 6  # 2: tokenizer identities, packed prompt ids, TOK_REQ/TOK_PART; 3: cells;
 # 4: the sampling surface (OpenAI penalties, logit_bias, logprobs, n, grammar); 5: the answer
-# cache's error bound (SUBMIT cache_max_error) and feedback (CACHE_REQ op feedback, rid, verdict)
+# cache's error bound (SUBMIT cache_max_error) and feedback (CACHE_REQ op feedback, rid, verdict);
+# 6: prefix reuse in pipeline stages (STAGE_OPEN px, STAGE_READY reused)
 
 # libp2p protocol ids and the gossip topics.
 REQUEST_PROTOCOL = "/meshd/req/1.0.0"
@@ -296,6 +297,9 @@ SPECS: tuple[MessageSpec, ...] = (
         _opt("wire_dtype", F.STR),
         _opt("idle_ms", F.INT),
         *_PACKED,
+        # the prompt's block names (meshd.core.prefix_names.block_hashes of all but its last
+        # token), 16 bytes each, concatenated: the stage restores its longest cached prefix
+        Field("px", F.BIN, required=False, since=6),
     ),
     _m(
         MessageType.STAGE_STEP,
@@ -325,6 +329,9 @@ SPECS: tuple[MessageSpec, ...] = (
         Field("rid", F.STR),
         _opt("prompt_ids", F.INTS),
         _opt("free_kv_tokens", F.INT),
+        # prompt tokens restored from the prefix cache (px): the entry node starts the first
+        # step at the least of its stages', and a stage that restored more cuts back to it
+        Field("reused", F.INT, required=False, since=6),
     ),
     _m(
         MessageType.ADVERT,

@@ -4,7 +4,7 @@ advertises of it, and how much of a request's prompt a node holds. Pure: no I/O.
 A prompt is cut into blocks of ``BLOCK_TOKENS`` tokens; block ``i`` is named by a 16-byte
 BLAKE2b hash chained over the model's identity (``meshd.core.modelid``) and every token of
 blocks ``0..i`` (``block_hashes``), so equal names mean equal prefixes of one model. The engine
-stores blocks under these names (``meshd.engine.prefix_cache``); the entry node, which
+stores blocks under these names (``meshd.core.prefix_cache``); the entry node, which
 tokenizes at the edge, computes the same names for a request once.
 
 A node's advert carries a bounded summary of the prefixes it holds (``summary``): the first

@@ -31,7 +31,7 @@ MAX_GRAMMAR_CHARS = 256 * 1024  # a compiled response_format or tool grammar
 MAX_MESSAGES = 256
 ROLES = ("system", "user", "assistant", "tool", "developer")
 STRATEGIES = ("meshd", "lwsq", "least_queue", "latency_only", "round_robin", "random",
-              "round_robin_lockstep")
+              "round_robin_lockstep", "meshd_no_prefix", "prefix_only")
 PIPELINE_MODES = ("auto", "never", "always")
 # Fields that shape the answer beyond the prompt: the tools a request offers and the schema it
 # asks the answer to follow. Whatever else reads them, the semantic cache keys on them

@@ -148,6 +148,9 @@ class Policy:
     # candidate compared, not sample_d): with free slots nearly everywhere herding costs little
     # and two candidates can miss the free node next door (0: always sample)
     argmin_below_occupancy: float = 0.5
+    # meshd: when some candidate's advert lists a prefix of the prompt, one of the sample_d
+    # compared is drawn among those listing the deepest (docs/routing.md, "Prefix credit")
+    sample_prefix: bool = True
     # meshd: ms of predicted TTFT worth one joule per generated token, from nodes' measured
     # power (meshd.core.energy, docs/telemetry.md); 0 = energy is not weighed
     energy_weight: float = 0.0

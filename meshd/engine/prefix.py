@@ -1,7 +1,7 @@
 """Prefix reuse on a stage: restore a prompt's cached blocks into a cache row, keep a finished
 row's blocks (docs/engine.md, "Prefix cache").
 
-``StagePrefixes`` binds a model's ``PrefixCache`` (``meshd.engine.prefix_cache``) to one stage:
+``StagePrefixes`` binds a model's ``PrefixCache`` (``meshd.core.prefix_cache``) to one stage:
 its blocks are stored under the stage's layer range, named by ``block_hashes`` over the model's
 content hash. It reads and writes a row through the cache *views* the stage exposes (per layer
 a key and a value buffer of one row, ``BatchStage.cache``, ``StageSession.cache``), so the only
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from meshd.core.prefix_cache import PrefixCache, block_hashes, layer_space
 from meshd.engine import graph as g
-from meshd.engine.prefix_cache import PrefixCache, block_hashes, layer_space
 from meshd.errors import ModelError
 
 # The token axis of a key buffer and of a value buffer, per KV layout (graph.KV_LAYOUT).
@@ -54,7 +54,12 @@ class StagePrefixes:
         have without it) and to at most ``limit`` tokens: ``grow(n)`` makes the row hold
         ``n`` tokens and returns its views. Returns the tokens restored (0: none, and
         ``grow`` is not called); the caller sets the row's length."""
-        names = self.names(ids[:max(limit, 0)])
+        return self.restore(self.names(ids[:max(limit, 0)]), align, grow)
+
+    def restore(self, names: Sequence[bytes], align: int,
+                grow: Callable[[int], list[np.ndarray]]) -> int:
+        """``reuse`` by the prompt's block names (a pipeline's middle stage never sees the
+        token ids: the entry node names them): at most ``len(names)`` blocks."""
         found = self.cache.match(self.space, names) if names else []
         n = len(found) * self.block // align * align
         if not n:
@@ -72,7 +77,10 @@ class StagePrefixes:
         """Store the full blocks of ``ids`` (whose keys and values are the first ``len(ids)``
         tokens of the row ``views``, computed by prefill) that are not stored yet. Returns the
         blocks added."""
-        names = self.names(ids)
+        return self.keep_names(self.names(ids), views)
+
+    def keep_names(self, names: Sequence[bytes], views: list[np.ndarray]) -> int:
+        """``keep`` by block names: block ``i`` of the row is stored as ``names[i]``."""
         if not names:
             return 0
         new: dict[int, tuple[Any, int]] = {}
@@ -82,7 +90,6 @@ class StagePrefixes:
             new[i] = (parts, sum(p.nbytes for p in parts))
         self.cache.store(self.space, names, new)
         return len(new)
-
 
 def stage_prefixes(cache: PrefixCache | None, identity: str, start: int,
                    end: int) -> StagePrefixes | None:

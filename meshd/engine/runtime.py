@@ -22,6 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from meshd.core.modelid import of_manifest
+from meshd.core.prefix_cache import PrefixCache
 from meshd.engine import graph as g
 from meshd.engine import planning
 from meshd.engine.generation import TokenEvent
@@ -29,7 +30,6 @@ from meshd.engine.kvbind import bind_cache
 from meshd.engine.manifest import Manifest, StageEntry, read_manifest
 from meshd.engine.planning import StageMemory, check_range, stage_memory, stage_tensor_names
 from meshd.engine.prefix import StagePrefixes, stage_prefixes
-from meshd.engine.prefix_cache import PrefixCache
 from meshd.engine.run import generate_async, generate_sync
 from meshd.engine.sampling import GenerationConfig
 from meshd.engine.scheduler import Batcher

@@ -10,7 +10,9 @@ in the worker thread, so nothing touches the cache while onnxruntime reads it.
 With the model's prefix cache on (docs/engine.md, "Prefix cache"), a session can restore the
 longest cached block prefix of its tokens before its first step (``StageHandle.reuse``: this
 stage's layers only; a pipeline cuts every stage back to the shortest, ``truncate``) and keeps
-its blocks when it is freed with its tokens (``free(tokens)``).
+its blocks when it is freed with its tokens (``free(tokens)``). A middle stage, which never sees
+the token ids, does both by the prompt's block names, which the entry node computes
+(``reuse(names=...)``, ``free(names=...)``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class _Job:
 @dataclass(eq=False)
 class _Reuse:
     slot: Slot
-    ids: list[int]
+    ids: list[int] | None  # the prompt's ids, or (None) its block names
+    names: list[bytes] | None
     limit: int
     done: Any  # trio.Event
     tokens: int = 0
@@ -76,26 +79,38 @@ class StageHandle:
         rows = max(len(self._owner.batch.slots), 1)
         return 0 if self.freed else self._owner.batch.memory_bytes() // rows
 
-    def free(self, tokens: Sequence[int] | None = None) -> None:
+    def free(self, tokens: Sequence[int] | None = None, *,
+             names: Sequence[bytes] | None = None) -> None:
         """Release the row; with ``tokens`` (the prompt: tokens this row prefilled, not
-        decoded) their full blocks are kept in the model's prefix cache first."""
+        decoded), or their block ``names`` (``meshd.core.prefix_names``), their full blocks
+        are kept in the model's prefix cache first."""
         if not self.freed:
             self.freed = True
-            self._owner._closes.append((self.slot, list(tokens) if tokens is not None else None))
+            kept = (list(tokens) if tokens is not None else None,
+                    list(names) if names is not None else None)
+            self._owner._closes.append((self.slot, *kept))
             self._owner._poke()
 
-    async def reuse(self, ids: Sequence[int], limit: int | None = None) -> int:
+    async def reuse(self, ids: Sequence[int] | None = None, limit: int | None = None, *,
+                    names: Sequence[bytes] | None = None) -> int:
         """Before the first step: restore the longest cached prefix of ``ids`` (whole
-        prefill chunks, at most ``limit`` tokens; default all but the last) into this row.
-        Returns the tokens restored: the first step starts at that position (0: nothing
-        cached, or no cache). Keep only prefilled tokens' blocks (``free``)."""
+        prefill chunks, at most ``limit`` tokens; default all but the last) into this row,
+        or of the prompt whose block ``names`` are given (a middle stage never sees ids; at
+        most those blocks). Returns the tokens restored: the first step starts at that
+        position (0: nothing cached, or no cache). Keep only prefilled tokens' blocks
+        (``free``)."""
         import trio
 
         if self.freed or self.slot.length:
             raise LocalError("a prefix is restored into a fresh session only")
-        limit = len(ids) - 1 if limit is None else min(limit, len(ids))
-        job = _Reuse(self.slot, [int(i) for i in ids], min(limit, self.slot.max_tokens),
-                     trio.Event())
+        if names is not None:
+            job = _Reuse(self.slot, None, [bytes(n) for n in names], self.slot.max_tokens,
+                         trio.Event())
+        else:
+            ids = list(ids or [])
+            limit = len(ids) - 1 if limit is None else min(limit, len(ids))
+            job = _Reuse(self.slot, [int(i) for i in ids], None,
+                         min(limit, self.slot.max_tokens), trio.Event())
         self._owner._reuses.append(job)
         self._owner._poke()
         await job.done.wait()
@@ -140,7 +155,7 @@ class StageBatcher:
         self.batch = BatchStage(stage)
         self._limiter = limiter
         self._opens: list[Slot] = []
-        self._closes: list[tuple[Slot, list[int] | None]] = []
+        self._closes: list[tuple[Slot, list[int] | None, list[bytes] | None]] = []
         self._reuses: list[_Reuse] = []
         self._jobs: list[_Job] = []
         self._wake = trio.Event()
@@ -207,7 +222,8 @@ class StageBatcher:
                 prefill = prefill[1:]
             self._jobs = prefill + self._jobs  # the prompt's next chunk, then the others
 
-    def _work(self, opens: list[Slot], closes: list[tuple[Slot, list[int] | None]],
+    def _work(self, opens: list[Slot],
+              closes: list[tuple[Slot, list[int] | None, list[bytes] | None]],
               decode: list[_Job], chunk: _Job | None, reuses: list[_Reuse] | None = None) -> None:
         """In the worker thread: apply row changes (prefixes restored and kept), then one
         batched decode step and at most one prompt chunk."""
@@ -215,17 +231,22 @@ class StageBatcher:
         for slot in opens:
             slot.row = len(self.batch.slots)
             self.batch.slots.append(slot)
-        for slot, tokens in closes:
+        for slot, tokens, names in closes:
             if slot.row >= 0:
                 if px is not None and tokens is not None and slot.length:
                     px.keep(tokens[:slot.length], self.batch.cache(slot.row, 1))
+                elif px is not None and names and slot.length:
+                    px.keep_names(names[:slot.length // px.block], self.batch.cache(slot.row, 1))
                 self.batch.close(slot)
         for r in reuses or []:
             if r.slot.row < 0:
                 r.error = LocalError("stage session was freed")
             elif px is not None and not r.slot.length:
-                r.tokens = r.slot.length = px.reuse(r.ids, r.limit, PREFILL_CHUNK_TOKENS,
-                                                    functools.partial(self._grow, r.slot))
+                grow = functools.partial(self._grow, r.slot)
+                r.tokens = r.slot.length = (
+                    px.reuse(r.ids, r.limit, PREFILL_CHUNK_TOKENS, grow) if r.ids is not None
+                    else px.restore((r.names or [])[:r.limit // px.block], PREFILL_CHUNK_TOKENS,
+                                    grow))
         self._round(decode, chunk)
 
     def _grow(self, slot: Slot, n: int) -> list[np.ndarray]:

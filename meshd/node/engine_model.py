@@ -117,7 +117,7 @@ class EngineModel:
 
     def prefix_summary(self, start: int, end: int) -> tuple[bytes, ...]:
         """The advert's summary of the prefixes cached for layers [start, end)."""
-        from meshd.engine.prefix_cache import layer_space
+        from meshd.core.prefix_cache import layer_space
 
         cache = self.model.prefix_cache
         return () if cache is None else tuple(cache.summary(layer_space(start, end)))

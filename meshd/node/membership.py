@@ -31,6 +31,7 @@ from meshd.config import Config
 from meshd.core import cells
 from meshd.core.advert import MAX_COLLECTIONS, Advert, ModelAdvert, significant_load_change
 from meshd.core.advert_check import MALFORMED, REPLAY, AdvertChecker, Rejected, read_claim, seal
+from meshd.core.hwsignals import reserve_host_memory
 from meshd.core.peertable import PeerTable, Verdict
 from meshd.core.snapshot import MeshSnapshot
 from meshd.core.vivaldi import Coord, update
@@ -148,18 +149,23 @@ class Membership:
         self._own_signed: bytes | None = None
         self._rtt_samples: dict[str, deque[float]] = {}
         self._hw_map: tuple[Hardware | None, dict[str, Any]] = (None, {})
+        self._hw_reserved = 0
 
     def set_hardware(self, hardware: Hardware) -> None:
         """A new hardware reading (node/hwmon.py): the next advert carries it."""
         self.hardware = hardware
 
     def _hardware_map(self) -> dict[str, Any]:
-        """The reading as adverts carry it, made once per reading (each snapshot asks)."""
+        """The reading as adverts carry it, made once per reading and prefix cache reserve
+        (each snapshot asks): host memory the prefix caches may still take is not free
+        (``hwsignals.reserve_host_memory``)."""
         hw = self.hardware
         if hw is None:
             return {}
-        if self._hw_map[0] is not hw:
-            self._hw_map = (hw, hw.to_dict())
+        reserved = self.runner.prefix_reserved_bytes()
+        if self._hw_map[0] is not hw or self._hw_reserved != reserved:
+            self._hw_map = (hw, dict(reserve_host_memory(hw.to_dict(), reserved)))
+            self._hw_reserved = reserved
         return self._hw_map[1]
 
     def add_listener(self, listener: Listener) -> None:

@@ -19,6 +19,11 @@ I/O (docs/pipeline.md):
    them (a new chain, or one node) and the next attempt replays the prompt plus every token so
    far as one prefill, so the caches are rebuilt and greedy output goes on identically;
 4. frees every session it opened (``STAGE_FREE``) however the attempt ends.
+
+With the prompt's ids known here, every ``STAGE_OPEN`` carries the prompt's block names
+(``px``: ``meshd.core.prefix_names.block_hashes`` over all but its last token, named with the
+model identity the stage's node advertises), so each stage restores its own layers' longest
+cached prefix; the first step starts at the least of the stages' ``reused`` figures (docs/pipeline.md).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from meshd.config import Config
 from meshd.core.messages import MessageType
 from meshd.core.packing import pack_ids, takes_packed, vocab_bound
 from meshd.core.planner import Plan
+from meshd.core.prefix_names import block_hashes
 from meshd.core.request import DEFAULT_MAX_TOKENS, MAX_MAX_TOKENS
 from meshd.core.snapshot import Policy, RouteRequest
 from meshd.errors import ErrorCode, PeerGoneError
@@ -145,7 +151,7 @@ async def run_plan(req: PipelineRequest, p: Plan, attempt: int, resume: list[int
     try:
         t_open = time.perf_counter()
         await _open_all(run, hops, sids, opened)
-        await _wait_ready(run, watch, sids, peer_of)
+        reused = await _wait_ready(run, watch, sids, peer_of)
         if attempt > 1:  # after a failure: when the new chain was ready, and what it replays
             req.journal("routed", {
                 "target": " -> ".join(h.name for h in hops), "pipeline": True,
@@ -154,7 +160,9 @@ async def run_plan(req: PipelineRequest, p: Plan, attempt: int, resume: list[int
         await chan.send(("route", {"served_by": hops[-1].name,
                                    "route": [node.node_name, *(h.name for h in hops)]}))
         history = req.prompt_ids + run.tokens
-        await _send_step(run, hops[0].peer_id, sids[0], 0, list(range(len(history))), history)
+        skip = min(reused, len(history) - 1)  # every stage holds the prompt's first `skip`
+        await _send_step(run, hops[0].peer_id, sids[0], 0, list(range(skip, len(history))),
+                         history[skip:])
         length = len(history)
         step = 0
         cfg = node.config
@@ -191,6 +199,13 @@ async def _open_all(run: _Pass, hops: Any, sids: list[str], opened: list[int]) -
     total = len(history) + run.remaining if history else 0
     deadline_ms = int(req.node.config.routing.request_timeout_s * 1000)
     failures: list[StageFailure] = []
+    named: dict[str, bytes] = {}  # model identity -> the prompt's block names
+
+    def prefix_names(peer_id: str) -> bytes:
+        mid = _model_id(req, peer_id)
+        if mid and history and mid not in named:
+            named[mid] = b"".join(block_hashes(history[:-1], mid))
+        return named.get(mid, b"") if mid else b""
 
     async def open_one(i: int) -> None:
         h = hops[i]
@@ -202,6 +217,8 @@ async def _open_all(run: _Pass, hops: Any, sids: list[str], opened: list[int]) -
         }
         if total:
             fields["max_tokens"] = total
+        if px := prefix_names(h.peer_id):
+            fields["px"] = px
         if i == len(hops) - 1:
             fields["gen"] = {**gen_fields(req.msg), "max_tokens": run.remaining}
             if run.tokens:  # a replan: penalties, grammar and seed go on after these
@@ -231,6 +248,18 @@ async def _open_all(run: _Pass, hops: Any, sids: list[str], opened: list[int]) -
         raise failures[0]
 
 
+def _model_id(req: PipelineRequest, peer_id: str) -> str:
+    """The identity of the model as the node ``peer_id`` advertises it ("": unknown), which
+    its stages name prefix blocks with."""
+    node = req.node
+    if peer_id == node.peer_id:
+        advert: Any = node.membership.local_advert()
+    else:
+        e = node.membership.table.get(peer_id)
+        advert = e.advert if e is not None else None
+    return next((m.model_id for m in advert.models if m.name == req.model), "") if advert else ""
+
+
 def _takes_packed(req: PipelineRequest, peer_id: str) -> bool:
     """Whether the stage on ``peer_id`` reads packed prompts (this node does)."""
     if peer_id == req.node.peer_id:
@@ -239,14 +268,18 @@ def _takes_packed(req: PipelineRequest, peer_id: str) -> bool:
     return takes_packed(e.advert if e is not None else None, req.model)
 
 
-async def _wait_ready(run: _Pass, watch: Any, sids: list[str], peer_of: dict[str, str]) -> None:
+async def _wait_ready(run: _Pass, watch: Any, sids: list[str], peer_of: dict[str, str]) -> int:
+    """Wait for every stage's ``STAGE_READY``; returns the least prompt tokens they restored
+    from their prefix caches (0 when any restored none)."""
     ready: set[str] = set()
+    reused = 1 << 62
     with trio.move_on_after(OPEN_TIMEOUT_S) as scope:
         while len(ready) < len(sids):
             kind, m = await watch.recv.receive()
             _raise_if_failed(kind, m, peer_of)
             if m["t"] == MessageType.STAGE_READY and m["rid"] in peer_of:
                 ready.add(m["rid"])
+                reused = min(reused, max(int(m.get("reused") or 0), 0))
                 if m["rid"] == sids[-1] and not run.req.prompt_ids and m.get("prompt_ids"):
                     run.req.prompt_ids = [int(i) for i in m["prompt_ids"]]
     if scope.cancelled_caught:
@@ -256,6 +289,7 @@ async def _wait_ready(run: _Pass, watch: Any, sids: list[str], peer_of: dict[str
     if not run.req.prompt_ids:
         raise StageFailure("the last stage did not return the prompt's token ids",
                            {peer_of[sids[-1]]}, ErrorCode.MALFORMED)
+    return reused
 
 
 def _raise_if_failed(kind: str, m: dict[str, Any], peer_of: dict[str, str]) -> None:

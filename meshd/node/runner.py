@@ -274,6 +274,16 @@ class Runner:
         f = getattr(s.model, "prefix_summary", None) if s is not None else None
         return tuple(f(s.layer_start, s.layer_end)) if f is not None and s is not None else ()
 
+    def prefix_reserved_bytes(self) -> int:
+        """Host memory the models' KV prefix caches may still take: their budgets less what
+        they hold ([engine] prefix_cache_mb; the advert's free memory leaves it out)."""
+        total = 0
+        for s in self.models.values():
+            px = s.prefix_cache()
+            if px is not None:
+                total += max(0, int(px["budget_bytes"]) - int(px["bytes"]))
+        return total
+
     def model_identity(self, model: str) -> str:
         """What the model really is (meshd.core.modelid; "" when unknown)."""
         s = self.models.get(model)

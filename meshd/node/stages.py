@@ -15,6 +15,13 @@ with code ``bad_tensor`` to the entry node, never a crash. A middle stage sends 
 (fp16 by default) straight to the next stage; the last stage samples the next token with the
 engine's ``Generation`` (greedy, or the request's sampling settings) and sends ``STAGE_OUT`` to
 the entry node.
+
+Prefix reuse (docs/engine.md, "Prefix cache"): a ``STAGE_OPEN`` with ``px`` (the prompt's block
+names, which the entry node computes: a middle stage never sees the token ids) restores this
+stage's layers' longest cached prefix of them, and ``STAGE_READY`` says how many tokens
+(``reused``). The entry node starts the first step at the least of its stages' figures; a stage
+that restored more cuts back to that position. A session freed with ``px`` keeps the blocks of
+the prompt it prefilled for the next request.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import trio
 
 from meshd.core.messages import MessageType
 from meshd.core.packing import unpack_ids
+from meshd.core.prefix_names import BLOCK_TOKENS, HASH_BYTES
 from meshd.core.tokident import names
 from meshd.core.wire import Message
 from meshd.errors import ErrorCode, MeshdError, PeerGoneError, RemoteError
@@ -57,6 +65,8 @@ class _Session:
     wire_dtype: str
     reserved: int  # KV tokens reserved against the budget
     served: Served
+    px: list[bytes] | None = None  # the prompt's block names (STAGE_OPEN px): reused, kept
+    reused: int = 0  # prompt tokens restored from the prefix cache at open
     kv: Any = None  # engine StageSession
     gen: Any = None  # engine Generation on the last stage
     is_first: bool = False
@@ -122,6 +132,7 @@ class StageServer:
             "errors": 0, "activation_bytes_in": 0, "activation_bytes_out": 0,
             "activation_frames_out": 0, "freed": {},
             "prompts_packed": 0, "prompts_text": 0,  # how last stages got their prompt
+            "prefix_reused_tokens": 0,  # prompt tokens a first step skipped (cached prefix)
         }
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -263,6 +274,8 @@ class StageServer:
             return
         self._spawn(self._serve, sess)
         ready: dict[str, Any] = {"rid": sid, "free_kv_tokens": self.free_kv_tokens(sess.model)}
+        if sess.px is not None:
+            ready["reused"] = sess.reused
         if sess.is_last and not msg.get("prompt_ids") and msg.get("prompt_packed") is None:
             ready["prompt_ids"] = list(sess.gen.prompt_ids)
         try:
@@ -314,6 +327,14 @@ class StageServer:
         sess.kv = self._batcher(sess, stage).open(min(want, ctx) if want > 0 else ctx)
         sess.hidden = engine_model.hidden_size
         sess.vocab = engine_model.vocab_size
+        px = msg.get("px")
+        if px:
+            if len(px) % HASH_BYTES:
+                raise RemoteError(f"px must be whole {HASH_BYTES}-byte block names",
+                                  ErrorCode.MALFORMED)
+            sess.px = [px[i:i + HASH_BYTES] for i in range(0, len(px), HASH_BYTES)][
+                :sess.kv.max_tokens // BLOCK_TOKENS]
+            sess.reused = await sess.kv.reuse(names=sess.px)
         if sess.is_last:
             from meshd.engine.generation import Generation  # only here: it loads the engine
 
@@ -386,7 +407,7 @@ class StageServer:
         self.sessions.pop(sess.sid, None)
         self.runner.poke()
         if sess.kv is not None:
-            sess.kv.free()
+            sess.kv.free(names=sess.px)  # with px: the prompt's blocks are kept
         sess.inbox.close()
         reason = sess.reason or "done"
         freed = self.stats["freed"]
@@ -396,6 +417,11 @@ class StageServer:
     async def _step(self, sess: _Session, msg: Message) -> bool:
         """Run one step; False ends the session (finished, or failed and reported)."""
         pos = msg["pos"]
+        if not sess.steps and pos and 0 <= pos[0] < sess.kv.length:
+            # the first step starts where every stage of the chain holds the prompt's prefix
+            sess.kv.truncate(pos[0])
+        if not sess.steps and pos and pos[0] == sess.kv.length:
+            self.stats["prefix_reused_tokens"] += pos[0]
         try:
             if len(pos) < 1 or pos[0] != sess.kv.length or pos != list(
                 range(pos[0], pos[0] + len(pos))

@@ -43,6 +43,8 @@ class MeshView(Protocol):
 
     def snapshot(self) -> MeshSnapshot: ...
 
+    def local_advert(self) -> Advert: ...
+
 
 def coord_of(a: Advert) -> Coord | None:
     if not a.coord:

@@ -42,6 +42,7 @@ from meshd.core.snapshot import RouteRequest
 from meshd.core.vivaldi import update
 from meshd.errors import RoutingError
 from meshd.sim import admission, entry, hedging, pipeline
+from meshd.sim.chat import ChatStream
 from meshd.sim.events import (
     ADVERT,
     ARRIVAL,
@@ -59,6 +60,7 @@ from meshd.sim.events import (
     SUMMARY,
 )
 from meshd.sim.metrics import Metrics, summarise
+from meshd.sim.prefixes import names_of
 from meshd.sim.request import SimRequest
 from meshd.sim.scenario import Scenario
 from meshd.sim.tiers import TierSim
@@ -98,7 +100,9 @@ class Simulation:
         self.route_rng = random.Random(self.seed * 7 + 1)
         self.net_rng = random.Random(self.seed * 13 + 2)
         self.event_rng = random.Random(self.seed * 19 + 4)
-        self.streams = [ArrivalStream(a, i, self.seed) for i, a in enumerate(sc.arrivals)]
+        self.streams: list[ArrivalStream | ChatStream] = [
+            ChatStream(a, i, self.seed, sc.run.duration_s) if a.chat is not None
+            else ArrivalStream(a, i, self.seed) for i, a in enumerate(sc.arrivals)]
         self.m = Metrics()
         self.heap: list[tuple[float, int, int, Any, Any]] = []
         self._seq = 0
@@ -260,7 +264,7 @@ class Simulation:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _arrival(self, s: ArrivalStream, t: float) -> None:
+    def _arrival(self, s: ArrivalStream | ChatStream, t: float) -> None:
         nxt = s.next_time()
         if nxt <= self.sc.run.duration_s:
             self.push(nxt, ARRIVAL, s)
@@ -270,8 +274,13 @@ class Simulation:
         regions = self.world.region_names
         ri = s.rng.randrange(len(regions)) if spec.region == "*" else regions.index(spec.region)
         alive = self.world.region_alive[ri]
-        entry = alive[s.rng.randrange(len(alive))] if alive else -1
-        prompt, output = s.sizes()
+        ids: tuple[int, ...] = ()
+        if isinstance(s, ChatStream):  # a turn of a conversation, at its conversation's entry node
+            turn, entry = s.take(alive)
+            ids, prompt, output = turn.prompt_ids, len(turn.prompt_ids), turn.max_tokens
+        else:
+            entry = alive[s.rng.randrange(len(alive))] if alive else -1
+            prompt, output = s.sizes()
         self.rid += 1
         measured = t >= self.sc.run.warmup_s
         model = spec.model
@@ -286,6 +295,7 @@ class Simulation:
         life: RequestLife[int] = RequestLife(started_s=t, max_attempts=run.max_attempts,
                                              timeout_s=run.timeout_s, policy=self.policy)
         r = SimRequest(self.rid, t, entry, model, prompt, output, spec.residency, measured, life)
+        r.ids = ids
         if measured:
             self.m.arrived += 1
         self.outstanding += 1
@@ -308,6 +318,7 @@ class Simulation:
             request_id=str(r.rid), model=r.model, prompt_tokens=r.effective_prompt,
             max_tokens=r.remaining_output, residency=r.residency,
             exclude=frozenset(w.nodes[j].peer_id for j in exclude) if exclude else frozenset(),
+            prompt_ids=r.ids,
         )  # fmt: skip
         try:
             d = decide(req, snap, self.policy, self.route_rng, e.rr, hedge=self.hedge)
@@ -350,7 +361,14 @@ class Simulation:
             self.push(now + r.rtt_s / 2.0, BUSY, r, r.gen)
 
     def _serve(self, t: SimNode, r: SimRequest, now: float) -> None:
-        prefill = predict.prefill_s(r.effective_prompt, t.prefill_tps)
+        reused = 0
+        if t.px is not None and r.ids:  # its KV prefix cache (meshd.sim.prefixes)
+            if r.names is None:
+                r.names = names_of(r.model, r.ids)
+            reused = t.px.reuse(r.names, r.effective_prompt, now)
+        prefill = predict.prefill_s(r.effective_prompt - reused, t.prefill_tps)
+        if t.px is not None and r.names:
+            t.px.keep(r.names, now + prefill)
         # per-stream speed with the streams running there now (the node's batch curve)
         decode = predict.decode_s(r.remaining_output - 1, predict.batched_decode_tps(
             t.hw.batch_tps, t.running + 1, t.decode_tps))
@@ -513,6 +531,10 @@ class Simulation:
         extra = {"events": self.events, "nodes": len(w.nodes), "cells": len(w.cells),
                  "tiers": self.tiers.summary()}
         extra.update(stats(self.views))
+        held = [n.px for n in w.nodes if n.px is not None]
+        if held:  # prefix caches (meshd.sim.prefixes): requests that reused one, tokens skipped
+            extra["prefix_hits"] = sum(p.hits for p in held)
+            extra["prefix_reused_tokens"] = sum(p.reused_tokens for p in held)
         return summarise(self.m, window_s=window, total_cost=cost, utilisation=util, extra=extra,
                          total_energy_j=energy if any(n.power_w for n in w.nodes) else None)
 

@@ -20,7 +20,7 @@ class SimRequest:
     __slots__ = (
         "rid", "arrival", "entry", "model", "prompt", "output", "residency", "measured",
         "server", "rtt_s", "gen", "ttft_s", "start_s", "first_s", "end_s", "done_tokens",
-        "stages", "stage_i", "held", "life", "attempt", "copies",
+        "stages", "stage_i", "held", "life", "attempt", "copies", "ids", "names",
     )  # fmt: skip
 
     def __init__(
@@ -53,6 +53,10 @@ class SimRequest:
         self.life = life
         self.attempt = -1
         self.copies: list[SimRequest] | None = None
+        # The prompt's token ids (a chat workload's; empty: sizes only) and, once a node with a
+        # prefix cache serves it, its block names (meshd.sim.prefixes.names_of)
+        self.ids: tuple[int, ...] = ()
+        self.names: list[bytes] | None = None
 
     @property
     def remaining_output(self) -> int:

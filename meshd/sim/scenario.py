@@ -79,6 +79,9 @@ class Hardware:
     # continuous batching: aggregate decode tokens/s at batch 1, 2, 4, ... (a node's advert
     # `batch_tps`); empty: every stream decodes at decode_tps whatever the concurrency
     batch_tps: tuple[float, ...] = ()
+    # tokens of KV its prefix cache keeps (the daemon's [engine] prefix_cache_mb over the
+    # model's KV bytes per token; meshd.sim.prefixes); 0: none
+    prefix_cache_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,26 @@ class LengthDist:
 
 
 @dataclass(frozen=True)
+class ChatSpec:
+    """The multi-turn chat workload (``[chat]``; ``meshd.sim.chat`` states where each default
+    comes from)."""
+
+    rate_per_s: float = 10.0  # requests per second, every turn counted
+    mean_turns: float = 2.0
+    user_tokens: LengthDist = field(default_factory=lambda: LengthDist(
+        "lognormal", mean=69.5, sigma=1.0, low=1, high=4096))
+    answer_tokens: LengthDist = field(default_factory=lambda: LengthDist(
+        "lognormal", mean=214.5, sigma=0.8, low=1, high=2048))
+    system_tokens: LengthDist = field(default_factory=lambda: LengthDist(
+        "lognormal", mean=400.0, sigma=0.5, low=16, high=4096))
+    shared_prompts: int = 4
+    shared_share: float = 0.5  # conversations that start with a shared system prompt
+    think_s: float = 20.0
+    answer_tps: float = 30.0
+    context_tokens: int = 8192
+
+
+@dataclass(frozen=True)
 class ArrivalSpec:
     region: str
     model: str
@@ -148,6 +171,8 @@ class ArrivalSpec:
     period_s: float = 120.0
     amplitude: float = 0.5
     phase_s: float = 0.0
+    # process "chat": the conversations' distributions ([chat]; rate_per_s is this stream's)
+    chat: ChatSpec | None = None
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,10 @@ from typing import Any
 from meshd.core.snapshot import Policy
 from meshd.core.tiers import AUTO, TIERS
 from meshd.errors import ConfigError
+from meshd.sim.chat import mean_sizes
 from meshd.sim.scenario import (
     ArrivalSpec,
+    ChatSpec,
     EventSpec,
     GossipSettings,
     Hardware,
@@ -34,7 +36,7 @@ from meshd.sim.scenario import (
 )
 from meshd.sim.toml_table import Table, deep_merge
 
-PROCESSES = ("poisson", "bursty", "diurnal")
+PROCESSES = ("poisson", "bursty", "diurnal", "chat")
 DISTS = ("fixed", "uniform", "lognormal")
 ACTIONS = ("fail", "join")
 
@@ -83,7 +85,9 @@ def parse_scenario(root: Table, path: Path) -> Scenario:
         raise ConfigError(f"{path}: region names must be unique")
     latency = _latency(root.table("latency"), set(region_names))
     policy = _policy(root.table("policy"))
-    arrivals = tuple(_arrival(t, set(region_names), models) for t in root.tables("arrivals"))
+    chat = _chat(root.table("chat"))
+    arrivals = tuple(_arrival(t, set(region_names), models, chat)
+                     for t in root.tables("arrivals"))
     if not arrivals:
         raise ConfigError(f"{path}: a scenario needs at least one [[arrivals]] stream")
     events = tuple(_event(t, set(region_names), hardware, models) for t in root.tables("events"))
@@ -237,6 +241,7 @@ def _hardware(tables: list[Table]) -> dict[str, Hardware]:
             cost_per_hour=t.number("cost_per_hour", 0.0, min_value=0.0),
             power_w=t.number("power_w", 0.0, min_value=0.0),
             batch_tps=_batch_tps(t),
+            prefix_cache_tokens=t.integer("prefix_cache_tokens", 0, min_value=0),
         )
         if hw.name in out:
             raise t.error("name", f"repeats hardware class {hw.name!r}")
@@ -333,7 +338,30 @@ def _length(t: Table) -> LengthDist:
     return d
 
 
-def _arrival(t: Table, regions: set[str], models: dict[str, ModelSpec]) -> ArrivalSpec:
+def _chat(t: Table) -> ChatSpec:
+    """``[chat]``: the conversations of ``process = "chat"`` streams (meshd.sim.chat)."""
+    d = ChatSpec()
+    c = ChatSpec(
+        mean_turns=t.number("mean_turns", d.mean_turns, min_value=1.0),
+        user_tokens=_length(t.table("user_tokens")) if t.has("user_tokens") else d.user_tokens,
+        answer_tokens=(_length(t.table("answer_tokens")) if t.has("answer_tokens")
+                       else d.answer_tokens),
+        system_tokens=(_length(t.table("system_tokens")) if t.has("system_tokens")
+                       else d.system_tokens),
+        shared_prompts=t.integer("shared_prompts", d.shared_prompts, min_value=0),
+        shared_share=t.number("shared_share", d.shared_share, min_value=0.0),
+        think_s=t.number("think_s", d.think_s, min_value=0.001),
+        answer_tps=t.number("answer_tps", d.answer_tps, min_value=0.001),
+        context_tokens=t.integer("context_tokens", d.context_tokens, min_value=2),
+    )
+    if c.shared_share > 1.0:
+        raise t.error("shared_share", "must be between 0 and 1")
+    t.done()
+    return c
+
+
+def _arrival(t: Table, regions: set[str], models: dict[str, ModelSpec],
+             chat: ChatSpec) -> ArrivalSpec:
     d = ArrivalSpec("", "", "poisson", 0.0, LengthDist("fixed", 1), LengthDist("fixed", 1))
     region = t.text("region")
     if region != "*" and region not in regions:
@@ -346,13 +374,25 @@ def _arrival(t: Table, regions: set[str], models: dict[str, ModelSpec]) -> Arriv
     process = t.text("process", "poisson")
     if process not in PROCESSES:
         raise t.error("process", f"must be one of {', '.join(PROCESSES)}, not {process!r}")
+    if process == "chat":
+        if region == "*" or model == AUTO:
+            raise t.error("process", "chat needs one region and one model (not '*' or auto)")
+        for key in ("prompt_tokens", "output_tokens"):
+            if t.has(key):
+                raise t.error(key, "is drawn by the chat workload ([chat]), not given")
+        # the requests' mean sizes, for capacity and summaries (meshd.sim.chat)
+        prompt, output = mean_sizes(chat)
+        sizes = (LengthDist("fixed", mean=prompt), LengthDist("fixed", mean=output))
+    else:
+        sizes = (_length(t.table("prompt_tokens")), _length(t.table("output_tokens")))
     a = ArrivalSpec(
         region=region,
         model=model,
         process=process,
         rate_per_s=t.number("rate_per_s", min_value=0.0),
-        prompt_tokens=_length(t.table("prompt_tokens")),
-        output_tokens=_length(t.table("output_tokens")),
+        prompt_tokens=sizes[0],
+        output_tokens=sizes[1],
+        chat=chat if process == "chat" else None,
         residency=t.text("residency", None),
         complex_share=t.number("complex_share", 0.0, min_value=0.0),
         burst_factor=t.number("burst_factor", d.burst_factor, min_value=1.0),

@@ -25,7 +25,7 @@ from typing import Any
 
 from meshd.core import predict, probes
 from meshd.core.routing import residency_allows
-from meshd.core.snapshot import MeshSnapshot, NodeView
+from meshd.core.snapshot import MeshSnapshot, NodeView, Serving
 from meshd.core.vivaldi import Coord, estimate_rtt_ms
 from meshd.sim.scenario import Scenario
 from meshd.sim.world import SimNode, World
@@ -56,9 +56,11 @@ def make_view_factory(t: SimNode) -> None:
 
 def _view(
     t: SimNode, q: int, inf: int, rtt: float, src: str, age: float, sent: int, local: bool,
-    coord: Coord,
+    coord: Coord, serving: tuple[Serving, ...] | None = None,
 ) -> NodeView:  # fmt: skip
-    if t.nv is not None:
+    """``t`` as seen; ``serving`` is what its advert said it serves when that carried a prefix
+    summary (meshd.sim.prefixes), else the node's fixed ``serving``."""
+    if t.nv is not None and (serving is None or serving is t.serving):
         v: NodeView = t.nv(
             q, inf, *t.nv_tail, rtt, src, age, sent, t.cost_per_hour, _FREE_KV, local, t.rate, coord,
             None, t.power_w,
@@ -66,7 +68,7 @@ def _view(
         return v
     return NodeView(
         peer_id=t.peer_id, name=t.name, region=t.region_name, labels=t.labels,
-        serving=t.serving, queue_depth=q, in_flight=inf, max_concurrency=t.slots,
+        serving=t.serving if serving is None else serving, queue_depth=q, in_flight=inf, max_concurrency=t.slots,
         max_queue=t.max_queue, prefill_tps=t.prefill_tps, decode_tps=t.decode_tps, rtt_ms=rtt,
         rtt_source=src, advert_age_s=age, sent_since_advert=sent,
         cost_per_hour=t.cost_per_hour, is_local=local, service_rate_rps=t.rate, coord=coord,
@@ -141,7 +143,9 @@ class Views:
         if now <= self.window_s:
             self.adverts_in_window += 1
             self.advert_receipts += len(self.world.cells[node.cell]) - 1
-        node.adverts.append((node.adv_seq, now, now + delay, load[0], load[1], node.coord, lost))
+        serving = node.serving if node.px is None else node.px.serving(node.serving, now)
+        node.adverts.append((node.adv_seq, now, now + delay, load[0], load[1], node.coord, lost,
+                             serving))
         if len(node.adverts) > 4:
             del node.adverts[0]
 
@@ -267,7 +271,8 @@ class Views:
             if model not in t.models_any:
                 continue
             if j == eidx:
-                add(_view(e, len(e.queue), e.running, 0.0, "local", 0.0, 0, True, ecoord))
+                add(_view(e, len(e.queue), e.running, 0.0, "local", 0.0, 0, True, ecoord,
+                          None if e.px is None else e.px.serving(e.serving, now)))
                 if local is not None and model in e.whole_models and (
                         not residency or residency_allows(e.labels, residency)):
                     local.append((e, len(e.queue), e.running, 0.0))
@@ -315,11 +320,11 @@ class Views:
                     not residency or residency_allows(t.labels, residency)):
                 local.append((t, a[3], a[4], rtt))
             nv = t.nv
-            if nv is not None:
+            if nv is not None and a[7] is t.serving:
                 add(nv(a[3], a[4], *t.nv_tail, rtt, src, now - a[1], n_sent, t.cost_per_hour,
                        _FREE_KV, False, t.rate, a[5], None, t.power_w))  # fmt: skip
             else:
-                add(_view(t, a[3], a[4], rtt, src, now - a[1], n_sent, False, a[5]))
+                add(_view(t, a[3], a[4], rtt, src, now - a[1], n_sent, False, a[5], a[7]))
         if local is not None:
             self._summaries_now(now)
             self._probe(e, now, model, local)
@@ -339,6 +344,7 @@ class Views:
                         n_sent,
                         False,
                         nodes[j].coord,
+                        nodes[j].adverts[-1][7] if nodes[j].adverts else None,
                     )
                 )
             views.sort(key=_peer_id)

@@ -15,6 +15,7 @@ from typing import Any
 from meshd.core.snapshot import Serving
 from meshd.core.vivaldi import Coord, VivaldiConfig, update
 from meshd.sim.latency import LatencyModel
+from meshd.sim.prefixes import NodePrefixes
 from meshd.sim.scenario import Hardware, Scenario, ServeSpec
 
 VIVALDI = VivaldiConfig()
@@ -54,7 +55,7 @@ class SimNode:
         "alive", "born_s", "died_s", "queue", "running", "busy_s", "cost", "active",
         "coord", "adverts", "adv_seq", "adv_last", "adv_load", "adv_pending", "adv_due",
         "sent", "measured", "known_dead", "rr", "probe_at", "probes", "probe_pending",
-        "view_cache", "whole_models", "models_any", "rate", "nv", "nv_tail",
+        "view_cache", "whole_models", "models_any", "rate", "nv", "nv_tail", "px",
     )  # fmt: skip
 
     def __init__(
@@ -104,6 +105,8 @@ class SimNode:
         self.rate = 0.0  # requests/s when saturated, as the node measures and gossips it
         self.nv: Any = None  # NodeView constructor with the static fields bound (views.py)
         self.nv_tail: tuple[Any, ...] = ()
+        # its KV prefix cache (meshd.sim.prefixes; None: its hardware class keeps none)
+        self.px = NodePrefixes(hw.prefix_cache_tokens) if hw.prefix_cache_tokens > 0 else None
 
 
 class World:

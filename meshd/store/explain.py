@@ -144,7 +144,7 @@ def _because(
             f"its LWSQ score (weighted network latency plus queue length) of {shown} was "
             f"{where} {of_n} {predicted}"
         )
-    if strategy not in ("meshd", "", "default"):
+    if strategy not in ("meshd", "meshd_no_prefix", "", "default"):
         score = _num(chosen.get("score"))
         extra = "" if score is None else f", score {score:.1f}"
         return f"strategy {strategy} chose it {predicted[:-1]}{extra})"

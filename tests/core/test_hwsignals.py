@@ -17,6 +17,7 @@ from meshd.core.hwsignals import (
     HwSignals,
     kv_tokens_in_memory,
     read_signals,
+    reserve_host_memory,
     speed_factor,
     with_signals,
 )
@@ -135,3 +136,18 @@ def test_energy_per_token_and_terms():
     assert energy_terms_ms([2.0, 0.5], 0.0) == [0.0, 0.0]
     assert energy_terms_ms([None, None], 50.0) == [0.0, 0.0]
 
+
+
+@pytest.mark.parametrize(("hw", "reserved", "free"), [
+    (host(), 0, 40 * GIB),  # nothing reserved: the reading as it was
+    (host(), 256 << 20, 40 * GIB - (256 << 20)),  # a prefix cache's unused budget is not free
+    (host(memory_available_bytes=GIB), 4 * GIB, 1),  # never below 1 (0 reads as "not read")
+    (host(memory_available_bytes=0), GIB, None),  # host memory not read: nothing to take from
+    ({**host(), "kv_memory": "gpu", "gpus": [gpu()]}, 4 * GIB, 20 * GIB),  # GPU KV: host only
+])
+def test_a_reserved_prefix_cache_budget_is_not_advertised_as_free(hw, reserved, free) -> None:
+    out = reserve_host_memory(hw, reserved)
+    assert read_signals(out).free_memory_bytes == free
+    assert hw == reserve_host_memory(hw, 0)  # the input map is never changed
+    if out is not hw:
+        assert out["memory_total_bytes"] == hw["memory_total_bytes"]

@@ -4,6 +4,7 @@ the loop and the numpy paths alike, and `meshd explain` states it."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -121,3 +122,52 @@ def test_explain_states_the_cached_prefix_and_the_prefill_it_saves() -> None:
     assert "prefix_tokens" not in b1
     text = explain_text({"request_id": "r1", "decision": rec, "outcome": {}, "events": []})
     assert "512 prompt tokens cached there, 512 ms saved" in text
+
+
+@pytest.mark.parametrize("n", [3, NUMPY_MIN_NODES + 6])
+def test_meshd_no_prefix_predicts_as_if_no_advert_listed_a_prefix(n: int) -> None:
+    """The comparison without prefix awareness: meshd's own choice, the credit left out."""
+    nodes = [node(f"n{i:03d}", held(20) if i == 0 else (), rtt_ms=5.0 + i) for i in range(n)]
+    _, c = candidates(nodes, req(), "meshd_no_prefix")
+    assert all(x.prefix_tokens == 0 and x.prefix_credit_ms == 0.0 for x in c.values())
+    assert c["n000"].prefill_ms == pytest.approx(len(IDS))
+    _, plain = candidates([dataclasses.replace(x, serving=(dataclasses.replace(
+        x.serving[0], prefixes=()),)) for x in nodes], req(), "meshd")
+    assert {k: v.predicted_ttft_ms for k, v in c.items()} == pytest.approx(
+        {k: v.predicted_ttft_ms for k, v in plain.items()})
+
+
+@pytest.mark.parametrize("n", [4, NUMPY_MIN_NODES + 6])
+def test_prefix_only_takes_the_longest_match_whatever_its_queue_and_ties_by_load(n: int) -> None:
+    """prefix_only (llm-d's precise prefix scorer alone): the deepest listed prefix wins even
+    past a long queue (it herds); among equal matches, and with none, the least loaded."""
+    nodes = [node(f"n{i:03d}", queue_depth=3) for i in range(n)]
+    nodes[1] = node("n001", held(9), queue_depth=40)  # 256 tokens, a long queue
+    nodes[2] = node("n002", held(20), queue_depth=60)  # 512 tokens, a longer one
+    nodes[3] = node("n003", held(20), queue_depth=50)
+    d, _ = candidates(nodes, req(), "prefix_only")
+    assert list(d.order[:3]) == ["n003", "n002", "n001"]
+    assert candidates(nodes, req(), "meshd")[0].chosen not in ("n001", "n002", "n003")
+    nodes[-1] = node(nodes[-1].peer_id, queue_depth=0)  # no match anywhere: the least loaded
+    d, _ = candidates(nodes, req(ids=tuple(i + 1 for i in IDS)), "prefix_only")
+    assert d.chosen == nodes[-1].peer_id
+
+
+@pytest.mark.parametrize("n", [12, NUMPY_MIN_NODES + 6])
+def test_a_busy_mesh_compares_the_deepest_holder_but_never_piles_onto_it(n: int) -> None:
+    """Past argmin_below_occupancy meshd compares sample_d drawn candidates; one of them is drawn
+    among the nodes listing the deepest prefix (sample_prefix), so the holder wins whenever its
+    credit beats its queue, and never when its queue costs more than the credit."""
+    def chosen(holder_queue: int, sample_prefix: bool) -> float:
+        fast = {"in_flight": 4, "service_rate_rps": 8.0, "prefill_tps": 5000.0}
+        nodes = [node(f"n{i:03d}", queue_depth=4, **fast) for i in range(n)]  # occupancy 2
+        nodes[5] = node("n005", held(9), queue_depth=holder_queue, **fast)  # 256 tokens: 51 ms
+        policy = Policy(explain_limit=0, sample_prefix=sample_prefix)
+        snap = MeshSnapshot("x", tuple(nodes))
+        wins = sum(route(req(), snap, policy, random.Random(s)).chosen == "n005"
+                   for s in range(200))
+        return wins / 200
+
+    assert chosen(4, True) == 1.0  # the same queue as the others, 51 ms less prefill
+    assert chosen(4, False) < 0.5  # drawn only now and then without it
+    assert chosen(6, True) == 0.0  # two more queued: 250 ms of wait against 51 ms saved

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import trio
 
+from meshd.core.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from meshd.engine import GenerationConfig, Model, load_model
-from meshd.engine.prefix_cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from meshd.engine.scheduler import BatchScheduler, prepare
 from meshd.engine.stagebatch import StageBatcher
 from meshd.testing.wait import wait_until

@@ -33,9 +33,15 @@ from meshd.core.routing.constraints import (
     residency_allows,
 )
 from meshd.core.routing.index import NUMPY_MIN_NODES, ModelIndex, model_index
+from meshd.core.routing.prediction import NO_PREFIX
 from meshd.core.routing.roundrobin import LOCKSTEP, round_robin_offset, round_robin_rank
 from meshd.core.routing.route import RouteDecision, hedge_deadline_ms, route
-from meshd.core.routing.strategies import BASELINE_STRATEGIES, STRATEGIES, known_temperature_ms
+from meshd.core.routing.strategies import (
+    BASELINE_STRATEGIES,
+    PREFIX_ONLY,
+    STRATEGIES,
+    known_temperature_ms,
+)
 
 __all__ = [
     "BASELINE_STRATEGIES",
@@ -47,7 +53,9 @@ __all__ = [
     "EXCLUDED_TRIED",
     "LOCKSTEP",
     "NODE_CONSTRAINTS",
+    "NO_PREFIX",
     "NUMPY_MIN_NODES",
+    "PREFIX_ONLY",
     "REQUEST_CONSTRAINTS",
     "STRATEGIES",
     "Candidate",

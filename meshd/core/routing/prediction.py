@@ -27,6 +27,8 @@ from meshd.core.prefix_names import block_hashes, summary_probes, summary_span
 from meshd.core.routing.index import Floats, Ints, ModelIndex, Positions, Vec, _Fixed
 from meshd.core.snapshot import Policy, RouteRequest
 
+NO_PREFIX = "meshd_no_prefix"  # the strategy that predicts without the prefix credit
+
 
 @dataclass(slots=True)
 class _Predictions:
@@ -88,7 +90,7 @@ def _predict(req: RouteRequest, idx: ModelIndex, e: Positions, policy: Policy) -
     rtt, advs, sent, cs, rates, ipf, idc, ages, cph = (
         idx.rtt, idx.adv, idx.sent, idx.c, idx.rate, idx.inv_pf, idx.inv_dc, idx.age, idx.cph,
     )  # fmt: skip
-    cached = _cached(req, idx, e)
+    cached = None if policy.strategy == NO_PREFIX else _cached(req, idx, e)
     if cached is None:
         prefill = [p * ipf[i] for i in e]
     else:
@@ -137,7 +139,7 @@ def _predict_np(req: RouteRequest, idx: ModelIndex, ix: Ints, policy: Policy) ->
     o = float(max(req.max_tokens - 1, 0))
     f = policy.stale_relax_factor
     c = part.c
-    cached = _cached(req, idx, ix)
+    cached = None if policy.strategy == NO_PREFIX else _cached(req, idx, ix)
     if cached is None or p <= 0.0:
         prefill = p * part.inv_pf
     else:  # predict.uncached_tokens as a vector: the rest of the prompt, and its last token

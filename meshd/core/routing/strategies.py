@@ -5,7 +5,12 @@ fallbacks, best first, and the score each strategy ranked by (None for the round
 random). meshd's own choice (``_choose_meshd``) compares a few candidates drawn by capacity and
 a Boltzmann factor over the predicted TTFT (``_weights``, ``known_temperature_ms``, ``_pick``;
 docs/routing.md, "meshd's default"); the baselines rank by queue, RTT, both (lwsq) or the predicted
-TTFT (least_ttft); the round-robin variants are in ``roundrobin.py``.
+TTFT (least_ttft); the round-robin variants are in ``roundrobin.py``. Two exist for prefix
+reuse (docs/routing.md, "Prefix credit"): ``meshd_no_prefix`` is meshd's choice without the
+prefill credit for a cached prefix (the prediction ignores the adverts' prefix summaries), and
+``prefix_only`` routes purely by the longest advertised prefix of the prompt, ties (and requests
+that match nowhere) to the least loaded node: the idea of llm-d's precise prefix-cache scorer
+used alone.
 
 A new strategy: its name in ``STRATEGIES`` and one branch in ``rank``.
 """
@@ -23,15 +28,18 @@ import numpy as np
 
 from meshd.core.energy import energy_terms_ms
 from meshd.core.routing.index import Floats, Ints, ModelIndex, Positions, Vec
-from meshd.core.routing.prediction import _Predictions
+from meshd.core.routing.prediction import NO_PREFIX, _Predictions
 from meshd.core.routing.roundrobin import LOCKSTEP, _round_robin
 from meshd.core.snapshot import Policy
 from meshd.errors import ConfigError
 
+PREFIX_ONLY = "prefix_only"
 STRATEGIES = (
     "meshd", "round_robin", "random", "least_queue", "latency_only", "lwsq", "least_ttft",
-    "round_robin_lockstep",
+    "round_robin_lockstep", NO_PREFIX, PREFIX_ONLY,
 )  # fmt: skip
+# meshd's sampling choice, with or without the prefix credit
+MESHD_CHOICE = ("meshd", NO_PREFIX)
 # The strategies compared by default (`meshd sim`, the benchmarks): every one but the herding
 # round-robin, which is there only to show what a round-robin whose counters all start at 0 does.
 BASELINE_STRATEGIES = STRATEGIES[:7]
@@ -67,11 +75,19 @@ def rank(
         start = rr_index % n if strategy == LOCKSTEP else rng.randrange(n)
         return [(start + k) % n for k in range(min(n, listed_n))], None
     then: Vec | None = None
-    if strategy == "meshd":
+    if strategy in MESHD_CHOICE:
         chosen, score = _choose_meshd(pr, idx, policy, rng)
     else:
         q, rtt = _queue_and_rtt(idx, e)
-        if strategy == "least_queue":
+        if strategy == PREFIX_ONLY:
+            # the longest prefix held first (as tokens, negated), then the least loaded
+            if isinstance(e, np.ndarray):
+                score = (np.zeros(n) if pr.cached is None
+                         else -np.asarray(pr.cached, dtype=np.float64))
+            else:
+                score = [0.0] * n if pr.cached is None else [-float(t) for t in pr.cached]
+            then = q
+        elif strategy == "least_queue":
             score, then = q, rtt  # ties (frequent) go to the nearest
         elif strategy == "latency_only":
             score = rtt
@@ -273,6 +289,18 @@ def _choose_meshd(
             tk = known_temperature_ms(policy, occupancy)
     weights = _weights(pr, known, policy, tk)
     taken = set(picked)
+    if policy.sample_prefix and pr.cached is not None and len(picked) < max(policy.sample_d, 1):
+        # one of those compared holds the deepest advertised prefix of the prompt (drawn by
+        # the weights among the nodes holding that much): its credit is weighed against its
+        # queue in the score, as the local node's fresh figures are
+        cached = np.asarray(pr.cached)
+        deepest = cached == cached.max()
+        held = [w if h else 0.0 for w, h in zip(np.asarray(weights).tolist(), deepest.tolist(),
+                                                strict=True)]
+        j = _pick(held, rng, taken)
+        if j is not None:
+            picked.append(j)
+            taken.add(j)
     for _ in range(max(policy.sample_d, 1) - len(picked)):
         if len(taken) >= n:
             break

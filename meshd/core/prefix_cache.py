@@ -11,7 +11,8 @@ block depends on the layers that computed it too, so a block is stored under its
 stage's layer range (``space``): each stage of a pipeline keeps its own layers' KV of a prefix.
 
 ``PrefixCache`` holds opaque payloads (the engine's copies of the block's keys and values,
-``meshd.engine.prefix``) and their sizes, least recently used first, and evicts from that end
+``meshd.engine.prefix``; nothing in the simulator, which models which blocks each node holds
+with this very index, ``meshd.sim.prefixes``) and their sizes, least recently used first, and evicts from that end
 while the total is over the budget. A lookup (``match``) returns the longest run of stored
 blocks from the first; it and ``store`` touch a chain from its last block to its first, so the
 first blocks of a chain are the most recently used and a chain is evicted from its tail (a block
