@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,7 +201,10 @@ def served_counts(st: dict[str, dict[str, Any] | None]) -> dict[str, int]:
 
 
 async def run_strategy(strategy: str, arrivals: list[tuple[float, str]], socks: dict[str, str],
-                       max_tokens: int, pids: list[int], run_tag: str) -> Run:
+                       max_tokens: int, pids: list[int], run_tag: str,
+                       make_fields: Callable[[int, str, int, str], dict[str, Any]] = fields_for) -> Run:
+    """The ``arrivals`` (offset s, entry node) sent open-loop, request ``i`` as
+    ``make_fields(i, strategy, max_tokens, run_tag)`` (bench_testnet_chat: chat turns)."""
     run = Run(strategy, samples={n: [] for n in socks})
     before = served_counts(await ask_all(socks, MessageType.STATUS_REQ))
     busy0, tot0 = cpu_total()
@@ -225,7 +229,7 @@ async def run_strategy(strategy: str, arrivals: list[tuple[float, str]], socks: 
                 await trio.sleep_until(t0 + at)
                 res = Result(strategy, entry, t0 + at)
                 run.results.append(res)
-                fields = fields_for(i, strategy, max_tokens, run_tag)
+                fields = make_fields(i, strategy, max_tokens, run_tag)
                 res.rid = fields["rid"]
                 reqs.start_soon(submit, socks[entry], fields, res)
             await trio.sleep_until(t0 + arrivals[-1][0] + 0.01)
