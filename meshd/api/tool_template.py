@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshd.api.errors import bad_request
-from meshd.api.tools import call_arguments
+from meshd.api.tools import call_arguments, tool_calls
 
 # a Jinja tag ({% ... %} or {{ ... }}) that reads the variable ``tools``
 _USES_TOOLS = re.compile(r"\{[{%][^}]*?\btools\b")
@@ -92,25 +92,6 @@ def _lists(text: str, open_tag: str, close_tag: str, needle: str) -> bool:
             return True
         start = text.find(open_tag, end)
     return False
-
-
-def _calls(objs: Sequence[Any], args_key: str, rid: str, choice: int
-           ) -> list[dict[str, Any]] | None:
-    """OpenAI ``tool_calls`` of parsed calls ``{"name": ..., <args_key>: {...}}`` (ids
-    ``call_<request id>_<choice>_<k>``, arguments as JSON text), an identical call repeated
-    once; None if one is not such an object."""
-    out: list[dict[str, Any]] = []
-    seen: set[tuple[str, str]] = set()
-    for obj in objs:
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return None
-        args = json.dumps(obj.get(args_key, {}), ensure_ascii=False)
-        if (obj["name"], args) in seen:  # a small model may repeat a call: once is enough
-            continue
-        seen.add((obj["name"], args))
-        out.append({"id": f"call_{rid}_{choice}_{len(out)}", "type": "function",
-                    "function": {"name": obj["name"], "arguments": args}})
-    return out
 
 
 @dataclass(frozen=True)
@@ -173,7 +154,7 @@ class TemplateFormat:
             except ValueError:
                 return [], text
             pos = end + len(closing)
-        calls = _calls(bodies, self.args_key, rid, choice)
+        calls = tool_calls(bodies, self.args_key, rid, choice)
         return (calls, text[pos:]) if calls is not None else ([], text)
 
     def parse_reply(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]] | None:
@@ -221,7 +202,7 @@ class JsonCallFormat:
             obj, end = json.JSONDecoder().raw_decode(stripped)
         except ValueError:
             return [], text
-        calls = _calls([obj], self.args_key, rid, choice)
+        calls = tool_calls([obj], self.args_key, rid, choice)
         return (calls, stripped[end:]) if calls else ([], text)
 
     def parse_reply(self, text: str, rid: str, choice: int = 0) -> list[dict[str, Any]] | None:

@@ -235,17 +235,25 @@ def parse_reply(text: str, rid: str, choice: int = 0) -> list[dict[str, Any]] | 
     calls = obj.get("tool_calls") if isinstance(obj, dict) else None
     if not isinstance(calls, list) or not calls:
         return None
+    return tool_calls(calls, "arguments", rid, choice)
+
+
+def tool_calls(objs: Sequence[Any], args_key: str, rid: str, choice: int
+               ) -> list[dict[str, Any]] | None:
+    """OpenAI ``tool_calls`` of parsed calls ``{"name": ..., <args_key>: {...}}`` (ids
+    ``call_<request id>_<choice>_<k>``, arguments as JSON text), an identical call repeated
+    once; None if one is not such an object."""
     out: list[dict[str, Any]] = []
     seen: set[tuple[str, str]] = set()
-    for c in calls:
-        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+    for obj in objs:
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return None
-        args = json.dumps(c.get("arguments", {}), ensure_ascii=False)
-        if (c["name"], args) in seen:  # a small model may repeat a call: once is enough
+        args = json.dumps(obj.get(args_key, {}), ensure_ascii=False)
+        if (obj["name"], args) in seen:  # a small model may repeat a call: once is enough
             continue
-        seen.add((c["name"], args))
+        seen.add((obj["name"], args))
         out.append({"id": f"call_{rid}_{choice}_{len(out)}", "type": "function",
-                    "function": {"name": c["name"], "arguments": args}})
+                    "function": {"name": obj["name"], "arguments": args}})
     return out
 
 
