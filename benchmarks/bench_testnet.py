@@ -452,9 +452,14 @@ def pick_entries(scenario: Scenario, k: int) -> list[str]:
     return out
 
 
-async def warm_up(socks: dict[str, str], entries: list[str], max_tokens: int, n_nodes: int) -> None:
+async def warm_up(socks: dict[str, str], entries: list[str], max_tokens: int, n_nodes: int,
+                  make_fields: Callable[[int, int], dict[str, Any]] | None = None) -> None:
     """round_robin from each entry until every node has served and measured its speeds, then
-    wait until every entry's peer table carries those speeds."""
+    wait until every entry's peer table carries those speeds. ``make_fields(round, i)``: the
+    i-th warm-up request of a round (default: ``fields_for``'s)."""
+    if make_fields is None:
+        def make_fields(rounds: int, i: int) -> dict[str, Any]:
+            return fields_for(rounds * 1000 + i, "round_robin", max_tokens, "warm")
     rounds = 0
     while True:
         st = await ask_all(socks, MessageType.STATUS_REQ)
@@ -466,7 +471,7 @@ async def warm_up(socks: dict[str, str], entries: list[str], max_tokens: int, n_
             for i in range(n_nodes):
                 e = entries[i % len(entries)]
                 res = Result("warmup", e, trio.current_time())
-                n.start_soon(submit, socks[e], fields_for(rounds * 1000 + i, "round_robin", max_tokens, "warm"), res)
+                n.start_soon(submit, socks[e], make_fields(rounds, i), res)
     deadline = trio.current_time() + 30
     while trio.current_time() < deadline:
         peers = await ask_all({e: socks[e] for e in entries}, MessageType.PEERS_REQ)

@@ -132,30 +132,16 @@ def prefix_stats(st: dict[str, dict[str, Any] | None]) -> dict[str, dict[str, in
 
 async def warm(socks: dict[str, str], entries: list[str], words: list[str], max_tokens: int,
                n_nodes: int) -> None:
-    """round_robin from each entry, long prompts of their own words, until every node has
-    measured its speeds and every entry's peer table carries them."""
-    rounds = 0
-    while rounds < 6:
-        st = await ask_all(socks, MessageType.STATUS_REQ)
-        if all(s is not None and all(m["decode_tps"] > 0 for m in s["data"]["models"])
-               for s in st.values()):
-            break
-        rounds += 1
-        async with trio.open_nursery() as nursery:
-            for i in range(n_nodes):
-                e = entries[i % len(entries)]
-                ids = tuple(range(10_000_000 + (rounds * n_nodes + i) * WARM_WORDS,
-                                  10_000_000 + (rounds * n_nodes + i + 1) * WARM_WORDS))
-                f = {"rid": f"warm-{rounds}-{i}", "prompt": to_text(ids, words, 0),
-                     "strategy": "round_robin", "max_tokens": max_tokens, "temperature": 0.0,
-                     "client": "bench"}
-                nursery.start_soon(bt.submit, socks[e], f, bt.Result("warmup", e, trio.current_time()))
-    deadline = trio.current_time() + 30
-    while trio.current_time() < deadline:
-        peers = await ask_all({e: socks[e] for e in entries}, MessageType.PEERS_REQ)
-        if all(r is not None and all(p["decode_tps"] > 0 for p in r["peers"]) for r in peers.values()):
-            return
-        await trio.sleep(0.5)
+    """bench_testnet's warm-up with long prompts of their own words: round_robin from each
+    entry until every node has measured its speeds and every entry's peer table carries them."""
+    def fields(rounds: int, i: int) -> dict[str, Any]:
+        start = 10_000_000 + (rounds * n_nodes + i) * WARM_WORDS
+        return {"rid": f"warm-{rounds}-{i}", "prompt": to_text(tuple(range(start, start + WARM_WORDS)),
+                                                               words, 0),
+                "strategy": "round_robin", "max_tokens": max_tokens, "temperature": 0.0,
+                "client": "bench"}
+
+    await bt.warm_up(socks, entries, max_tokens, n_nodes, fields)
 
 
 async def bench(args: argparse.Namespace, scenario: Scenario, index: dict[str, Any],
