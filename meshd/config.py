@@ -89,6 +89,9 @@ class ModelConfig:
     # cap this model's decode rate on this node (tokens/s per request; 0 = no cap), e.g. to share
     # a device or keep a fanless box cool; measured speeds, and so adverts, reflect the cap
     max_decode_tokens_per_s: float = 0.0
+    # cap this model's prefill rate on this node (prompt tokens computed per second per request,
+    # those taken from the prefix cache not counted; 0 = no cap): a testnet's slower device
+    max_prefill_tokens_per_s: float = 0.0
     # with layers = "auto": how many layers this node has room for (0: every layer that fits in
     # half of the free memory at start); the range itself follows the mesh's weakest coverage
     max_layers: int = 0
@@ -372,6 +375,8 @@ def _validate(cfg: Config, src: str) -> None:
             raise bad(f"[[models]][{i}].max_layers", "must be >= 0 (0 = as many as fit)")
         if m.max_decode_tokens_per_s < 0:
             raise bad(f"[[models]][{i}].max_decode_tokens_per_s", "must be >= 0 (0 = no cap)")
+        if m.max_prefill_tokens_per_s < 0:
+            raise bad(f"[[models]][{i}].max_prefill_tokens_per_s", "must be >= 0 (0 = no cap)")
         if m.context_length < 0:
             raise bad(f"[[models]][{i}].context_length", "must be >= 0 (0 = unknown)")
         if m.upstream or m.upstream_model:

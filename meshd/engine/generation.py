@@ -31,7 +31,8 @@ class TokenEvent:
     (a stop string appeared; it and anything after it are not in the text) or ``"length"``
     (max_tokens or the context is full). ``logprob`` (when asked for) is ``[token text, log
     probability, [[text, log probability], ...the likeliest alternatives]]``; ``choice`` is the
-    index of the choice (``n`` > 1) the token belongs to."""
+    index of the choice (``n`` > 1) the token belongs to. A choice's first event carries
+    ``cached_tokens``: the prompt tokens its prefill took from the prefix cache, not computed."""
 
     token_id: int
     text: str
@@ -39,6 +40,7 @@ class TokenEvent:
     finish_reason: str | None = None
     logprob: list[Any] | None = None
     choice: int = 0
+    cached_tokens: int = 0
 
 
 class Generation:

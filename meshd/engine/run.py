@@ -13,6 +13,7 @@ same limiter waits at most one burst.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -56,11 +57,11 @@ def _prepare(model: LoadedModel, prompt: str | list[int], cfg: GenerationConfig 
     return ids, Generation(ids, cfg, model.tokenizer, max_new_tokens=max_new), session
 
 
-def _prefill(model: LoadedModel, session: StageSessionLike, ids: list[int]) -> np.ndarray:
+def _prefill(model: LoadedModel, session: StageSessionLike, ids: list[int]) -> tuple[np.ndarray, int]:
     """Restore the prompt's longest cached prefix (the model's prefix cache, if it keeps one),
     cut to whole prefill chunks so that the chunks after it are the ones a prompt prefilled
     from its start runs, and at least the last token computed; prefill the rest and keep the
-    prompt's blocks. Returns the last token's logits."""
+    prompt's blocks. Returns the last token's logits and the tokens restored."""
     px = model.prefixes(0, model.num_layers)
     if px is not None:
         def grow(n: int) -> list[np.ndarray]:
@@ -73,7 +74,7 @@ def _prefill(model: LoadedModel, session: StageSessionLike, ids: list[int]) -> n
                           np.arange(n, len(ids), dtype=np.int64), last_only=True)
     if px is not None:
         px.keep(ids, session.cache())
-    return logits
+    return logits, n
 
 
 def _decode_args(token: int, position: int) -> tuple[np.ndarray, np.ndarray]:
@@ -84,13 +85,14 @@ def generate_sync(model: LoadedModel, prompt: str | list[int], cfg: GenerationCo
                   *, chat: bool = False) -> Iterator[TokenEvent]:
     ids, gen, session = _prepare(model, prompt, cfg, chat)
     try:
-        logits = _prefill(model, session, ids)
+        logits, cached = _prefill(model, session, ids)
+        event = dataclasses.replace(gen.feed(logits[-1]), cached_tokens=cached)
         while True:
-            event = gen.feed(logits[-1])
             yield event
             if event.finish_reason is not None:
                 return
             logits = session.step(*_decode_args(event.token_id, session.length), last_only=True)
+            event = gen.feed(logits[-1])
     finally:
         session.free()
 
@@ -104,7 +106,8 @@ async def generate_async(model: LoadedModel, prompt: str | list[int],
     ids, gen, session = _prepare(model, prompt, cfg, chat)
 
     def prefill() -> list[TokenEvent]:
-        return [gen.feed(_prefill(model, session, ids)[-1])]
+        logits, cached = _prefill(model, session, ids)
+        return [dataclasses.replace(gen.feed(logits[-1]), cached_tokens=cached)]
 
     def decode(last: TokenEvent) -> list[TokenEvent]:
         out: list[TokenEvent] = []

@@ -24,6 +24,7 @@ the same logits and joins the decoding rows with its own copy of the prompt's ca
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -73,6 +74,7 @@ class BatchSequence:
     max_tokens: int
     slot: Slot | None = None
     prefilled: int = 0
+    cached: int = 0  # of the prompt's tokens, those restored from the prefix cache
     last: int = -1  # the token to feed at the next decode step
     events: list[TokenEvent] = field(default_factory=list)  # made by the current step
     channel: Any = None  # trio send channel (the Batcher's)
@@ -227,7 +229,7 @@ class BatchScheduler:
             seq = self.waiting[0]
             if seq.slot is None:
                 seq.slot = self.pre.open(seq.max_tokens)
-                seq.prefilled = self._reuse(seq.slot, seq.ids)
+                seq.prefilled = seq.cached = self._reuse(seq.slot, seq.ids)
             n = min(self.chunk(), len(seq.ids) - seq.prefilled)
             if seq.prefilled + n > self.pre.capacity:  # its row doubles: few copies of one row,
                 # and a chunk's attention reads at most twice the slots it needs
@@ -273,7 +275,7 @@ class BatchScheduler:
                 members = [seq, *seq.forks]  # every choice samples from the prompt's logits
                 src = seq.slot
                 for m, allowed in zip(members, self._masks(members), strict=True):
-                    ev = m.gen.feed(first, allowed)
+                    ev = dataclasses.replace(m.gen.feed(first, allowed), cached_tokens=seq.cached)
                     m.events.append(ev)
                     out.append(m)
                     m.slot = None

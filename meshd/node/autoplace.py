@@ -187,7 +187,8 @@ class AutoPlacer:
         self.runner.models[a.name] = Served(
             name=a.name, model=EngineModel(model), layer_start=target[0], layer_end=target[1],
             num_layers=old.num_layers, max_concurrency=old.max_concurrency,
-            max_queue=old.max_queue, max_decode_tps=getattr(old, "max_decode_tps", 0.0))
+            max_queue=old.max_queue, max_decode_tps=getattr(old, "max_decode_tps", 0.0),
+            max_prefill_tps=getattr(old, "max_prefill_tps", 0.0))
 
     def statistics(self) -> dict[str, Any]:
         return {**self.stats, "auto_models": {

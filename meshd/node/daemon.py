@@ -76,6 +76,7 @@ def load_runner(cfg: Config) -> Runner:
         runner.add(Served(name=name, model=adapted, layer_start=start, layer_end=end,
                           num_layers=n, max_concurrency=m.max_concurrency, max_queue=m.max_queue,
                           max_decode_tps=m.max_decode_tokens_per_s,
+                          max_prefill_tps=m.max_prefill_tokens_per_s,
                           tier=m.tier or model.manifest.tier,
                           quality=m.quality or model.manifest.quality))
         log.info("model loaded name=%s layers=%d-%d provider=%s", name, start, end,

@@ -68,6 +68,7 @@ class Served:
     decode_tps: float = 0.0
     ttft_ms: float = 0.0  # EWMA of the time from taking a slot to the first token
     max_decode_tps: float = 0.0  # config's max_decode_tokens_per_s: per-request pacing, 0 = none
+    max_prefill_tps: float = 0.0  # config's max_prefill_tokens_per_s: the same for prefill
     hold_s: float = 0.0  # EWMA of how long a completed request held its slot (0: none yet)
     wait_refusals: int = 0  # requests that could not start within the wait their entry node allowed
     ends: dict[int, float] = field(default_factory=dict)  # running request -> expected end (trio clock)
@@ -360,8 +361,15 @@ class Runner:
             n = 0
             async for ev in s.model.generate(prompt_ids, gen):
                 if first is None:
+                    # the prompt's tokens this node computed: not those its prefix cache held,
+                    # or a node that often reuses prefixes would advertise a prefill it lacks
+                    computed = predict.uncached_tokens(len(prompt_ids),
+                                                       int(getattr(ev, "cached_tokens", 0)))
+                    if s.max_prefill_tps > 0:  # prefill no faster than the cap
+                        await trio.sleep(max(0.0, t0 + computed / s.max_prefill_tps
+                                             - time.perf_counter()))
                     first = time.perf_counter()
-                    s.prefill_tps = _ewma(s.prefill_tps, len(prompt_ids) / max(first - t0, 1e-6))
+                    s.prefill_tps = _ewma(s.prefill_tps, computed / max(first - t0, 1e-6))
                     s.ttft_ms = _ewma(s.ttft_ms, (first - t0) * 1000.0)
                 elif s.max_decode_tps > 0:  # pace token n+1 to no earlier than first + n / cap
                     await trio.sleep(max(0.0, first + n / s.max_decode_tps - time.perf_counter()))

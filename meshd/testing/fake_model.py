@@ -17,15 +17,17 @@ import trio
 class FakeEvent:
     token_id: int
     text: str
+    cached_tokens: int = 0  # on the first: prompt tokens "restored from a prefix cache"
 
 
 class FakeModel:
     num_layers = 4
     hidden_size = 8
 
-    def __init__(self, delay_s: float = 0.0, vocab: int = 1000) -> None:
+    def __init__(self, delay_s: float = 0.0, vocab: int = 1000, cached_tokens: int = 0) -> None:
         self.delay_s = delay_s
         self.vocab = vocab
+        self.cached_tokens = cached_tokens  # what every prompt's first event says was cached
 
     @property
     def vocab_size(self) -> int:
@@ -37,8 +39,8 @@ class FakeModel:
     async def generate(self, prompt: list[int], cfg: Any) -> AsyncIterator[FakeEvent]:
         # the next token depends only on the sequence so far, like greedy decoding
         seq = list(prompt)
-        for _ in range(cfg.max_tokens):
+        for i in range(cfg.max_tokens):
             await trio.sleep(self.delay_s)
             nxt = (sum(seq) * 31 + len(seq)) % self.vocab
             seq.append(nxt)
-            yield FakeEvent(nxt, f" t{nxt}")
+            yield FakeEvent(nxt, f" t{nxt}", self.cached_tokens if i == 0 else 0)

@@ -102,8 +102,11 @@ def test_single_stream_reuse_gives_the_same_tokens(models: dict[str, Model], cac
     want = [e.token_id for e in model.generate_sync(ids, GREEDY)]
     cached(name)
     assert [e.token_id for e in model.generate_sync(ids[:140], ONE)]  # keeps 4 blocks
-    got = [e.token_id for e in model.generate_sync(ids, GREEDY)]
-    assert got == want
+    events = list(model.generate_sync(ids, GREEDY))
+    assert [e.token_id for e in events] == want
+    # the first event says how much of the prompt came from the cache (a runner's prefill
+    # speed counts only the rest)
+    assert [e.cached_tokens for e in events] == [128] + [0] * (len(events) - 1)
     s = model.prefix_cache.statistics()  # type: ignore[union-attr]
     assert s["hits"] == 1 and s["reused_tokens"] == 128
     assert s["blocks"] == 5  # the prompt's full blocks (prefilled tokens only)
@@ -133,11 +136,12 @@ def test_async_single_stream_reuses_and_keeps(models: dict[str, Model], cached: 
     model = cached("qwen2")
     ids = _ids(model, 150, seed=4)
 
-    async def run() -> list[int]:
-        return [e.token_id async for e in model.generate(ids, GREEDY)]
+    async def run() -> list[tuple[int, int]]:
+        return [(e.token_id, e.cached_tokens) async for e in model.generate(ids, GREEDY)]
 
     first, second = trio.run(run), trio.run(run)
-    assert first == second
+    assert [t for t, _ in first] == [t for t, _ in second]
+    assert first[0][1] == 0 and second[0][1] == 128  # the second's first event: 128 restored
     assert model.prefix_cache.statistics()["reused_tokens"] == 128  # type: ignore[union-attr]
 
 
@@ -176,6 +180,11 @@ def test_batch_reuse_with_fused_chunks_gives_the_same_tokens(
     s = model.prefix_cache.statistics()  # type: ignore[union-attr]
     assert s["reused_tokens"] == 3 * BLOCK_TOKENS
     assert sched.stage.slots == [] and sched.pre.slots == []  # every row freed
+    seq = prepare(model, ids, ONE, False)  # once more, alone: its first event says what it reused
+    sched.add(seq)
+    while not seq.events:
+        sched.step()
+    assert seq.events[0].cached_tokens == 4 * BLOCK_TOKENS
 
 
 def test_batch_shares_a_system_prompt_between_concurrent_requests(
