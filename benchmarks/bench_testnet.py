@@ -482,7 +482,8 @@ async def warm_up(socks: dict[str, str], entries: list[str], max_tokens: int, n_
 
 def capacity(statuses: dict[str, dict[str, Any] | None], max_tokens: int, prompt_tokens: float,
              scenario: Scenario) -> tuple[float, float, dict[str, int]]:
-    """(measured, configured) requests/s the mesh completes when saturated; slots per node."""
+    """(measured, configured) requests/s the mesh completes when saturated; slots per node.
+    Configured: from the first model's decode cap (and prefill cap, where it has one)."""
     measured = configured = 0.0
     slots: dict[str, int] = {}
     for n in scenario.nodes:
@@ -492,9 +493,11 @@ def capacity(statuses: dict[str, dict[str, Any] | None], max_tokens: int, prompt
         if m and m["decode_tps"] > 0 and m["prefill_tps"] > 0:
             t = prompt_tokens / m["prefill_tps"] + (max_tokens - 1) / m["decode_tps"]
             measured += slots[n.name] / t
-        cap = n.max_decode_tokens_per_s
+        caps = n.daemon_models()[0] if n.models else {}
+        cap = float(caps.get("max_decode_tokens_per_s", 0.0))
+        pre = float(caps.get("max_prefill_tokens_per_s", 0.0))  # bench_testnet_chat's devices
         if cap > 0:
-            configured += slots[n.name] / ((max_tokens - 1) / cap)
+            configured += slots[n.name] / ((max_tokens - 1) / cap + (prompt_tokens / pre if pre > 0 else 0.0))
     return measured, configured, slots
 
 

@@ -55,8 +55,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import bench_testnet as bt  # noqa: E402
+import emulated_model as em  # noqa: E402
 from loadgen import ask_all  # noqa: E402
 
+from meshd.config import EngineConfig  # noqa: E402
 from meshd.core.messages import MessageType  # noqa: E402
 from meshd.core.routing import STRATEGIES  # noqa: E402
 from meshd.sim.chat import ChatTurn, chat_requests, mean_sizes  # noqa: E402
@@ -64,7 +66,7 @@ from meshd.sim.scenario import ChatSpec  # noqa: E402
 from meshd.testnet.children import alive  # noqa: E402
 from meshd.testnet.launcher import down  # noqa: E402
 from meshd.testnet.netem import percentile  # noqa: E402
-from meshd.testnet.scenario import Scenario, load_scenario  # noqa: E402
+from meshd.testnet.scenario import NodeDef, Scenario, load_scenario  # noqa: E402
 from meshd.testnet.scenario_up import up_scenario  # noqa: E402
 
 STRATEGIES_RUN = ("meshd", "meshd_no_prefix", "prefix_only")
@@ -100,6 +102,33 @@ def to_text(ids: tuple[int, ...], words: list[str], salt: int) -> str:
     """One word per id; ``salt`` draws another word for every id (another run's prefixes)."""
     n = len(words)
     return "".join(" " + words[(i * 2_654_435_761 + salt * 97_531) % n] for i in ids)
+
+
+# ------------------------------------------------------------------ emulated devices
+
+
+def emulate_devices(scenario: Scenario, prefill_per_decode: float,
+                    prefix_cache_mb: Any = None) -> Scenario:
+    """The scenario with every node's models prefill-capped at ``prefill_per_decode`` x their
+    decode cap (a model's own ``max_decode_tokens_per_s``, else the node's; a model's own
+    ``max_prefill_tokens_per_s`` wins; 0 = no change) and, where ``prefix_cache_mb`` (a function
+    of a node's budget in MiB) is given, every node's ``[engine] prefix_cache_mb`` mapped by it."""
+    nodes: list[NodeDef] = []
+    for n in scenario.nodes:
+        models = []
+        for m in n.daemon_models():
+            decode = float(m.get("max_decode_tokens_per_s", 0.0))
+            if prefill_per_decode > 0 and decode > 0 and "max_prefill_tokens_per_s" not in m:
+                m["max_prefill_tokens_per_s"] = round(prefill_per_decode * decode, 3)
+            models.append(m)
+        config = n.daemon_config()
+        if prefix_cache_mb is not None:
+            engine = dict(config.get("engine") or {})
+            engine["prefix_cache_mb"] = prefix_cache_mb(int(engine.get("prefix_cache_mb",
+                                                                        EngineConfig.prefix_cache_mb)))
+            config["engine"] = engine
+        nodes.append(dataclasses.replace(n, models=tuple(models), config=config))
+    return dataclasses.replace(scenario, nodes=tuple(nodes))
 
 
 # ------------------------------------------------------------------ one run
@@ -160,7 +189,7 @@ async def bench(args: argparse.Namespace, scenario: Scenario, index: dict[str, A
     rate = args.rate or args.load * base
     args.load = rate / base if base > 0 else args.load
     log(f"capacity for an uncached {prompt_mean:.0f}-token prompt and {args.max_tokens} tokens: "
-        f"measured {measured:.2f} rps (configured decode caps alone {configured:.2f}); offering "
+        f"measured {measured:.2f} rps (configured caps {configured:.2f}); offering "
         f"{rate:.2f} rps")
     wait = t_mesh + args.settle_s - time.monotonic()
     if wait > 0:
@@ -279,6 +308,13 @@ def main() -> int:
     p.add_argument("--entries", type=int, default=6)
     p.add_argument("--settle-s", type=float, default=45.0,
                    help="wait until the mesh is this old before the first run (coordinates)")
+    p.add_argument("--prefill-per-decode", type=float, default=0.0, metavar="R",
+                   help="emulated devices: every node's models prefill at most R x their decode "
+                        "cap (max_prefill_tokens_per_s; a model's own wins); 0 = no prefill cap")
+    p.add_argument("--emulated-model", action="store_true",
+                   help="serve --model's emulated-device copy (benchmarks/emulated_model.py: "
+                        "random tiny weights, --model's tokenizer; built once under build/) with "
+                        "each node's prefix-cache budget scaled to hold as many tokens")
     p.add_argument("--isolation", default="auto", choices=("auto", "netns", "loopback"))
     p.add_argument("--dir", help="testnet directory (default: a fresh temporary one)")
     p.add_argument("--out", help="write every figure to this JSON file")
@@ -297,15 +333,36 @@ def main() -> int:
         p.error("--rate: must be above 0")
     if not args.model or not (Path(args.model) / "tokenizer.json").is_file():
         p.error(f"--model: not a model directory with a tokenizer.json: {args.model!r}")
+    if args.prefill_per_decode < 0:
+        p.error("--prefill-per-decode: must be >= 0 (0 = no prefill cap)")
     args.model = str(Path(args.model).resolve())
+    scenario = load_scenario(args.scenario)
+    scale = None
+    if args.emulated_model:
+        real, emulated = Path(args.model), em.build(Path(args.model))
+        log(f"emulated model {emulated} (KV {em.kv_bytes_per_token(emulated)} bytes a token, "
+            f"{args.model}'s {em.kv_bytes_per_token(real)})")
+        args.model = str(emulated)
+
+        def scale(mb: int) -> int:
+            return em.prefix_cache_mb_for(mb, real, emulated)
+    scenario = emulate_devices(scenario, args.prefill_per_decode, scale)
+    try:
+        context = json.loads((Path(args.model) / "manifest.json").read_text())["architecture"][
+            "max_position_embeddings"]
+    except (OSError, ValueError, KeyError) as e:
+        p.error(f"--model: no readable manifest.json in {args.model} ({e})")
+    if context < args.context_tokens:
+        p.error(f"--model: its context is {context} tokens, less than --context-tokens "
+                f"{args.context_tokens}")
     os.environ["MESHD_DEFAULT_MODEL"] = args.model  # the scenario's "default" model, in every daemon
     args.spec = ChatSpec(shared_share=args.shared_share, think_s=args.think_s,
                          context_tokens=args.context_tokens)
     words = one_token_words(Path(args.model) / "tokenizer.json")
-    scenario = load_scenario(args.scenario)
     header = "# bench_testnet_chat: " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
     print(f"{header}\n# {time.strftime('%Y-%m-%d %H:%M:%S')}  {platform.node()}  {os.cpu_count()} CPUs  "
-          f"scenario {scenario.name}; model {args.model}; load average "
+          f"scenario {scenario.name}; model {args.model}; prefill cap "
+          f"{f'{args.prefill_per_decode:g} x decode' if args.prefill_per_decode else 'none'}; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     directory = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-chat-"))
 
@@ -328,6 +385,8 @@ def main() -> int:
     out.update(command=header[len("# bench_testnet_chat: "):], model=args.model, network=net,
                scenario=scenario.name, seeds=args.seeds, requests=args.requests,
                max_tokens=args.max_tokens, chat=dataclasses.asdict(args.spec),
+               prefill_per_decode=args.prefill_per_decode, emulated_model=args.emulated_model,
+               node_models={n.name: n.daemon_models() for n in scenario.nodes},
                load_average=[round(x, 2) for x in os.getloadavg()],
                wall_s=round(time.monotonic() - t_start, 1))
     print(report(out), flush=True)
