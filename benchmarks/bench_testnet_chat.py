@@ -3,9 +3,9 @@ routing (``meshd``) against the same mesh blind to cached prefixes (``meshd_no_p
 against routing by the longest advertised prefix alone (``prefix_only``).
 
     .venv/bin/python benchmarks/bench_testnet_chat.py --model /work/models/smol-q41-l4 \\
-        [--scenario testnet/regions-12.toml] [--load 0.7] [--seeds 1,2,3] [--requests 1000] \\
-        [--strategies meshd,meshd_no_prefix,prefix_only] [--max-tokens 16] [--rate RPS]
-        [--out FILE.json]
+        [--emulated-model] [--prefill-per-decode R] [--scenario testnet/regions-12.toml] \\
+        [--load 0.7] [--seeds 1,2,3] [--requests 1000] [--max-tokens 16] [--rate RPS] \\
+        [--strategies meshd,meshd_no_prefix,prefix_only] [--out FILE.json]
 
 It starts the scenario as ``bench_testnet`` does (12 daemons in network namespaces, emulated
 RTTs, the scenario's decode caps and slots), every node serving ``--model`` (the scenario's
@@ -21,6 +21,31 @@ advertise the prefixes they hold, and a node reuses its cached KV as for real ch
 arrival times, but no prefix cached by an earlier run matches. The answer asked for is capped
 at ``--max-tokens`` (the history still grows by the workload's answer length) so that the
 decode caps do not hold a slot for tens of seconds.
+
+**Emulated devices.** Twelve daemons that really prefill ~600-token prompts of SmolLM2-135M need
+about a core each; on a 2-core box the box, not the mesh, sets the figure. ``--prefill-per-decode
+R`` gives every node's models ``max_prefill_tokens_per_s`` = R x their decode cap (a model's own
+``max_decode_tokens_per_s``, else its node's in the scenario; a model's own
+``max_prefill_tokens_per_s`` wins), so a request's first token waits for its computed prompt
+tokens (those not restored from the KV prefix cache) at that speed. ``--emulated-model`` serves ``benchmarks/emulated_model.py``'s copy of ``--model``: one
+random tiny layer with the real tokenizer and chat template (a 2,000-token prefill costs 0.3 s of
+CPU in 16-token chunks, the daemon's, against 16 s for SmolLM2-135M int4), and each node's
+``[engine] prefix_cache_mb`` scaled so that it holds as many tokens as the real model's budget
+(256 MiB -> 5 MiB). With both, each node is a slower device whose compute is its own while text,
+blocks, prefix caches, adverts and routing credit stay real.
+
+R is the device's prefill speed over its decode speed. Decode reads every weight once a token
+(memory-bound); prefill processes many tokens a read (compute-bound), so R is the device's
+compute over its bandwidth, in tokens. llama.cpp's pp512 over tg128 for 3-8 B 4-bit models: Apple
+M1 Max GPU 500/46 = 10.8x and Mac mini M4 225/21 = 10.8x (github.com/brand-o/normiebench issues
+40 and 3), M2 Max CPU 125/9.7 = 13x (ikawrakow/ik_llama.cpp PR 544), RX 580 over Vulkan 347/36 =
+9.6x (geerlingguy/ai-benchmarks issue 20); on this box's 2 vCPUs SmolLM2-135M int4 prefills 363
+and decodes 57 tokens/s in meshd (6.4x; llama.cpp 2.8x, docs/benchmarks.md issue 28); datacenter
+GPUs reach tens to a hundred. R = 10 is the edge device's value: regions-12's nodes (decode 2.5-12
+tokens/s) then prefill 25-120 tokens/s, an uncached 615-token prompt 5-25 s. Such a device also
+meets the daemon's ``[routing] first_token_timeout_s`` (20 s) on long uncached prompts: an
+attempt without a first token by then is cancelled and retried elsewhere, as it would be on real
+hardware (``retried`` in the JSON).
 
 It reports TTFT p50/p95/p99 per strategy and seed, each seed's p50 and p95 as a ratio to
 ``meshd_no_prefix`` of the same seed, the medians of those over the seeds (the issue's goals:
