@@ -86,6 +86,7 @@ from loadgen import ask_all  # noqa: E402
 from meshd.config import EngineConfig  # noqa: E402
 from meshd.core.messages import MessageType  # noqa: E402
 from meshd.core.routing import STRATEGIES  # noqa: E402
+from meshd.errors import MeshdError  # noqa: E402
 from meshd.sim.chat import ChatTurn, chat_requests, mean_sizes  # noqa: E402
 from meshd.sim.scenario import ChatSpec  # noqa: E402
 from meshd.testnet.children import alive  # noqa: E402
@@ -361,10 +362,14 @@ def main() -> int:
     if args.prefill_per_decode < 0:
         p.error("--prefill-per-decode: must be >= 0 (0 = no prefill cap)")
     args.model = str(Path(args.model).resolve())
-    scenario = load_scenario(args.scenario)
     scale = None
+    try:
+        scenario = load_scenario(args.scenario)
+        real = Path(args.model)
+        emulated = em.build(real) if args.emulated_model else real
+    except MeshdError as e:
+        p.error(str(e))
     if args.emulated_model:
-        real, emulated = Path(args.model), em.build(Path(args.model))
         log(f"emulated model {emulated} (KV {em.kv_bytes_per_token(emulated)} bytes a token, "
             f"{args.model}'s {em.kv_bytes_per_token(real)})")
         args.model = str(emulated)
@@ -397,7 +402,11 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     t_start = time.monotonic()
     log(f"starting {scenario.name} in {directory}")
-    index = up_scenario(directory, scenario, isolation=args.isolation)
+    try:
+        index = up_scenario(directory, scenario, isolation=args.isolation)  # stops it if it fails
+    except MeshdError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     t_mesh = time.monotonic()
     net = (index.get("network") or {}).get("mode")
     log(f"mesh formed in {t_mesh - t_start:.1f} s (network: {net})")
