@@ -24,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from meshd.engine import graph as g
+from meshd.engine import kvmem
 from meshd.engine.kvbind import bind_cache
 from meshd.engine.loaded import CompiledStage
 from meshd.errors import LocalError
@@ -212,8 +213,8 @@ class BatchStage:
             kvh, d = self._shape
             rows, cap = target
             self._next, self._next_done = target, 0
-            self._next_kv = [(np.empty((rows, kvh, cap, d), np.float32),
-                              np.empty((rows, kvh, cap, d), np.float32)) for _ in self._layers]
+            self._next_kv = [(kvmem.zeros((rows, kvh, cap, d)), kvmem.zeros((rows, kvh, cap, d)))
+                             for _ in self._layers]
         total = sum(k.nbytes + v.nbytes for k, v in self._next_kv)
         done = self._zero(max(PREPARE_MIN_BYTES, -(-(total - self._next_done) // max(steps, 1))))
         self.prepared_bytes += done
@@ -333,8 +334,8 @@ class BatchStage:
             if j < len(ready):
                 k, v = ready[j]
             else:
-                k = np.zeros((rows, kvh, cap, d), np.float32)
-                v = np.zeros((rows, kvh, cap, d), np.float32)
+                k = kvmem.zeros((rows, kvh, cap, d))
+                v = kvmem.zeros((rows, kvh, cap, d))
             if keep and span:
                 k[:keep, :, :span] = old_k[j][:keep, :, :span]
                 v[:keep, :, :span] = old_v[j][:keep, :, :span]

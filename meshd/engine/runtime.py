@@ -24,7 +24,7 @@ import onnxruntime as ort
 from meshd.core.modelid import of_manifest
 from meshd.core.prefix_cache import PrefixCache
 from meshd.engine import graph as g
-from meshd.engine import planning
+from meshd.engine import kvmem, planning
 from meshd.engine.generation import TokenEvent
 from meshd.engine.kvbind import bind_cache
 from meshd.engine.manifest import Manifest, StageEntry, read_manifest
@@ -36,7 +36,7 @@ from meshd.engine.scheduler import Batcher
 from meshd.engine.tokenizer import Tokenizer
 from meshd.engine.weights import verify_weights
 from meshd.errors import LocalError, ModelError
-from meshd.modeldir.pages import page_out
+from meshd.modeldir.pages import page_out, trim_heap
 from meshd.modeldir.providers import choose_providers
 
 log = logging.getLogger(__name__)
@@ -290,8 +290,8 @@ class StageSession:
         # one layer at a time, rebinding it at once (the binding holds what it is bound to):
         # a growth holds one layer's buffers twice, not the whole cache
         for j, layer in enumerate(range(self.stage.start, self.stage.end)):
-            k = np.zeros((1, kvh, cap, d), np.float32)  # [1, kv_heads, slot, head_dim]
-            v = np.zeros((1, kvh, cap, d), np.float32)
+            k = kvmem.zeros((1, kvh, cap, d))  # [1, kv_heads, slot, head_dim]
+            v = kvmem.zeros((1, kvh, cap, d))
             if keep:
                 k[:, :, :keep] = keys[j][:, :, :keep]
                 v[:, :, :keep] = values[j][:, :, :keep]
@@ -456,6 +456,7 @@ class Model:
                              f"cannot build the session: {_first_line(err)}") from None
         # the weights file's pages were read once, to repack the 4/8-bit matrices
         paged = page_out(self.path / self.manifest.weights_file)
+        trim_heap()  # and the C heap's pages freed while building (the graph, its protobuf)
         log.info("stage built model=%s layers=%d-%d provider=%s build_ms=%.1f paged_out_mb=%.1f",
                  self.manifest.name, start, end, sess.get_providers()[0],
                  (time.perf_counter() - t0) * 1e3, paged / 2**20)

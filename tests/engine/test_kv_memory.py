@@ -1,9 +1,13 @@
 """What the engine holds in memory: a KV cache growth copies one layer at a time (the old
-buffers of a layer go as soon as they are copied, even while an IO binding held them), and the
-weights file's pages that onnxruntime read to repack the matrices are handed back."""
+buffers of a layer go as soon as they are copied, even while an IO binding held them), the
+cache buffers are mappings of their own (handed back when dropped, resident only where
+written), the weights file's pages that onnxruntime read to repack the matrices are handed
+back, and so are the C heap's free pages."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import sys
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -15,7 +19,7 @@ import pytest
 from meshd.engine import Model, load_model
 from meshd.engine.batch import BatchStage
 from meshd.engine.fused import FusedStep
-from meshd.modeldir.pages import mapped_ranges
+from meshd.modeldir.pages import mapped_ranges, trim_heap
 
 SLACK = 4096  # bytes of Python objects a growth may allocate besides the buffers
 
@@ -126,3 +130,79 @@ def test_a_loaded_model_hands_back_the_weights_file_pages(models: dict[str, Mode
     size_kb = weights.stat().st_size // 1024
     assert size_kb > 512
     assert _resident_kb(weights) < size_kb // 4, (_resident_kb(weights), size_kb)
+
+
+def _mapped(address: int) -> bool:
+    """Whether any of this process's mappings covers ``address``."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        if lo <= address < hi:
+            return True
+    return False
+
+
+def _rss_anon_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_kv_buffers_are_mappings_of_their_own_unmapped_when_the_batch_empties(
+        models: dict[str, Model]) -> None:
+    model = models["llama"]
+    stage = BatchStage(model.stage(0, model.num_layers))
+    slots = [stage.open(64) for _ in range(3)]
+    stage.step(slots, np.array([[5, 6], [7, 8], [9, 10]]))
+    session = model.stage(0, model.num_layers).open_session(max_tokens=64)
+    session.step(np.array([5, 6]), np.arange(2), last_only=True)
+    buffers = stage.cache(0, 3) + session.cache()
+    page = mmap.PAGESIZE
+    # each buffer starts a mapping of its own: on a page boundary (a heap block starts 16
+    # bytes past its header, never on one)
+    starts = [a.ctypes.data for a in buffers]
+    assert all(lo % page == 0 for lo in starts), [hex(lo) for lo in starts]
+    assert all(_mapped(lo) for lo in starts)
+    del buffers
+    for s in slots:
+        stage.close(s)
+    session.free()
+    assert stage.memory_bytes() == 0
+    # and it is unmapped once dropped: the address is no longer in the process
+    left = [lo for lo in starts if _mapped(lo)]
+    assert not left, f"{len(left)} of {len(starts)} cache buffers still mapped"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_cache_capacity_is_resident_only_where_written(models: dict[str, Model]) -> None:
+    model = models["llama"]
+    stage = BatchStage(model.stage(0, model.num_layers))
+    slots = [stage.open(8192) for _ in range(8)]
+    before = _rss_anon_kb()
+    stage.reserve(8192)  # room for 8 x 8,192 tokens, none written yet
+    grown = _rss_anon_kb() - before
+    assert stage.memory_bytes() >= 32 << 20
+    assert grown * 1024 < stage.memory_bytes() // 16, (grown, stage.memory_bytes())
+    for s in slots:
+        stage.close(s)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_trim_heap_hands_back_the_heaps_free_pages() -> None:
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, count = 64 << 10, 512  # 32 MiB of heap blocks (under glibc's mmap threshold)
+    blocks = [libc.malloc(size) for _ in range(count)]
+    fence = libc.malloc(size)  # keeps the freed blocks off the heap's top (trimmed anyway)
+    for b in blocks:
+        ctypes.memset(b, 1, size)
+    for b in blocks:
+        libc.free(b)
+    held = _rss_anon_kb()
+    assert trim_heap()
+    handed = held - _rss_anon_kb()
+    libc.free(fence)
+    assert handed * 1024 >= size * count * 3 // 4, handed
