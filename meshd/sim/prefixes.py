@@ -85,7 +85,7 @@ class NodePrefixes:
             heapq.heappush(self.pending, (at, self.seq, names))
 
     def serving(self, serving: tuple[Serving, ...], now: float) -> tuple[Serving, ...]:
-        """What the node's advert says it serves now: ``serving`` with its prefix summary."""
+        """What the node's advert says it serves now: ``serving`` with its prefix sketch."""
         self._settle(now)
         px = self.cache.sketch(SPACE)
         return tuple(dataclasses.replace(s, model_id=model_identity(s.model), prefix_sketch=px)

@@ -77,10 +77,10 @@ def test_the_advert_lists_the_prefix_and_the_entry_credits_it_in_explain(tmp_pat
         first = _serve(e["socket"], prompt)
 
         def listed() -> int:
-            return max((m.get("prefixes", 0) for p in peers_of(e["socket"]) for m in p["models"]
+            return max((m.get("prefix_sketch_bytes", 0) for p in peers_of(e["socket"]) for m in p["models"]
                         if m["name"] == "tiny-en"), default=0)
 
-        wait_for(listed, 30, "n1's advert to list the prompt's prefix")
+        wait_for(listed, 30, "n1's advert to carry the prompt's prefix")
         rid = os.urandom(6).hex()
         assert _serve(e["socket"], prompt, rid) == first
         record = json.loads(meshd("explain", rid, "--json", "--socket", e["socket"]).stdout)
