@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshd.core.prefix_names import SUMMARY_NAME_BYTES, SUMMARY_NAMES
+from meshd.core.prefix_names import SKETCH_MAX_BYTES, valid_sketch
 from meshd.core.wire import MAX_ADVERT_BYTES, pack, unpack
 from meshd.errors import ProtocolError
 
@@ -66,10 +66,11 @@ class ModelAdvert:
     # measured time to first token (ms, from taking a slot; an average; 0: not measured).
     # Wire key "ttft", optional
     ttft_ms: float = 0.0
-    # the prompt prefixes whose KV this node's prefix cache holds for this layer range
-    # (meshd.core.prefix_names.summary: at most 16 names of 8 bytes; empty: none or not
-    # advertised). Wire key "px", optional
-    prefixes: tuple[bytes, ...] = ()
+    # the prompt prefixes whose KV this node's prefix cache holds for this layer range: a Bloom
+    # filter of their block names at chunk depths (meshd.core.prefix_names.sketch: 8 to 512
+    # bytes; empty: none or not advertised). Wire key "pxs", optional (the list "px" that
+    # nodes sent before is still read, and ignored)
+    prefix_sketch: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +136,7 @@ class Advert:
                     **({"fmt": m.weight_format} if m.weight_format else {}),
                     **({"mid": m.model_id} if m.model_id else {}),
                     **({"ttft": m.ttft_ms} if m.ttft_ms else {}),
-                    **({"px": list(m.prefixes)} if m.prefixes else {}),
+                    **({"pxs": m.prefix_sketch} if m.prefix_sketch else {}),
                 }
                 for m in self.models
             ],
@@ -228,18 +229,22 @@ def _model(d: Any) -> ModelAdvert:
         weight_format=_str(d, "fmt", "", cap=16),
         model_id=_str(d, "mid", "", cap=256),
         ttft_ms=_num(d, "ttft"),
-        prefixes=_prefixes(d),
+        prefix_sketch=_prefix_sketch(d),
     )
 
 
-def _prefixes(d: dict[str, Any]) -> tuple[bytes, ...]:
+LEGACY_PX_NAMES = 16  # "px" (before "pxs"): at most 16 names of 8 bytes, read and ignored
+
+
+def _prefix_sketch(d: dict[str, Any]) -> bytes:
     px = _get(d, "px", list, [])
-    if len(px) > SUMMARY_NAMES or not all(
-        isinstance(x, bytes) and len(x) == SUMMARY_NAME_BYTES for x in px
-    ):
-        raise ProtocolError(f"advert model 'px' must be at most {SUMMARY_NAMES} names of "
-                            f"{SUMMARY_NAME_BYTES} bytes")
-    return tuple(bytes(x) for x in px)
+    if len(px) > LEGACY_PX_NAMES or not all(isinstance(x, bytes) and len(x) == 8 for x in px):
+        raise ProtocolError(f"advert model 'px' must be at most {LEGACY_PX_NAMES} names of 8 bytes")
+    pxs = _get(d, "pxs", bytes, b"")
+    if not valid_sketch(pxs):
+        raise ProtocolError(f"advert model 'pxs' must be a sketch of 8 to {SKETCH_MAX_BYTES} "
+                            "bytes, a power of two")
+    return bytes(pxs)
 
 
 MAX_BATCH_POINTS = 12

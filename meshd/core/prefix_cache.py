@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from meshd.core.prefix_names import BLOCK_TOKENS, block_hashes, summary
+from meshd.core.prefix_names import BLOCK_TOKENS, block_hashes, sketch
 
 __all__ = ["BLOCK_TOKENS", "PrefixCache", "block_hashes", "layer_space"]
 
@@ -48,6 +48,8 @@ class PrefixCache:
         self._blocks: OrderedDict[tuple[str, bytes], tuple[Any, int, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._changes = 0  # lookups and stores so far: what the last sketch was made after
+        self._sketch: tuple[tuple[str, int], bytes] | None = None
         self.stats = {"lookups": 0, "hits": 0, "reused_tokens": 0, "stored_blocks": 0,
                       "evicted_blocks": 0}
 
@@ -98,17 +100,24 @@ class PrefixCache:
             return evicted
 
     def _touch(self, space: str, names: Sequence[bytes]) -> None:
+        self._changes += 1
         for name in reversed(names):  # the chain's first block ends most recent
             key = (space, name)
             if key in self._blocks:
                 self._blocks.move_to_end(key)
 
-    def summary(self, space: str) -> tuple[bytes, ...]:
-        """What a node advertises of the prefixes ``space`` holds (``prefix_names.summary``):
-        short names of blocks at depths 4, 8, 16, ..., most recently used first."""
+    def sketch(self, space: str) -> bytes:
+        """What a node advertises of the prefixes ``space`` holds (``prefix_names.sketch``): a
+        Bloom filter of its blocks at chunk depths, most recently used first, at most 512 bytes.
+        Kept until a lookup or a store changes what it would be."""
         with self._lock:
+            key = (space, self._changes)
+            if self._sketch is not None and self._sketch[0] == key:
+                return self._sketch[1]
             held = [(name, e[2]) for (sp, name), e in reversed(self._blocks.items()) if sp == space]
-        return summary(held)
+            out = sketch(held)
+            self._sketch = (key, out)
+            return out
 
     def __contains__(self, key: tuple[str, bytes]) -> bool:
         with self._lock:

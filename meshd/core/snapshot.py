@@ -33,9 +33,9 @@ class Serving:
     decode_ms_per_layer: float = 0.0  # ms to run one generated token through one layer
     kv_bytes_per_token: int = 0  # KV cache bytes per token of context in this range (0: unknown)
     model_id: str = ""  # what the model is (meshd.core.modelid; "": not advertised)
-    # the advertised summary of the prompt prefixes its KV prefix cache holds for this range
-    # (meshd.core.prefix_names.summary; empty: none)
-    prefixes: tuple[bytes, ...] = ()
+    # the advertised sketch of the prompt prefixes its KV prefix cache holds for this range
+    # (meshd.core.prefix_names.sketch; empty: none)
+    prefix_sketch: bytes = b""
 
     @property
     def whole(self) -> bool:

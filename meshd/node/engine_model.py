@@ -115,12 +115,12 @@ class EngineModel:
     def generate(self, prompt: list[int], cfg: Any) -> Any:
         return self.model.generate(prompt, cfg)
 
-    def prefix_summary(self, start: int, end: int) -> tuple[bytes, ...]:
-        """The advert's summary of the prefixes cached for layers [start, end)."""
+    def prefix_sketch(self, start: int, end: int) -> bytes:
+        """The advert's sketch of the prefixes cached for layers [start, end)."""
         from meshd.core.prefix_cache import layer_space
 
         cache = self.model.prefix_cache
-        return () if cache is None else tuple(cache.summary(layer_space(start, end)))
+        return b"" if cache is None else cache.sketch(layer_space(start, end))
 
     def prefix_cache_statistics(self) -> dict[str, Any] | None:
         """The model's KV prefix cache ([engine] prefix_cache_mb; None: it keeps none)."""

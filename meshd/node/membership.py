@@ -220,7 +220,7 @@ class Membership:
                     weight_format=weight_format(s.model),
                     model_id=runner.model_identity(s.name),
                     ttft_ms=round(s.ttft_ms, 1),
-                    prefixes=runner.prefix_summary(s.name),
+                    prefix_sketch=runner.prefix_sketch(s.name),
                 )
             )
         prefill = max((s.prefill_tps for s in served), default=0.0)

@@ -268,12 +268,12 @@ class Runner:
             return ""
         return self.tokenizer_identity(model)
 
-    def prefix_summary(self, model: str) -> tuple[bytes, ...]:
+    def prefix_sketch(self, model: str) -> bytes:
         """What the advert says of the prefixes this node's KV prefix cache holds for the model
-        (meshd.core.prefix_names.summary; empty: none, or no cache)."""
+        (meshd.core.prefix_names.sketch; empty: none, or no cache)."""
         s = self.models.get(model)
-        f = getattr(s.model, "prefix_summary", None) if s is not None else None
-        return tuple(f(s.layer_start, s.layer_end)) if f is not None and s is not None else ()
+        f = getattr(s.model, "prefix_sketch", None) if s is not None else None
+        return bytes(f(s.layer_start, s.layer_end)) if f is not None and s is not None else b""
 
     def prefix_reserved_bytes(self) -> int:
         """Host memory the models' KV prefix caches may still take: their budgets less what

@@ -165,8 +165,9 @@ def advert_fields(a: Advert) -> dict[str, Any]:
              **({"ctx": m.context_length} if m.context_length else {}),
              **({"mid": m.model_id} if m.model_id else {}),
              **({"tok": m.tokenizer[:16]} if m.tokenizer else {}),
-             # prompt prefixes its KV prefix cache lists (docs/routing.md, "Prefix credit")
-             **({"prefixes": len(m.prefixes)} if m.prefixes else {})}
+             # bytes of the sketch of the prompt prefixes its KV prefix cache holds
+             # (docs/routing.md, "Prefix credit")
+             **({"prefix_sketch_bytes": len(m.prefix_sketch)} if m.prefix_sketch else {})}
             for m in a.models
         ],
         "queue_depth": a.queue_depth,

@@ -85,7 +85,7 @@ def _view(a: Advert, *, rtt_ms: float, rtt_source: str, age_s: float,
         serving=tuple(
             Serving(m.name, m.num_layers, m.layer_start, m.layer_end,
                     m.prefill_ms_per_layer_token, m.decode_ms_per_layer, m.kv_bytes_per_token,
-                    m.model_id, m.prefixes)
+                    m.model_id, m.prefix_sketch)
             for m in a.models
         ),
         queue_depth=a.queue_depth,

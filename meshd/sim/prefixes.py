@@ -10,10 +10,11 @@ As the engine does (docs/engine.md, "Prefix cache"):
   the rest;
 - the prompt's full blocks are stored when its prefill ends (a request arriving meanwhile does
   not find them yet);
-- the advert lists ``PrefixCache.summary``: at most 16 short names of the prefixes held 128,
-  256, 512, ... tokens deep, most recently used first, as ``Serving.prefixes`` beside the model
-  identity the names are made with (``model_id``), so the entry node's decision
-  (``meshd.core.decide``) credits the prefill it would skip exactly as the daemon's does.
+- the advert carries ``PrefixCache.sketch``: a Bloom filter (at most 512 bytes) of the names
+  of the blocks held at chunk depths (128, 256, 384, ... tokens), the 256 most recently used
+  at most, as ``Serving.prefix_sketch`` beside the model identity the names are made with
+  (``model_id``), so the entry node's decision (``meshd.core.decide``) credits the prefill it
+  would skip exactly as the daemon's does.
 
 Requests name their blocks once (``names_of``). Pipelines are not modelled (a chat scenario
 serves its model whole).
@@ -84,8 +85,8 @@ class NodePrefixes:
             heapq.heappush(self.pending, (at, self.seq, names))
 
     def serving(self, serving: tuple[Serving, ...], now: float) -> tuple[Serving, ...]:
-        """What the node's advert says it serves now: ``serving`` with its prefix summary."""
+        """What the node's advert says it serves now: ``serving`` with its prefix sketch."""
         self._settle(now)
-        px = self.cache.summary(SPACE)
-        return tuple(dataclasses.replace(s, model_id=model_identity(s.model), prefixes=px)
+        px = self.cache.sketch(SPACE)
+        return tuple(dataclasses.replace(s, model_id=model_identity(s.model), prefix_sketch=px)
                      for s in serving)

@@ -135,17 +135,24 @@ def test_batch_capacity_and_curve_travel_and_older_adverts_read_as_unbatched() -
             decode_advert(pack(d))
 
 
-def test_prefix_summary_travels_bounded_and_older_adverts_read_as_none() -> None:
-    from meshd.core.prefix_names import SUMMARY_NAMES
+def test_prefix_sketch_travels_bounded_and_the_older_list_is_read_and_ignored() -> None:
+    from meshd.core.prefix_names import SKETCH_MAX_BYTES
 
-    names = tuple(bytes([i]) * 8 for i in range(SUMMARY_NAMES))
-    a = make(models=(ModelAdvert("tiny", 6, 0, 6, 500.0, 40.0, 1000, 192, prefixes=names),))
-    assert decode_advert(a.encode()).models[0].prefixes == names
-    # the summary's bound on the wire: 16 names of 8 bytes are 166 bytes of msgpack at most
-    assert len(a.encode()) - len(make().encode()) <= 166
-    assert "px" not in make().to_dict()["models"][0]  # none held: nothing on the wire
-    for bad in ([b"x" * 8] * (SUMMARY_NAMES + 1), [b"short"], ["text8chr"], [1]):
+    sk = bytes(range(256)) * 2  # a full sketch: 512 bytes
+    a = make(models=(ModelAdvert("tiny", 6, 0, 6, 500.0, 40.0, 1000, 192, prefix_sketch=sk),))
+    assert decode_advert(a.encode()).models[0].prefix_sketch == sk
+    # the sketch's bound on the wire: 512 bytes are 519 bytes of msgpack with the key
+    assert len(a.encode()) - len(make().encode()) <= SKETCH_MAX_BYTES + 7
+    assert "pxs" not in make().to_dict()["models"][0]  # none held: nothing on the wire
+    for bad in (b"x" * 7, b"x" * 24, b"x" * 1024, "text8chr", [b"x" * 8]):
         d = a.to_dict()
+        d["models"][0]["pxs"] = bad
+        with pytest.raises(ProtocolError, match="'pxs'"):
+            decode_advert(pack(d))
+    d = make().to_dict()  # a node of before the sketch: its list of 8-byte names is ignored
+    d["models"][0]["px"] = [b"n" * 8] * 16
+    assert decode_advert(pack(d)).models[0].prefix_sketch == b""
+    for bad in ([b"x" * 8] * 17, [b"short"], ["text8chr"], [1]):
         d["models"][0]["px"] = bad
         with pytest.raises(ProtocolError, match="'px'"):
             decode_advert(pack(d))

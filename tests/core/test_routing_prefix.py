@@ -1,4 +1,4 @@
-"""Prefix-aware prediction: a node whose advert lists a prefix of the prompt is credited with
+"""Prefix-aware prediction: a node whose advert's sketch holds a prefix of the prompt is credited with
 the prefill it skips, in the same prediction as its queue (so a hot node is not piled on), in
 the loop and the numpy paths alike, and `meshd explain` states it."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from meshd.core import predict
-from meshd.core.prefix_names import BLOCK_TOKENS, block_hashes
+from meshd.core.prefix_names import BLOCK_TOKENS, block_hashes, sketch
 from meshd.core.routing import route
 from meshd.core.routing.index import NUMPY_MIN_NODES
 from meshd.core.snapshot import MeshSnapshot, NodeView, Policy, RouteRequest, Serving
@@ -22,15 +22,15 @@ IDS = tuple(range(5, 5 + 20 * BLOCK_TOKENS + 7))  # 647 tokens
 NAMES = block_hashes(IDS, MID)
 
 
-def held(blocks: int) -> tuple[bytes, ...]:
-    """The summary of a node holding the prompt's first ``blocks`` blocks (depths 4, 8, 16)."""
-    return tuple(NAMES[d - 1][:8] for d in (4, 8, 16, 32) if d <= blocks)
+def held(blocks: int) -> bytes:
+    """The sketch of a node holding the prompt's first ``blocks`` blocks."""
+    return sketch((NAMES[d - 1], d) for d in range(1, blocks + 1))
 
 
-def node(pid: str, px: tuple[bytes, ...] = (), mid: str = MID, **kw: object) -> NodeView:
+def node(pid: str, px: bytes = b"", mid: str = MID, **kw: object) -> NodeView:
     base: dict[str, object] = {
         "peer_id": pid, "name": pid.upper(), "serving": (Serving(M, 8, 0, 8, model_id=mid,
-                                                                 prefixes=px),),
+                                                                 prefix_sketch=px),),
         "max_concurrency": 4, "prefill_tps": 1000.0, "decode_tps": 50.0, "rtt_ms": 10.0,
         "rtt_source": "measured",
     }  # fmt: skip
@@ -56,7 +56,8 @@ def test_uncached_tokens_always_leave_the_last_token(prompt: int, cached: int) -
     assert got == want and (prompt <= 0 or got >= 1)
 
 
-@pytest.mark.parametrize(("blocks", "credit_tokens"), [(0, 0), (5, 128), (9, 256), (20, 512)])
+@pytest.mark.parametrize(("blocks", "credit_tokens"), [(0, 0), (5, 128), (9, 256), (13, 384),
+                                                       (20, 640)])
 def test_a_node_holding_the_prefix_is_credited_its_prefill(blocks: int, credit_tokens: int) -> None:
     nodes = [node("a0", held(blocks)), node("b1")]
     _, c = candidates(nodes, req())
@@ -71,12 +72,13 @@ def test_a_node_holding_the_prefix_is_credited_its_prefill(blocks: int, credit_t
 
 def test_no_credit_without_the_ids_or_for_another_prompt_and_names_per_model_identity() -> None:
     other = block_hashes(IDS, "gguf:other")  # b1 serves m with other weights: its own names
-    nodes = [node("a0", held(20)), node("b1", (other[3][:8],), mid="gguf:other"), node("c2")]
+    nodes = [node("a0", held(20)), node("b1", sketch([(other[3], 4)]), mid="gguf:other"),
+             node("c2")]
     for r in (req(ids=()), req(ids=tuple(i + 1 for i in IDS))):
         _, c = candidates(nodes, r)
         assert c["a0"].prefix_tokens == 0 and c["a0"].prefill_ms == pytest.approx(len(IDS))
     _, c = candidates(nodes, req())
-    assert (c["a0"].prefix_tokens, c["b1"].prefix_tokens, c["c2"].prefix_tokens) == (512, 128, 0)
+    assert (c["a0"].prefix_tokens, c["b1"].prefix_tokens, c["c2"].prefix_tokens) == (640, 128, 0)
 
 
 def test_the_prefix_holder_wins_until_its_queue_costs_more_than_the_prefill_it_saves() -> None:
@@ -84,11 +86,11 @@ def test_the_prefix_holder_wins_until_its_queue_costs_more_than_the_prefill_it_s
     r = req()
     idle = [node("a0", held(20)), node("b1"), node("c2")]
     d, _ = candidates(idle, r)
-    assert d.chosen == "a0"  # 512 ms less prefill, same queue
+    assert d.chosen == "a0"  # 640 ms less prefill, same queue
     busy = [node("a0", held(20), queue_depth=12, in_flight=4, service_rate_rps=8.0),
             node("b1"), node("c2")]
     d, c = candidates(busy, r)
-    assert c["a0"].queue_wait_ms > c["a0"].prefix_credit_ms  # ~1.6 s of queue vs 512 ms saved
+    assert c["a0"].queue_wait_ms > c["a0"].prefix_credit_ms  # ~1.6 s of queue vs 640 ms saved
     assert d.chosen != "a0"
 
 
@@ -107,7 +109,7 @@ def test_the_numpy_path_credits_the_same_as_the_loop() -> None:
         assert c.prefix_credit_ms == pytest.approx(cb[pid].prefix_credit_ms, rel=0, abs=1e-9)
     assert any(c.prefix_tokens for c in cb.values())
     credited = np.array([c.prefix_tokens for c in cb.values()])
-    assert set(credited.tolist()) <= {0, 128, 256, 512}
+    assert set(credited.tolist()) <= {0, 128, 256, 640}
 
 
 def test_explain_states_the_cached_prefix_and_the_prefill_it_saves() -> None:
@@ -117,11 +119,11 @@ def test_explain_states_the_cached_prefix_and_the_prefill_it_saves() -> None:
     d, _ = candidates([node("a0", held(20)), node("b1")], r)
     rec = decision_record(d, r)
     a0 = next(c for c in rec["candidates"] if c["peer_id"] == "a0")
-    assert a0["prefix_tokens"] == 512 and a0["prefix_credit_ms"] == pytest.approx(512.0)
+    assert a0["prefix_tokens"] == 640 and a0["prefix_credit_ms"] == pytest.approx(640.0)
     b1 = next(c for c in rec["candidates"] if c["peer_id"] == "b1")
     assert "prefix_tokens" not in b1
     text = explain_text({"request_id": "r1", "decision": rec, "outcome": {}, "events": []})
-    assert "512 prompt tokens cached there, 512 ms saved" in text
+    assert "640 prompt tokens cached there, 640 ms saved" in text
 
 
 @pytest.mark.parametrize("n", [3, NUMPY_MIN_NODES + 6])
@@ -132,7 +134,7 @@ def test_meshd_no_prefix_predicts_as_if_no_advert_listed_a_prefix(n: int) -> Non
     assert all(x.prefix_tokens == 0 and x.prefix_credit_ms == 0.0 for x in c.values())
     assert c["n000"].prefill_ms == pytest.approx(len(IDS))
     _, plain = candidates([dataclasses.replace(x, serving=(dataclasses.replace(
-        x.serving[0], prefixes=()),)) for x in nodes], req(), "meshd")
+        x.serving[0], prefix_sketch=b""),)) for x in nodes], req(), "meshd")
     assert {k: v.predicted_ttft_ms for k, v in c.items()} == pytest.approx(
         {k: v.predicted_ttft_ms for k, v in plain.items()})
 
@@ -143,7 +145,7 @@ def test_prefix_only_takes_the_longest_match_whatever_its_queue_and_ties_by_load
     past a long queue (it herds); among equal matches, and with none, the least loaded."""
     nodes = [node(f"n{i:03d}", queue_depth=3) for i in range(n)]
     nodes[1] = node("n001", held(9), queue_depth=40)  # 256 tokens, a long queue
-    nodes[2] = node("n002", held(20), queue_depth=60)  # 512 tokens, a longer one
+    nodes[2] = node("n002", held(20), queue_depth=60)  # 640 tokens, a longer one
     nodes[3] = node("n003", held(20), queue_depth=50)
     d, _ = candidates(nodes, req(), "prefix_only")
     assert list(d.order[:3]) == ["n003", "n002", "n001"]

@@ -308,11 +308,11 @@ def test_real_int4_model_reuse_gives_the_same_tokens(real_int4: Path) -> None:
     assert s["hits"] >= 2 and s["reused_tokens"] >= 2 * 128
 
 
-def test_the_advert_summary_names_what_the_entry_node_computes(models: dict[str, Model],
-                                                               cached: Any) -> None:
-    """A node advertises the short names of its cached prefixes at 4, 8, 16... blocks, named
-    with the model's identity as adverts carry it, so an entry node that tokenizes a request
-    computes names that match (meshd.core.prefix_names)."""
+def test_the_advert_sketch_holds_what_the_entry_node_computes(models: dict[str, Model],
+                                                              cached: Any) -> None:
+    """A node advertises a sketch of the names of its cached prefixes at 4, 8, 12... blocks,
+    named with the model's identity as adverts carry it, so an entry node that tokenizes a
+    request computes names that match (meshd.core.prefix_names)."""
     from meshd.core.prefix_names import block_hashes as names_of
     from meshd.core.prefix_names import matched_tokens
     from meshd.node.engine_model import EngineModel
@@ -321,10 +321,10 @@ def test_the_advert_summary_names_what_the_entry_node_computes(models: dict[str,
     ids = _ids(model, 165, seed=40)
     assert [e.token_id for e in model.generate_sync(ids, ONE)]
     n = model.num_layers
-    advertised = EngineModel(model).prefix_summary(0, n)
+    advertised = EngineModel(model).prefix_sketch(0, n)
     names = names_of(ids, model.model_identity)
     assert model.model_identity.startswith("meshd:")
-    assert advertised == (names[3][:8],)  # 5 blocks held: the 4-block prefix is listed
+    assert len(advertised) == 8  # 5 blocks held: the 4-block prefix is in it
     assert matched_tokens(names, advertised) == 128
     assert matched_tokens(names_of(ids, "meshd:other"), advertised) == 0
-    assert EngineModel(model).prefix_summary(0, n // 2) == ()  # no stage of it holds any
+    assert EngineModel(model).prefix_sketch(0, n // 2) == b""  # no stage of it holds any

@@ -65,7 +65,7 @@ def test_a_repeated_prefix_is_reused_with_the_same_tokens_and_status_states_it(
 
 def test_the_advert_lists_the_prefix_and_the_entry_credits_it_in_explain(tmp_path: Path) -> None:
     """n1 serves tiny-en with a prefix cache, e serves nothing: after a request, n1's advert
-    lists its prompt's prefix; the same prompt entering at e (tokenized there with n1's
+    carries its prompt's prefix in its sketch; the same prompt entering at e (tokenized there with n1's
     tokenizer) is predicted with n1's prefill credit, and `meshd explain` states it."""
     index = up(tmp_path / "net", [NodeSpec(name="n1", extra={"engine": {"prefix_cache_mb": 16}}),
                                   NodeSpec(name="e", models=[])], advert_interval_s=1.0)
@@ -77,10 +77,10 @@ def test_the_advert_lists_the_prefix_and_the_entry_credits_it_in_explain(tmp_pat
         first = _serve(e["socket"], prompt)
 
         def listed() -> int:
-            return max((m.get("prefixes", 0) for p in peers_of(e["socket"]) for m in p["models"]
-                        if m["name"] == "tiny-en"), default=0)
+            return max((m.get("prefix_sketch_bytes", 0) for p in peers_of(e["socket"])
+                        for m in p["models"] if m["name"] == "tiny-en"), default=0)
 
-        wait_for(listed, 30, "n1's advert to list the prompt's prefix")
+        wait_for(listed, 30, "n1's advert to carry the prompt's prefix")
         rid = os.urandom(6).hex()
         assert _serve(e["socket"], prompt, rid) == first
         record = json.loads(meshd("explain", rid, "--json", "--socket", e["socket"]).stdout)

@@ -1,6 +1,6 @@
 """Prefix reuse in the simulator (meshd.sim.prefixes): each node models the daemon's prefix cache
 with the core's own index (whole 128-token chunks, never the last token, blocks kept when the
-prefill ends, LRU under the budget), advertises its bounded summary as the daemon does, and the
+prefill ends, LRU under the budget), advertises its bounded sketch as the daemon does, and the
 chat workload (``process = "chat"``) drives it; the decision is the daemon's ``decide``."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from meshd.core.prefix_cache import PrefixCache
+from meshd.core.prefix_names import matched_tokens
 from meshd.core.snapshot import Serving
 from meshd.errors import ConfigError
 from meshd.sim.loop import Simulation
@@ -39,7 +40,7 @@ def test_the_budget_evicts_least_recently_used_blocks() -> None:
     assert px.cache.statistics()["bytes"] <= 12 * 32
 
 
-def test_the_advert_lists_the_core_summary_under_the_names_model_identity() -> None:
+def test_the_advert_carries_the_core_sketch_under_the_names_model_identity() -> None:
     px = NodePrefixes(10_000)
     px.keep(names_of("m", PROMPT), 0.0)
     serving = (Serving("m", 8, 0, 8),)
@@ -47,7 +48,8 @@ def test_the_advert_lists_the_core_summary_under_the_names_model_identity() -> N
     index = PrefixCache(10_000)
     names = names_of("m", PROMPT)
     index.store(SPACE, names, {i: (None, 32) for i in range(len(names))})
-    assert s.prefixes == index.summary(SPACE) and len(s.prefixes) == 2  # depths 4 and 8
+    assert s.prefix_sketch == index.sketch(SPACE) and len(s.prefix_sketch) == 8  # 2 names
+    assert matched_tokens(names, s.prefix_sketch) == 256  # depths 4 and 8
     assert s.model_id == model_identity("m") and (s.model, s.layer_end) == ("m", 8)
 
 

@@ -77,7 +77,7 @@ class ModelIndex:
     __slots__ = (
         "nodes", "ids", "pos", "rtt", "adv", "sent", "c", "rate", "inv_pf", "inv_dc", "age",
         "cph", "kv", "local", "local_at", "queued", "max_queue", "residency_memo", "_cols", "rr",
-        "pw", "has_power", "px_at", "px_models", "_px_np",
+        "pw", "has_power", "px",
     )  # fmt: skip
 
     def __init__(self, nodes: tuple[NodeView, ...], model: str = "") -> None:
@@ -119,20 +119,15 @@ class ModelIndex:
                 p if p is not None and 0.0 <= p <= 1e9 else -1.0 for p in (n.power_w for n in nodes)
             ]
         self.has_power = any(p >= 0.0 for p in self.pw)
-        # the prefixes the nodes' adverts list (meshd.core.prefix_names): short name -> the
-        # positions of the nodes listing it, and the model identities the names are made with
-        # (a short name is made with its identity, so one map serves every identity); empty
-        # when no node lists any
-        self.px_at: dict[bytes, list[int]] = {}
-        models: set[str] = set()
+        # the prefix sketches the nodes' adverts carry (meshd.core.prefix_names.sketch):
+        # (position, the model identity its names are made with, the sketch as an integer,
+        # its bits), for the nodes that carry one; empty when none does
+        self.px: list[tuple[int, str, int, int]] = []
         for i, n in enumerate(nodes):
             whole = n.serves(model) if n.serving else None
-            if whole is not None and whole.prefixes:
-                models.add(whole.model_id)
-                for short in whole.prefixes:
-                    self.px_at.setdefault(short, []).append(i)
-        self.px_models = tuple(sorted(models))
-        self._px_np: dict[bytes, Ints] | None = None
+            if whole is not None and whole.prefix_sketch:
+                sk = whole.prefix_sketch
+                self.px.append((i, whole.model_id, int.from_bytes(sk, "little"), len(sk) * 8))
         self.local: list[bool] = list(local)
         self.pos = {pid: i for i, pid in enumerate(self.ids)}
         self.local_at = self.local.index(True) if True in self.local else -1
@@ -140,12 +135,6 @@ class ModelIndex:
         self.residency_memo: dict[str, list[bool]] = {}
         self._cols: _Columns | None = None
         self.rr: tuple[str, list[int]] | None = None
-
-    def px_arrays(self) -> dict[bytes, Ints]:
-        """``px_at`` with numpy arrays of positions (the vectorised path; built on first use)."""
-        if self._px_np is None:
-            self._px_np = {k: np.array(v, dtype=np.intp) for k, v in self.px_at.items()}
-        return self._px_np
 
     def cols(self) -> _Columns:
         """The columns as numpy arrays, for the vectorised path (built on first use)."""

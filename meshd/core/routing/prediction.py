@@ -23,7 +23,15 @@ import numpy as np
 
 from meshd.core.energy import joules_per_token
 from meshd.core.predict import uncached_tokens
-from meshd.core.prefix_names import block_hashes, summary_probes, summary_span
+from meshd.core.prefix_names import (
+    BLOCK_TOKENS,
+    CHUNK_BLOCKS,
+    block_hashes,
+    held_chunks,
+    probe_masks,
+    sketch_probes,
+    sketch_span,
+)
 from meshd.core.routing.index import Floats, Ints, ModelIndex, Positions, Vec, _Fixed
 from meshd.core.snapshot import Policy, RouteRequest
 
@@ -51,28 +59,37 @@ class _Predictions:
 
 def _cached(req: RouteRequest, idx: ModelIndex, e: Positions) -> list[int] | Ints | None:
     """Prompt tokens of ``req`` each node ``e`` holds in its KV prefix cache, from the prefix
-    summaries of the adverts (``prefix_names.matched_tokens``, as a lookup of the request's
-    few summary-depth names in the index's map: the block names are computed once per model
-    identity, and the cost grows with the nodes listing a match, not with the candidates).
-    None when no node lists a prefix of it or the ids are unknown."""
-    if not req.prompt_ids or not idx.px_at:
+    sketches of the adverts (``prefix_names.matched_tokens``: the request's chunk-depth names,
+    computed once per model identity, tested against each sketch as bit masks made once per
+    identity and sketch size; a node's walk stops at its first name not held). None when no
+    node holds a prefix of it or the ids are unknown."""
+    if not req.prompt_ids or not idx.px:
         return None
-    # the probes go from shallow to deep: the deepest listed prefix of a node stays
-    span = req.prompt_ids[:summary_span(len(req.prompt_ids))]
-    probes = [p for mid in idx.px_models for p in summary_probes(block_hashes(span, mid))]
+    span = req.prompt_ids[:sketch_span(len(req.prompt_ids))]
+    if not span:
+        return None
+    probes: dict[str, list[bytes]] = {}
+    masks: dict[tuple[str, int], list[int]] = {}
+    held: dict[int, int] = {}
+    chunk = CHUNK_BLOCKS * BLOCK_TOKENS
+    for i, mid, value, bits in idx.px:
+        m = masks.get((mid, bits))
+        if m is None:
+            p = probes.get(mid)
+            if p is None:
+                p = probes[mid] = sketch_probes(block_hashes(span, mid))
+            m = masks[(mid, bits)] = probe_masks(p, bits)
+        n = held_chunks(value, m)
+        if n:
+            held[i] = n * chunk
+    if not held:
+        return None
     if isinstance(e, np.ndarray):
-        at = idx.px_arrays()
         full = np.zeros(len(idx.nodes), dtype=np.intp)
-        for tokens, short in probes:
-            pos = at.get(short)
-            if pos is not None:
-                full[pos] = tokens
+        for i, t in held.items():
+            full[i] = t
         got: Ints = full[e]
         return got if got.any() else None
-    held: dict[int, int] = {}
-    for tokens, short in probes:
-        for i in idx.px_at.get(short, ()):
-            held[i] = tokens
     out = [held.get(i, 0) for i in e]
     return out if any(out) else None
 

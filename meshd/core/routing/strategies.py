@@ -7,7 +7,7 @@ a Boltzmann factor over the predicted TTFT (``_weights``, ``known_temperature_ms
 docs/routing.md, "meshd's default"); the baselines rank by queue, RTT, both (lwsq) or the predicted
 TTFT (least_ttft); the round-robin variants are in ``roundrobin.py``. Two exist for prefix
 reuse (docs/routing.md, "Prefix credit"): ``meshd_no_prefix`` is meshd's choice without the
-prefill credit for a cached prefix (the prediction ignores the adverts' prefix summaries), and
+prefill credit for a cached prefix (the prediction ignores the adverts' prefix sketches), and
 ``prefix_only`` routes purely by the longest advertised prefix of the prompt, ties (and requests
 that match nowhere) to the least loaded node: the idea of llm-d's precise prefix-cache scorer
 used alone.
