@@ -35,7 +35,11 @@ question's answer).
   semantic hit when served), an exact repeat of an anchor (answers of 32 tokens), a new prompt
   (a miss) and the same with ``cache: false`` (first token); submit to DONE on the client,
   through the control socket; and, read from each semantic hit's journal afterwards (not
-  timed), where its lookup spent its time (``semantic_hit_phases_ms_p50``).
+  timed), where its lookup spent its time (``semantic_hit_phases_ms_p50``: wall and the
+  lookup thread's CPU time per phase, docs/cache.md "Where a hit's time goes").
+- ``--verifier-ab N``: N pairs of ``--splits`` scored by the pair verifier as the daemon runs
+  it, without and with its spinning twin, interleaved in one process: wall and process CPU
+  time, how often the twin spun, and how many scores differ (must be 0).
 """
 
 from __future__ import annotations
