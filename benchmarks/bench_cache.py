@@ -35,7 +35,11 @@ question's answer).
   semantic hit when served), an exact repeat of an anchor (answers of 32 tokens), a new prompt
   (a miss) and the same with ``cache: false`` (first token); submit to DONE on the client,
   through the control socket; and, read from each semantic hit's journal afterwards (not
-  timed), where its lookup spent its time (``semantic_hit_phases_ms_p50``).
+  timed), where its lookup spent its time (``semantic_hit_phases_ms_p50``: wall and the
+  lookup thread's CPU time per phase, docs/cache.md "Where a hit's time goes").
+- ``--verifier-ab N``: N pairs of ``--splits`` scored by the pair verifier as the daemon runs
+  it, without and with its spinning twin, interleaved in one process: wall and process CPU
+  time, how often the twin spun, and how many scores differ (must be 0).
 """
 
 from __future__ import annotations
@@ -481,6 +485,8 @@ def speed(rows: list[dict[str, Any]], model_dir: Path, vec: dict[str, np.ndarray
     st = cache.statistics()
     timed: dict[str, list[float]] = {"semantic": [], "miss": [], "refused": [], "embed": [],
                                      "search": []}
+    parts = ("embed_ms", "index_ms", "verify_ms", "embed_cpu_ms", "verify_cpu_ms")
+    hit_parts: dict[str, list[float]] = {k: [] for k in parts}  # of the semantic hits
     for r in [r for r in rows if r["same"]][:400]:
         t = time.perf_counter()
         got = cache.lookup(replace(req, prompt=r["b"]))
@@ -488,6 +494,9 @@ def speed(rows: list[dict[str, Any]], model_dir: Path, vec: dict[str, np.ndarray
         timed.setdefault(got.kind, []).append(dt)
         timed["embed"].append(got.embed_ms)
         timed["search"].append(got.search_ms)
+        if got.kind == "semantic":
+            for k in parts:
+                hit_parts[k].append(getattr(got, k))
     exact = []
     for a in anchors[:300]:
         t = time.perf_counter()
@@ -508,7 +517,35 @@ def speed(rows: list[dict[str, Any]], model_dir: Path, vec: dict[str, np.ndarray
         **{f"{k}_lookup_ms": {"n": len(v), "p50": p(v, 50), "p99": p(v, 99)}
            for k, v in timed.items() if k not in ("embed", "search")},
         "embed_ms_p50": p(timed["embed"], 50), "search_and_verify_ms_p50": p(timed["search"], 50),
+        "semantic_hit_phases_ms_p50": {k: p(v, 50) for k, v in hit_parts.items()},
     }
+
+
+def verifier_ab(rows: list[dict[str, Any]], model_dir: Path, n: int) -> dict[str, Any]:
+    """The pair verifier as the daemon runs it (two threads), without (A) and with (B) its
+    spinning twin, interleaved pair by pair in one process: wall and process CPU time per
+    score, how often B spun (only when the cores are free), and whether any score differs."""
+    a = PairVerifier(None, model_dir, spin=False)
+    b = PairVerifier(None, model_dir, spin=True)
+    wall: dict[str, list[float]] = {"a": [], "b": []}
+    cpu: dict[str, list[float]] = {"a": [], "b": []}
+    differ = 0
+    for i in range(n):
+        r = rows[i % len(rows)]
+        got = {}
+        for name, v in (("a", a), ("b", b)) if i % 2 == 0 else (("b", b), ("a", a)):
+            t, c = time.perf_counter(), time.process_time()
+            got[name] = v.probability(r["a"], r["b"])
+            wall[name].append((time.perf_counter() - t) * 1e3)
+            cpu[name].append((time.process_time() - c) * 1e3)
+        differ += got["a"] != got["b"]
+
+    def p(xs: list[float], q: float) -> float:
+        return round(float(np.percentile(xs, q)), 3)
+
+    return {"pairs": n, "scores_differing": differ, "b_spun": b.spin_calls,
+            **{f"{k}_wall_ms": {"p50": p(wall[k], 50), "p90": p(wall[k], 90)} for k in wall},
+            **{f"{k}_process_cpu_ms_p50": p(cpu[k], 50) for k in cpu}}
 
 
 def pid_rss_bytes(pid: int) -> int:
@@ -624,6 +661,7 @@ def daemon_e2e(rows: list[dict[str, Any]], root: Path, n: int, model_dir: Path, 
                 hit_ms.append(ms)
                 answer_chars.append(len(str(st.get("text") or "")))
                 phases.setdefault("daemon_ttft_ms", []).append(float(st["ttft_ms"]))
+                phases.setdefault("after_daemon_ttft_ms", []).append(ms - float(st["ttft_ms"]))
                 for k, v in hit_phases(sock, str(st["request_id"])).items():
                     phases.setdefault(k, []).append(v)
             st, ms = ask(anchors[i % len(anchors)])
@@ -668,6 +706,8 @@ def main() -> None:
                     help="compare with the decision rules meshd had at this git revision")
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--verifier-ab", type=int, default=0, metavar="N",
+                    help="N pairs scored by the verifier without and with its spinning twin")
     ap.add_argument("--daemon", type=int, default=0, metavar="N")
     ap.add_argument("--daemon-entries", type=int, default=0, metavar="E")
     ap.add_argument("--daemon-model", default="default", metavar="DIR",
@@ -692,6 +732,8 @@ def main() -> None:
     if args.ablation:
         result["ablation"] = ablation(rows, args.ablation)
     some = [r for r in rows if r["split"] in args.splits.split(",")]
+    if args.verifier_ab:
+        result["verifier_ab"] = verifier_ab(some, model_dir, args.verifier_ab)
     with tempfile.TemporaryDirectory() as tmp:
         if args.speed:
             result["speed"] = speed(some, model_dir, vec, args.entries, Path(tmp))

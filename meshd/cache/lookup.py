@@ -45,8 +45,15 @@ class Lookup:
     score: float | None = None
     threshold: float | None = None
     vector: np.ndarray | None = field(default=None, repr=False)
-    embed_ms: float = 0.0
-    search_ms: float = 0.0
+    embed_ms: float = 0.0  # the question's embedding, wall
+    search_ms: float = 0.0  # the nearest entry and the verifier's score, wall
+    # the parts of ``search_ms`` (wall: the index search with the entry's row, the verifier),
+    # and the CPU time of the looking-up thread (``time.thread_time``: onnxruntime's other
+    # intra-op threads not counted) in the embedding and in the verifier
+    index_ms: float = 0.0
+    verify_ms: float = 0.0
+    embed_cpu_ms: float = 0.0
+    verify_cpu_ms: float = 0.0
 
     @property
     def hit(self) -> bool:

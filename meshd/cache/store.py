@@ -362,22 +362,25 @@ class SemanticCache:
         if limit is None:  # no embedding either: nothing could be served
             self._count("refused")
             return Lookup("refused", "the error bound cannot hold at this max_error")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if vector is None:
             vector = np.asarray(self.embedder.embed([req.prompt])[0], np.float32)
             self.stats["embedded"] += 1
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         found = self._safely(lambda: self._nearest_locked(adm.read, vector), None)
         gate = self.calibration.gate if self.calibration is not None else 1.0
         verifier = self.verifier
         assert verifier is not None  # threshold() is None without one
+        t1b, c1b = time.perf_counter(), time.thread_time()
         if found is None:
             d = decide(None, gate, limit, lambda: 0.0)
         else:
             eid, sim, cached, answer, part = found
             d = decide(sim, gate, limit, lambda: verifier(cached, req.prompt))
-        t2 = time.perf_counter()
-        timing = {"embed_ms": (t1 - t0) * 1e3, "search_ms": (t2 - t1) * 1e3}
+        t2, c2 = time.perf_counter(), time.thread_time()
+        timing = {"embed_ms": (t1 - t0) * 1e3, "search_ms": (t2 - t1) * 1e3,
+                  "index_ms": (t1b - t1) * 1e3, "verify_ms": (t2 - t1b) * 1e3,
+                  "embed_cpu_ms": (c1 - c0) * 1e3, "verify_cpu_ms": (c2 - c1b) * 1e3}
         if d.kind == "hit" and found is not None:
             with self._lock:
                 self._touch(eid, self._clock())

@@ -167,6 +167,17 @@ class Embedder:
         self._spin_session = None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return _cores()
+
+
+def runnable_tasks() -> int | None:
+    """Tasks the kernel counts as runnable now, the caller included; None where unknown
+    (``meshd.core.spin.spin_pays`` reads it)."""
+    return _runnable()
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -31,6 +31,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from meshd.cache.bound import Calibration
+from meshd.core.spin import spin_pays
+from meshd.embed.embedder import runnable_tasks, usable_cores
 from meshd.embed.manifest import read_embed_manifest
 from meshd.errors import ModelError
 from meshd.modeldir.onnx_graph import IR_VERSION, OPSET
@@ -126,14 +128,30 @@ def build_graph(t: dict[str, np.ndarray], layers: int, heads: int, eps: float) -
     return bytes(model.SerializeToString())
 
 
+def _session(graph: bytes, threads: int, *, spin: bool) -> Any:
+    """A session of the verifier's graph; ``spin``: its idle intra-op threads spin-wait while
+    a ``run`` lasts, and only then (``session.force_spinning_stop``)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if spin:
+        so.add_session_config_entry("session.force_spinning_stop", "1")
+    return ort.InferenceSession(graph, so, providers=choose_providers(None))
+
+
 class PairVerifier:
     """``probability(cached, query)``: the verifier's P(the cached answer is right for the
     query). ``embed_dir``: the imported embedding model whose word table the verifier reads
     (the default model when None). ``threads``: onnxruntime intra-op threads (0: its default,
-    one per core; on 2 cores 3.2 ms p50 per candidate against 4.8 on one thread)."""
+    one per core; on 2 cores 3.2 ms p50 per candidate against 4.8 on one thread). ``spin``:
+    with two threads or more, keep a second session whose idle threads spin-wait during its
+    runs and take it when no other runnable task needs a core (``meshd.core.spin``, as the
+    embedder's ``spin="auto"``); both sessions give bit-identical scores."""
 
     def __init__(self, npz: str | Path | None = None, embed_dir: str | Path | None = None, *,
-                 threads: int = 0) -> None:
+                 threads: int = 0, spin: bool = True) -> None:
         from tokenizers import Tokenizer
 
         npz = Path(npz) if npz is not None else shipped_verifier()
@@ -158,14 +176,16 @@ class PairVerifier:
         except (OSError, ValueError) as err:
             raise ModelError(f"{npz}: cannot read the pair verifier ({err})") from None
         self._pos, self._typ = t.pop("pos"), t.pop("typ")
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 3
-        so.intra_op_num_threads = threads
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._session: Any = ort.InferenceSession(
-            build_graph(t, self.info.layers, m.arch.num_heads, m.arch.layer_norm_eps), so,
-            providers=choose_providers(None))
+        graph = build_graph(t, self.info.layers, m.arch.num_heads, m.arch.layer_norm_eps)
+        self._session: Any = _session(graph, threads, spin=False)
+        # The spinning twin (as the embedder's, meshd.embed.embedder): taken for a call only
+        # when ``spin_pays``; None with one thread, on a GPU provider or without /proc/loadavg.
+        self._cores = usable_cores()
+        self.threads = threads or self._cores  # onnxruntime's default: one per core
+        twin = (spin and self.threads >= 2 and self._cores >= 2 and runnable_tasks() is not None
+                and self._session.get_providers()[0] == "CPUExecutionProvider")
+        self._spin_session: Any = _session(graph, threads, spin=True) if twin else None
+        self.spin_calls = 0
         tok = Tokenizer.from_file(str(embed_dir / m.tokenizer_file))
         tok.no_padding()
         tok.enable_truncation(max_length=min(self.info.max_len, len(self._pos)))
@@ -173,7 +193,9 @@ class PairVerifier:
         self._lock = threading.Lock()
         self.calls = 0
 
-    def probability(self, cached: str, query: str) -> float:
+    def inputs(self, cached: str, query: str) -> dict[str, np.ndarray]:
+        """The graph's inputs for the pair: the summed embeddings of ``[CLS] cached [SEP]
+        query [SEP]`` and each segment's pooling weights."""
         enc = self._tok.encode(cached, query)
         ids = np.asarray(enc.ids, np.int64)
         types = np.asarray(enc.type_ids)
@@ -182,9 +204,18 @@ class PairVerifier:
         wb = (types == 1).astype(np.float32)
         wa /= max(float(wa.sum()), 1.0)
         wb /= max(float(wb.sum()), 1.0)
+        return {"x": x[None].astype(np.float32), "wa": wa[None, None], "wb": wb[None, None]}
+
+    def probability(self, cached: str, query: str) -> float:
+        feeds = self.inputs(cached, query)
+        session = self._session
+        if self._spin_session is not None and spin_pays(runnable_tasks(), self._cores,
+                                                        self.threads):
+            session = self._spin_session
+            with self._lock:
+                self.spin_calls += 1
         try:
-            (p,) = self._session.run(["p"], {"x": x[None].astype(np.float32),
-                                             "wa": wa[None, None], "wb": wb[None, None]})
+            (p,) = session.run(["p"], feeds)
         except Exception as err:  # onnxruntime's own exception types
             raise ModelError(f"pair verifier: onnxruntime failed: {err}") from None
         with self._lock:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -392,3 +393,28 @@ def test_lookup_semantic_reads_no_exact_row(tmp_path: Path) -> None:
     s = c.statistics()
     assert (s["exact_hits"], s["semantic_hits"], s["misses"], s["skips"]) == (0, 3, 2, 1)
     assert s["lookups"] == 5
+
+
+class SlowVerifier(Overlap):
+    """The fake verifier, burning a known amount of the calling thread's CPU per call."""
+
+    def __call__(self, cached: str, query: str) -> float:
+        end = time.thread_time() + 0.005
+        while time.thread_time() < end:
+            pass
+        return super().__call__(cached, query)
+
+
+def test_a_semantic_lookup_says_where_its_time_went(tmp_path: Path) -> None:
+    """``search_ms`` splits into the index (with the entry's row) and the verifier, and the
+    verifier's CPU time is the looking-up thread's: 5 ms burnt by the fake shows in both."""
+    v = SlowVerifier()
+    c = _cache(tmp_path / "c.db", verifier=v)
+    c.insert(REQ, "Paris")
+    hit = c.lookup(replace(REQ, prompt="What is the capital of France?"))
+    assert hit.kind == "semantic" and len(v.asked) == 1
+    assert hit.verify_cpu_ms >= 5.0 and hit.verify_ms >= hit.verify_cpu_ms - 0.5
+    assert hit.index_ms > 0 and hit.embed_ms > 0 and hit.embed_cpu_ms >= 0
+    assert abs(hit.search_ms - (hit.index_ms + hit.verify_ms)) < 0.5
+    far = c.lookup(replace(REQ, prompt="how tall is mount everest"))  # below the gate
+    assert far.kind == "miss" and len(v.asked) == 1 and far.verify_cpu_ms < 1.0

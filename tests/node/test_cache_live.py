@@ -188,6 +188,11 @@ def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any
     assert hit["score"] > hit["threshold"]
     # ... and where the lookup's time went: the paraphrase was embedded and searched
     assert hit["embed_ms"] > 0 and hit["search_ms"] > 0
+    # the search's two parts (the index with the entry's row, the verifier) and the lookup
+    # thread's CPU time in the embedding and the verifier
+    assert hit["index_ms"] > 0 and hit["verify_ms"] > 0
+    assert hit["index_ms"] + hit["verify_ms"] <= hit["search_ms"] + 1e-3
+    assert hit["embed_cpu_ms"] > 0 and hit["verify_cpu_ms"] > 0
     assert all(hit[k] >= 0 for k in ("start_ms", "queued_ms", "handoff_ms"))
 
 

@@ -219,15 +219,19 @@ async def _result(ctx: EntryContext, lookup: Any) -> Any:
 def _timing(ctx: EntryContext, lookup: Any, got: Any) -> dict[str, Any]:
     """Where a semantic lookup's time went, in ms: from the request's start to the lookup's
     start (``start_ms``), waiting for a worker thread (``queued_ms``), the prompt's embedding
-    (``embed_ms``), the search with its checks (``search_ms``) and back to the request
-    (``handoff_ms``)."""
+    (``embed_ms``), the search with its checks (``search_ms``: the index with the entry's row,
+    ``index_ms``, and the verifier, ``verify_ms``) and back to the request (``handoff_ms``);
+    ``embed_cpu_ms`` and ``verify_cpu_ms``: the looking-up thread's CPU time in each."""
     now = time.perf_counter()
     began, answered = lookup.began, lookup.answered
     if got is None or began is None or answered is None:
         return {}
     return {"start_ms": _round((lookup.created - ctx.started) * 1e3),
             "queued_ms": _round((began - lookup.created) * 1e3), "embed_ms": _round(got.embed_ms),
-            "search_ms": _round(got.search_ms), "handoff_ms": _round((now - answered) * 1e3)}
+            "search_ms": _round(got.search_ms), "index_ms": _round(got.index_ms),
+            "verify_ms": _round(got.verify_ms), "embed_cpu_ms": _round(got.embed_cpu_ms),
+            "verify_cpu_ms": _round(got.verify_cpu_ms),
+            "handoff_ms": _round((now - answered) * 1e3)}
 
 
 def _bos(node: EntryNode, model: str) -> int | None:
