@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 from pathlib import Path
 
@@ -37,6 +38,12 @@ def mapped_ranges(path: Path, maps: str) -> list[tuple[int, int]]:
     return out
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, found once (``find_library`` runs ``ldconfig``, a few ms each time)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
 def page_out(path: Path) -> int:
     """Ask the kernel to page out this process's mappings of ``path``; returns the bytes asked
     for (0 where the platform has no such call)."""
@@ -44,7 +51,7 @@ def page_out(path: Path) -> int:
         return 0
     try:
         maps = Path("/proc/self/maps").read_text(encoding="utf-8")
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = _libc()
     except OSError:
         return 0
     madvise = libc.madvise
@@ -63,8 +70,7 @@ def trim_heap() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        trim = _libc().malloc_trim
     except (OSError, AttributeError):
         return False
     trim.argtypes = [ctypes.c_size_t]
