@@ -44,6 +44,36 @@ SPIN_MODES = (False, True, "auto")
 LOADAVG = "/proc/loadavg"
 
 
+class SpinTwin:
+    """A session and its spinning twin (None: none): ``session()`` is the one a call takes,
+    the twin only when ``spin_pays`` (no other runnable task needs a core); ``spun`` counts
+    the calls it took. Used by the embedder and the pair verifier."""
+
+    def __init__(self, session: Any, twin: Any, *, cores: int, threads: int) -> None:
+        self.plain: Any = session
+        self.twin: Any = twin
+        self.cores = cores
+        self.threads = threads
+        self.spun = 0
+        self._lock = threading.Lock()
+
+    def session(self) -> Any:
+        if self.twin is not None and spin_pays(_runnable(), self.cores, self.threads):
+            with self._lock:
+                self.spun += 1
+            return self.twin
+        return self.plain
+
+    def close(self) -> None:
+        self.plain = self.twin = None
+
+
+def twin_pays(threads: int, cores: int) -> bool:
+    """Whether a spinning twin can pay: two threads or more on two cores or more, and a kernel
+    that says how many tasks are runnable (Linux's /proc/loadavg)."""
+    return threads >= 2 and cores >= 2 and _runnable() is not None
+
+
 class Embedder:
     """One loaded sentence encoder. ``embed(texts) -> float32 [n, dim]``, rows of norm 1."""
 
@@ -57,11 +87,9 @@ class Embedder:
         self.threads = threads
         self.precision = precision
         self._tok = tokenizer
-        self._session: Any = session
-        # The spinning twin of ``session`` (spin="auto"), taken when ``spin_pays``: None if none.
-        self._spin_session: Any = spin_session
-        self._cores = cores or _cores()
-        self._spin_calls = 0
+        # ``session`` and its spinning twin (spin="auto"; None if none)
+        self._sessions = SpinTwin(session, spin_session, cores=cores or usable_cores(),
+                                  threads=threads)
         self._lock = threading.Lock()
         self._texts = 0
         self._batches = 0
@@ -88,7 +116,7 @@ class Embedder:
 
     @property
     def provider(self) -> str:
-        return str(self._session.get_providers()[0])
+        return str(self._sessions.plain.get_providers()[0])
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
         """The token ids the encoder sees for each text (after truncation)."""
@@ -142,13 +170,9 @@ class Embedder:
         return self._run_arrays(input_ids, mask)
 
     def _run_arrays(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        session = self._session
-        if self._spin_session is not None and spin_pays(_runnable(), self._cores, self.threads):
-            session = self._spin_session
-            with self._lock:
-                self._spin_calls += 1
         try:
-            (emb,) = session.run([EMBEDDING], {INPUT_IDS: input_ids, ATTENTION_MASK: mask})
+            (emb,) = self._sessions.session().run([EMBEDDING], {INPUT_IDS: input_ids,
+                                                                 ATTENTION_MASK: mask})
         except Exception as err:  # onnxruntime's own exception types
             raise ModelError(f"{self.name}: onnxruntime failed: {_first_line(err)}") from None
         return np.asarray(emb, np.float32)
@@ -158,27 +182,16 @@ class Embedder:
             return {"model": self.name, "identity": self.identity, "dim": self.dim,
                     "precision": self.precision, "provider": self.provider,
                     "threads": self.threads, "texts": self._texts,
-                    "spin": "auto" if self._spin_session is not None else "off",
-                    "spin_runs": self._spin_calls,
+                    "spin": "auto" if self._sessions.twin is not None else "off",
+                    "spin_runs": self._sessions.spun,
                     "batches": self._batches, "busy_s": round(self._busy_s, 3)}
 
     def close(self) -> None:
-        self._session = None
-        self._spin_session = None
+        self._sessions.close()
 
 
 def usable_cores() -> int:
     """The cores this process may run on."""
-    return _cores()
-
-
-def runnable_tasks() -> int | None:
-    """Tasks the kernel counts as runnable now, the caller included; None where unknown
-    (``meshd.core.spin.spin_pays`` reads it)."""
-    return _runnable()
-
-
-def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
@@ -273,9 +286,9 @@ def load_embedder(path: str | Path | None = None, *, threads: int | None = None,
         raise LocalError("threads must be >= 1")
     if spin not in SPIN_MODES:
         raise LocalError(f"spin={spin!r} is not supported (False, True or 'auto')")
-    cores = _cores()
+    cores = usable_cores()
     n_threads = threads or cores  # onnxruntime's default: one per core
-    twin = spin == "auto" and n_threads >= 2 and cores >= 2 and _runnable() is not None
+    twin = spin == "auto" and twin_pays(n_threads, cores)
     try:
         session = open_session(path / graph_file, threads=threads, spin=spin is True,
                                providers=providers)

@@ -31,8 +31,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from meshd.cache.bound import Calibration
-from meshd.core.spin import spin_pays
-from meshd.embed.embedder import runnable_tasks, usable_cores
+from meshd.embed.embedder import SpinTwin, twin_pays, usable_cores
 from meshd.embed.manifest import read_embed_manifest
 from meshd.errors import ModelError
 from meshd.modeldir.onnx_graph import IR_VERSION, OPSET
@@ -177,21 +176,26 @@ class PairVerifier:
             raise ModelError(f"{npz}: cannot read the pair verifier ({err})") from None
         self._pos, self._typ = t.pop("pos"), t.pop("typ")
         graph = build_graph(t, self.info.layers, m.arch.num_heads, m.arch.layer_norm_eps)
-        self._session: Any = _session(graph, threads, spin=False)
-        # The spinning twin (as the embedder's, meshd.embed.embedder): taken for a call only
-        # when ``spin_pays``; None with one thread, on a GPU provider or without /proc/loadavg.
-        self._cores = usable_cores()
-        self.threads = threads or self._cores  # onnxruntime's default: one per core
-        twin = (spin and self.threads >= 2 and self._cores >= 2 and runnable_tasks() is not None
-                and self._session.get_providers()[0] == "CPUExecutionProvider")
-        self._spin_session: Any = _session(graph, threads, spin=True) if twin else None
-        self.spin_calls = 0
+        plain = _session(graph, threads, spin=False)
+        # The spinning twin (as the embedder's): taken for a call only when no other task needs
+        # a core; None with one thread, on a GPU provider or without /proc/loadavg.
+        cores = usable_cores()
+        self.threads = threads or cores  # onnxruntime's default: one per core
+        twin = (spin and twin_pays(self.threads, cores)
+                and plain.get_providers()[0] == "CPUExecutionProvider")
+        self._sessions = SpinTwin(plain, _session(graph, threads, spin=True) if twin else None,
+                                  cores=cores, threads=self.threads)
         tok = Tokenizer.from_file(str(embed_dir / m.tokenizer_file))
         tok.no_padding()
         tok.enable_truncation(max_length=min(self.info.max_len, len(self._pos)))
         self._tok = tok
         self._lock = threading.Lock()
         self.calls = 0
+
+    @property
+    def spin_calls(self) -> int:
+        """The calls its spinning twin took."""
+        return self._sessions.spun
 
     def inputs(self, cached: str, query: str) -> dict[str, np.ndarray]:
         """The graph's inputs for the pair: the summed embeddings of ``[CLS] cached [SEP]
@@ -208,14 +212,8 @@ class PairVerifier:
 
     def probability(self, cached: str, query: str) -> float:
         feeds = self.inputs(cached, query)
-        session = self._session
-        if self._spin_session is not None and spin_pays(runnable_tasks(), self._cores,
-                                                        self.threads):
-            session = self._spin_session
-            with self._lock:
-                self.spin_calls += 1
         try:
-            (p,) = session.run(["p"], feeds)
+            (p,) = self._sessions.session().run(["p"], feeds)
         except Exception as err:  # onnxruntime's own exception types
             raise ModelError(f"pair verifier: onnxruntime failed: {err}") from None
         with self._lock:

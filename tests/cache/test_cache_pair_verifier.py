@@ -93,11 +93,11 @@ def test_refuses_near_misses_and_serves_paraphrases(verifier: PairVerifier) -> N
 def test_the_spinning_twin_scores_bit_identically(verifier: PairVerifier) -> None:
     """The session whose threads spin while it runs (taken when the cores are free) gives the
     very scores of the plain one, so which one answers never changes a decision."""
-    if verifier._spin_session is None:
+    if verifier._sessions.twin is None:
         pytest.skip("one core, or no /proc/loadavg: no spinning twin")
     for cached, query in NEAR_MISSES + PARAPHRASES:
         feeds = verifier.inputs(cached, query)
-        (plain,) = verifier._session.run(["p"], feeds)
-        (spun,) = verifier._spin_session.run(["p"], feeds)
+        (plain,) = verifier._sessions.plain.run(["p"], feeds)
+        (spun,) = verifier._sessions.twin.run(["p"], feeds)
         assert plain.tobytes() == spun.tobytes(), (cached, query)
         assert float(plain[0, 0]) == verifier.probability(cached, query)
