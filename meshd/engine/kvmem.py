@@ -11,13 +11,15 @@ zero pages until written: the slots past the longest sequence (capacity kept for
 address space, not memory.
 
 numpy reports the buffers it allocates to ``tracemalloc``; these are reported too (their own
-domain), so a traced peak still counts them.
+domain), so a traced peak still counts them. ``live_bytes`` and ``peak_bytes`` count these
+buffers alone (the peak since ``reset_peak``), without the Python objects around them.
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+import threading
 import weakref
 from math import prod
 
@@ -29,6 +31,38 @@ _track = ctypes.pythonapi.PyTraceMalloc_Track
 _track.argtypes = [ctypes.c_uint, ctypes.c_size_t, ctypes.c_size_t]
 _untrack = ctypes.pythonapi.PyTraceMalloc_Untrack
 _untrack.argtypes = [ctypes.c_uint, ctypes.c_size_t]
+
+_lock = threading.Lock()  # a buffer may be dropped on any thread
+_live = 0
+_peak = 0
+
+
+def live_bytes() -> int:
+    """Bytes of the buffers alive now."""
+    return _live
+
+
+def peak_bytes() -> int:
+    """The most bytes alive at once since ``reset_peak``."""
+    return _peak
+
+
+def reset_peak() -> None:
+    global _peak
+    with _lock:
+        _peak = _live
+
+
+def _count(nbytes: int) -> None:
+    global _live, _peak
+    with _lock:
+        _live += nbytes
+        _peak = max(_peak, _live)
+
+
+def _dropped(address: int, nbytes: int) -> None:
+    _untrack(TRACE_DOMAIN, address)
+    _count(-nbytes)
 
 
 def zeros(shape: tuple[int, ...], dtype: type[np.generic] = np.float32) -> np.ndarray:
@@ -42,5 +76,6 @@ def zeros(shape: tuple[int, ...], dtype: type[np.generic] = np.float32) -> np.nd
     out = np.frombuffer(pages, dtype).reshape(shape)
     address = out.ctypes.data
     _track(TRACE_DOMAIN, address, nbytes)  # does nothing unless tracemalloc is tracing
-    weakref.finalize(pages, _untrack, TRACE_DOMAIN, address)
+    _count(nbytes)
+    weakref.finalize(pages, _dropped, address, nbytes)
     return out
