@@ -10,6 +10,11 @@ How writes flow, and why nothing is lost on cancellation:
   through ``trio.to_thread.run_sync`` with a ``CapacityLimiter(1)``. Each batch write is
   shielded, so cancellation arrives only between batches. When ``run`` is cancelled (node
   shutdown) it drains whatever is still queued, shielded, before it returns.
+* The writer lingers: woken by a row, it waits up to ``linger_s`` (50 ms) for more before it
+  writes, unless ``max_batch`` rows are waiting or a reader flushes. A request's rows are
+  recorded while it runs; written at once, each batch's thread took the GIL and a core from
+  the request itself (a semantic cache hit: two batches of 0.4-0.9 ms during its 20 ms
+  lookup, measured); lingering writes them together, after a short request has answered.
 * Before ``run`` starts and after it has returned, ``record_*`` write synchronously in the
   calling thread instead (a short blocking write), so a late ``finally`` still gets recorded.
 * Reads (``explain`` and the rest) first ``flush()`` (wait until everything queued before the
@@ -43,6 +48,8 @@ from meshd.store.store import Store
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+LINGER_S = 0.05  # how long the writer waits for more rows before a batch (module docstring)
+
 
 @dataclass(frozen=True, slots=True)
 class StoreStatistics:
@@ -57,10 +64,13 @@ class StoreStatistics:
 class AsyncStore(Recorder):
     """Wraps a ``Store`` for trio code (see the module docstring)."""
 
-    def __init__(self, store: Store, *, max_batch: int = 256, max_pending: int = 10_000) -> None:
+    def __init__(self, store: Store, *, max_batch: int = 256, max_pending: int = 10_000,
+                 linger_s: float = LINGER_S) -> None:
         self.store = store
         self._max_batch = max(1, max_batch)
         self._max_pending = max(1, max_pending)
+        self._linger = max(0.0, linger_s)
+        self._hurry = trio.Event()  # set: write what is queued now (a flush, a full batch)
         self._limiter = trio.CapacityLimiter(1)
         self._pending: deque[Row] = deque()
         self._state = "idle"  # "idle" -> "running" -> "closed"
@@ -86,6 +96,11 @@ class AsyncStore(Recorder):
                 if not self._pending:
                     await self._wake.wait()
                     self._wake = trio.Event()
+                if len(self._pending) < self._max_batch and not self._hurry.is_set():
+                    with trio.move_on_after(self._linger):
+                        await self._hurry.wait()
+                if self._hurry.is_set():
+                    self._hurry = trio.Event()
                 await self._write_batch()
         finally:
             with trio.CancelScope(shield=True):
@@ -138,11 +153,14 @@ class AsyncStore(Recorder):
         self._pending.append(row)
         self._enqueued += 1
         self._wake.set()
+        if len(self._pending) >= self._max_batch:
+            self._hurry.set()
 
     async def flush(self) -> None:
         """Wait until every row recorded before this call has been written (or refused)."""
         target = self._enqueued
         while self._state == "running" and self._done < target:
+            self._hurry.set()
             await self._progress.wait()
 
     # -- reads ----------------------------------------------------------------------------

@@ -169,3 +169,44 @@ def test_both_stores_are_recorders(store, astore):
     for r in recorders:
         r.record_event("r", "received")
     assert len(journal_kinds(store.path)) == 2
+
+
+def test_the_writer_lingers_and_writes_what_came_meanwhile_in_one_batch(store):
+    """Rows are written together once the linger has passed, not one batch each as they come
+    (a request's rows would each take a core from it while it runs); never before."""
+    astore = AsyncStore(store, linger_s=0.3)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(astore.run)
+            t0 = trio.current_time()
+            for i in range(3):
+                astore.record_event(f"r{i}", "received")
+                await trio.sleep(0.01)
+            while astore.statistics().written < 3:
+                assert trio.current_time() - t0 < 30, "the lingering writer never wrote"
+                await trio.sleep(0.005)
+            assert trio.current_time() - t0 >= 0.3  # not before the linger
+            assert astore.statistics().batches == 1
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_full_batch_or_a_reader_does_not_wait_for_the_linger(store):
+    astore = AsyncStore(store, max_batch=4, linger_s=3600)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(astore.run)
+            with trio.fail_after(30):
+                for i in range(4):
+                    astore.record_event(f"r{i}", "received")
+                while astore.statistics().written < 4:  # a full batch goes at once
+                    await trio.sleep(0.005)
+                astore.record_event("r9", "received")
+                record = await astore.explain("r9")  # a read flushes: no hour's wait
+            assert record is not None and astore.statistics().pending == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
