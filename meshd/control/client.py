@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from meshd.core.messages import CONTROL_REPLY_TYPES, CONTROL_VERSION, MessageType
-from meshd.core.wire import MAX_CONTROL_FRAME, Message
+from meshd.core.wire import MAX_CONTROL_FRAME, Message, frame
 from meshd.errors import LocalError, PeerGoneError, RemoteError
 from meshd.net.framed import FramedStream, TrioStreamAdapter
 from meshd.paths import socket_candidates
@@ -37,7 +37,12 @@ def find_socket(explicit: str | None) -> Path:
 
 
 @asynccontextmanager
-async def connect(explicit: str | None) -> AsyncIterator[FramedStream]:
+async def connect(explicit: str | None, request: tuple[MessageType, dict[str, Any]] | None = None,
+                  *, on_sent: Callable[[], None] | None = None) -> AsyncIterator[FramedStream]:
+    """An open control connection, its HELLO answered. ``request`` (type, fields) leaves in the
+    same write as HELLO, not a round trip after it: the daemon reads its frames in order and
+    answers HELLO first, and one that refuses the HELLO (another protocol version) never reads
+    the request. ``on_sent`` is called just before that write."""
     path = find_socket(explicit)
     try:
         with trio.fail_after(CONNECT_TIMEOUT_S):
@@ -47,7 +52,12 @@ async def connect(explicit: str | None) -> AsyncIterator[FramedStream]:
     framed = FramedStream(TrioStreamAdapter(stream), MAX_CONTROL_FRAME, CONTROL_REPLY_TYPES)
     try:
         with trio.fail_after(CONNECT_TIMEOUT_S):
-            await framed.send(MessageType.HELLO, {"v": CONTROL_VERSION, "client": "meshd-cli"})
+            data = frame(MessageType.HELLO, {"v": CONTROL_VERSION, "client": "meshd-cli"})
+            if request is not None:
+                data += frame(*request)
+            if on_sent is not None:
+                on_sent()
+            await framed.send_raw(data)
             hello = await framed.recv()
         if hello is None:
             raise NoDaemonError(f"the daemon at {path} closed the connection")
@@ -64,8 +74,7 @@ def raise_if_error(msg: Message) -> None:
 
 async def call(explicit: str | None, mtype: MessageType, fields: dict[str, Any]) -> Message:
     """One request, one reply."""
-    async with connect(explicit) as framed:
-        await framed.send(mtype, fields)
+    async with connect(explicit, (mtype, fields)) as framed:
         reply = await framed.recv()
     if reply is None:
         raise PeerGoneError("the daemon closed the connection without answering")
@@ -83,10 +92,7 @@ async def submit_events(
     ``PeerGoneError``; ``recv_timeout_s`` bounds the wait for each frame. ``on_sent`` is called
     once the connection is open and the SUBMIT frame is about to leave (benchmarks time from it).
     """
-    async with connect(explicit) as framed:
-        if on_sent is not None:
-            on_sent()
-        await framed.send(MessageType.SUBMIT, fields)
+    async with connect(explicit, (MessageType.SUBMIT, fields), on_sent=on_sent) as framed:
         while True:
             with trio.fail_after(recv_timeout_s if recv_timeout_s is not None else float("inf")):
                 msg = await framed.recv()
