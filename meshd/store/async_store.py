@@ -93,7 +93,7 @@ class AsyncStore(Recorder):
         task_status.started()
         try:
             while True:
-                if not self._pending:
+                while not self._pending:  # a wake left over from rows the last batch took
                     await self._wake.wait()
                     self._wake = trio.Event()
                 if len(self._pending) < self._max_batch and not self._hurry.is_set():

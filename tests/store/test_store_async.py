@@ -210,3 +210,30 @@ def test_a_full_batch_or_a_reader_does_not_wait_for_the_linger(store):
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_row_after_a_batch_waits_its_own_linger(store):
+    """Rows that came during a linger are written with its batch; the next row still gets a
+    whole linger of its own (the wake those rows left is not taken for a new one)."""
+    astore = AsyncStore(store, linger_s=0.3)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(astore.run)
+            astore.record_event("r1", "received")
+            await trio.sleep(0.1)
+            astore.record_event("r2", "received")  # during the linger r1 started
+            with trio.fail_after(30):
+                while astore.statistics().written < 2:
+                    await trio.sleep(0.005)
+            assert astore.statistics().batches == 1
+            await trio.sleep(0.1)
+            t1 = trio.current_time()
+            astore.record_event("r3", "received")
+            with trio.fail_after(30):
+                while astore.statistics().written < 3:
+                    await trio.sleep(0.005)
+            assert trio.current_time() - t1 >= 0.3
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
