@@ -48,8 +48,13 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self.info.chat_template)
 
+    @property
+    def hf(self) -> Any:
+        """The ``tokenizers.Tokenizer`` underneath (llguidance's view calls into it)."""
+        return self._tok
+
     def to_json(self) -> str:
-        """The tokenizer as ``tokenizer.json`` text (llguidance builds its own view from it)."""
+        """The tokenizer as ``tokenizer.json`` text."""
         return str(self._tok.to_str())
 
     def token_text(self, token_id: int) -> str:
