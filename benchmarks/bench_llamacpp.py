@@ -271,6 +271,7 @@ def worker(p: dict[str, Any]) -> dict[str, Any]:
     import trio
 
     from meshd.engine import GenerationConfig, load_model
+    from meshd.engine.scheduler import warm_grammar
 
     t_imported = time.monotonic()
     # as a batching daemon loads it: the fused graph is the model's one session
@@ -285,6 +286,10 @@ def worker(p: dict[str, Any]) -> dict[str, Any]:
         "x", add_special_tokens=False)[:1] != [bos]
     prompts = make_prompts(ids, bos if adds_bos else None, stream_prompt=STREAM_PROMPT_TOKENS,
                            streams=p["streams"], prompt=p["prompt"])
+    # llguidance's view of the vocabulary, as a daemon's batcher builds it at start: from the
+    # tokenizer with its EOS (the stand-in below hides EOS, and without one the view would be
+    # built from tokenizer.json text, the larger route: meshd.engine.constrain)
+    warm_grammar(model)
     model.tokenizer = _NoEos(tok)
     tokens = p["tokens"]
     cfg = GenerationConfig(max_tokens=tokens, temperature=0.0, repetition_penalty=1.0)
