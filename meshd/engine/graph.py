@@ -221,10 +221,14 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     ``weights_file`` (resolved by onnxruntime relative to the model directory).
 
     ``fused`` (whole models only) adds a second group of inputs, one prompt chunk
-    (``chunk_ids`` [1, T'], ``chunk_positions``, ``chunk.past_key.i`` / ``chunk.past_value.i``
-    against its own cache; outputs ``chunk.present_key.i`` / ``chunk.present_value.i``): the weight
-    products run over the decoding rows and the chunk's rows together, attention runs per group,
-    and ``logit_rows`` index the B*T decoding rows followed by the chunk's T' rows."""
+    (``chunk_ids`` [B', T'] with B' 1, or 0 for none; ``chunk_positions``, ``chunk.past_key.i``
+    / ``chunk.past_value.i`` against its own cache; outputs ``chunk.present_key.i`` /
+    ``chunk.present_value.i``): the weight products run over the decoding rows and the chunk's
+    rows together, attention runs per group, and ``logit_rows`` index the B*T decoding rows
+    followed by the chunk's T' rows. The chunk's attention sits in an ``If`` on whether there is
+    a chunk: a run without one (B' = 0) adds no row to the products, where a one-token idle
+    chunk made every lone stream's step 15% slower (onnxruntime's attention takes no empty
+    batch: it fails on zero tokens and divides by zero on zero sequences)."""
     check_range(arch.num_layers, start, end)
     first, last = start == 0, end == arch.num_layers
     if fused and not (first and last):
@@ -240,9 +244,9 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
         inputs.insert(0, helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["B", "T"]))
         ids = b.op("Reshape", [INPUT_IDS, c("flat", np.array([-1], i64))])
         if fused:
-            inputs += [helper.make_tensor_value_info(CHUNK_IDS, TensorProto.INT64, [1, "T2"]),
+            inputs += [helper.make_tensor_value_info(CHUNK_IDS, TensorProto.INT64, ["B2", "T2"]),
                        helper.make_tensor_value_info(CHUNK_POSITIONS, TensorProto.INT64,
-                                                     [1, "T2"])]
+                                                     ["B2", "T2"])]
             ids = b.op("Concat", [ids, b.op("Reshape", [CHUNK_IDS, c("flat", np.array([-1], i64))])],
                        axis=0)
         x = b.gather_rows(EMBED, ids)
@@ -257,7 +261,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
         inputs.append(helper.make_tensor_value_info(LOGIT_ROWS, TensorProto.INT64, ["K"]))
     outputs = []
     for pre in prefixes:
-        bn, cn = ("B", "C") if not pre else (1, "C2")
+        bn, cn = ("B", "C") if not pre else ("B2", "C2")
         for i in range(start, end):
             for name in (past_key(i), past_value(i)):
                 inputs.append(helper.make_tensor_value_info(pre + name, TensorProto.FLOAT,
@@ -269,7 +273,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     tables = _rope_tables(b, arch)
     groups = [_group(b, POSITIONS, "")]
     if fused:
-        groups.append(_group(b, CHUNK_POSITIONS, CHUNK))
+        groups.append(_group(b, CHUNK_POSITIONS, CHUNK, optional=True))
         rows = b.op("Concat", [groups[0].rows, groups[1].rows], axis=0)  # split of x's rows
     for i in range(start, end):
         x = _layer(b, arch, i, x, groups, rows if fused else None, tables)
@@ -311,22 +315,28 @@ class _Group:
     rows: str  # [1]: B*T, its rows of x
     b_len: str
     t_len: str
+    present: str | None = None  # bool [1], a group that may have no rows: whether it has any
 
 
-def _group(b: QuantGraphBuilder, positions: str, prefix: str) -> _Group:
+def _group(b: QuantGraphBuilder, positions: str, prefix: str, *,
+           optional: bool = False) -> _Group:
     """The per-step values one group's attention needs (``positions`` [B, T]): each sequence's
-    length from its last position, and the shape its rows take."""
+    length from its last position, and the shape its rows take. An ``optional`` group may have
+    no rows (B = 0): its longest length is then 1, not an empty maximum, and ``present`` says
+    whether it has rows."""
     c, i64 = b.const, np.int64
     bt = b.op("Shape", [positions])  # [2]: B, T
     b_len = b.op("Slice", [bt, c("zero", np.array([0], i64)), c("one", np.array([1], i64))])
     t_len = b.op("Slice", [bt, c("one", np.array([1], i64)), c("two", np.array([2], i64))])
     last = b.op("ReduceMax", [positions], axes=[1], keepdims=0)  # [B]: P_s + T - 1
     seqlens = b.op("Cast", [last], to=TensorProto.INT32)
-    total = b.op("Cast", [b.op("Add", [b.op("ReduceMax", [last], keepdims=0),
+    longest = b.op("Concat", [last, c("zero", np.array([0], i64))], axis=0) if optional else last
+    total = b.op("Cast", [b.op("Add", [b.op("ReduceMax", [longest], keepdims=0),
                                        c("one_s", np.array(1, i64))])], to=TensorProto.INT32)
     rows3 = b.op("Concat", [b_len, t_len, c("dims_-1", np.array([-1], i64))], axis=0)
     rows = b.op("Mul", [b_len, t_len])
-    return _Group(prefix, seqlens, total, rows3, rows, b_len, t_len)
+    present = b.op("Cast", [rows], to=TensorProto.BOOL) if optional else None
+    return _Group(prefix, seqlens, total, rows3, rows, b_len, t_len, present)
 
 
 def _rope_tables(b: QuantGraphBuilder, arch: Arch) -> dict[str, tuple[str, str]]:
@@ -438,20 +448,65 @@ def _attention(b: QuantGraphBuilder, arch: Arch, i: int, q: str, k: str | None, 
                grp: _Group, tables: dict[str, tuple[str, str]]) -> str:
     """One group's attention in layer ``i``: q [N, nh*d] and k, v [N, kvh*d] of its rows (or q
     the three packed side by side [N, (nh+2kvh)*d] and k, v None); writes the new keys and values
-    into the cache (the present outputs) and returns [N, nh*d]."""
-    rows3 = grp.rows3
+    into the cache (the present outputs) and returns [N, nh*d]. An optional group's attention
+    runs under an ``If`` on whether it has rows; without rows it returns [0, nh*d] and its cache
+    as it was."""
+    width = arch.num_heads * arch.head_dim
+    shape_heads = b.const(f"shape_heads_{width}", np.array([-1, width], np.int64))
+    if grp.present is None:
+        nodes, o, present = _attention_nodes(b, arch, i, q, k, v, grp, tables)
+        b.nodes += nodes
+        return b.op("Reshape", [o, shape_heads])
+    pre = grp.prefix
+    nodes, o, present = _attention_nodes(b, arch, i, q, k, v, grp, tables, outputs=False)
+    nodes.append(helper.make_node("Reshape", [o, shape_heads], [o + "_rows"]))
+    then = helper.make_graph(nodes, f"{pre}attention_{i}", [],
+                             [_any_float(o + "_rows"), *map(_any_float, present)])
+    empty = f"{pre}attention_{i}_none"
+    otherwise = helper.make_graph(
+        [helper.make_node("Constant", [], [empty], value=helper.make_tensor(
+            empty, TensorProto.FLOAT, [0, width], [])),
+         *(helper.make_node("Identity", [pre + past(i)], [f"{pre}kept_{past(i)}"])
+           for past in (past_key, past_value))],
+        f"{pre}no_attention_{i}", [],
+        [_any_float(empty), *(_any_float(f"{pre}kept_{past(i)}") for past in (past_key, past_value))])
+    b.count += 1
+    out = f"attention_{b.count}"
+    b.nodes.append(helper.make_node("If", [grp.present], [out, pre + present_key(i), pre + present_value(i)],
+                                    name=f"If_{b.count}", then_branch=then, else_branch=otherwise))
+    return out
+
+
+def _any_float(name: str) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+
+
+def _attention_nodes(b: QuantGraphBuilder, arch: Arch, i: int, q: str, k: str | None,
+                     v: str | None, grp: _Group, tables: dict[str, tuple[str, str]], *,
+                     outputs: bool = True) -> tuple[list[onnx.NodeProto], str, list[str]]:
+    """The nodes of one group's attention (its rows reshaped, GroupQueryAttention), its output
+    [B, T, nh*d] and its present caches: the graph's outputs, or (``outputs`` false, inside an
+    ``If``) names of their own."""
     local = arch.sliding_window and arch.is_local(i)
     cos, sin = tables["local" if local else "global"]
     pre = grp.prefix
-    ins = [b.op("Reshape", [t, rows3]) if t is not None else "" for t in (q, k, v)]
-    ins += [pre + past_key(i), pre + past_value(i), grp.seqlens, grp.total, cos, sin]
     b.count += 1
-    o = f"attention_{b.count}"
-    b.nodes.append(helper.make_node(
-        "GroupQueryAttention", ins, [o, pre + present_key(i), pre + present_value(i)],
-        name=f"GroupQueryAttention_{b.count}", domain=MS_DOMAIN,
-        num_heads=arch.num_heads, kv_num_heads=arch.num_kv_heads, do_rotary=1,
+    n = b.count
+    nodes, ins = [], []
+    for j, t in enumerate((q, k, v)):
+        if t is None:
+            ins.append("")
+            continue
+        shaped = f"reshape_{n}_{j}"
+        nodes.append(helper.make_node("Reshape", [t, grp.rows3], [shaped], name=f"Reshape_{n}_{j}"))
+        ins.append(shaped)
+    ins += [pre + past_key(i), pre + past_value(i), grp.seqlens, grp.total, cos, sin]
+    o = f"attention_{n}"
+    present = ([pre + present_key(i), pre + present_value(i)] if outputs
+               else [f"{pre}present_key_{n}", f"{pre}present_value_{n}"])
+    nodes.append(helper.make_node(
+        "GroupQueryAttention", ins, [o, *present], name=f"GroupQueryAttention_{n}",
+        domain=MS_DOMAIN, num_heads=arch.num_heads, kv_num_heads=arch.num_kv_heads, do_rotary=1,
         rotary_interleaved=0, local_window_size=arch.sliding_window if local else -1))
     b.uses_contrib = True
-    return b.op("Reshape", [o, b.const(f"shape_heads_{arch.num_heads * arch.head_dim}",
-                                       np.array([-1, arch.num_heads * arch.head_dim], np.int64))])
+    return nodes, o, present

@@ -82,10 +82,9 @@ class Stage:
         if self.output_names != expected or key_dims != [arch.num_kv_heads, arch.head_dim]:
             raise ModelError(f"{model.manifest.name} layers [{start}, {end}): the stage graph "
                              "does not have the outputs this meshd expects (re-import the model)")
-        # a fused graph run for one group only: its chunk group gets one token at position 0
-        # against a one-slot scratch cache per layer, whose output nobody reads
+        # a fused graph run for one group only: its chunk group gets no rows (and empty caches)
         kvh, d = arch.num_kv_heads, arch.head_dim
-        self._idle = [np.zeros((1, kvh, 1, d), np.float32)
+        self._idle = [np.zeros((0, kvh, 1, d), np.float32)
                       for _ in range(2 * self.num_layers if fused else 0)]
         self._open: weakref.WeakSet[StageSession] = weakref.WeakSet()
         self._open_lock = threading.Lock()
@@ -117,13 +116,12 @@ class Stage:
                 "kv_bytes": sum(s.memory_bytes() for s in live)}
 
     def binding(self) -> ort.IOBinding:
-        """A new IO binding for runs of the main group only: on a fused graph, with its chunk
-        group bound to an idle one-token chunk (so one session serves decode steps, prompt
-        chunks and both fused)."""
+        """A new IO binding for runs of the main group only: on a fused graph, with no chunk
+        (so one session serves decode steps, prompt chunks and both fused)."""
         b = self._session.io_binding()
         if self.fused:
-            b.bind_cpu_input(g.CHUNK_IDS, np.zeros((1, 1), np.int64))
-            b.bind_cpu_input(g.CHUNK_POSITIONS, np.zeros((1, 1), np.int64))
+            b.bind_cpu_input(g.CHUNK_IDS, np.zeros((0, 1), np.int64))
+            b.bind_cpu_input(g.CHUNK_POSITIONS, np.zeros((0, 1), np.int64))
             bind_cache(b, range(self.start, self.end), self._idle[0::2], self._idle[1::2],
                        g.CHUNK)
         return b

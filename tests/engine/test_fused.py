@@ -3,6 +3,7 @@ join of the prefilled prompt into the decoding rows (meshd/engine/fused.py, batc
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -128,3 +129,25 @@ def test_a_model_loaded_fused_serves_every_run_from_its_one_session(
     got = run_with_joins(sched, seqs, {0: [0], 2: [1]})
     assert got == [want, [e.token_id for e in plain.generate_sync([11, 12, 13], GREEDY)]]
     assert len(model.statistics()["stages"]) == 1  # the scheduler built no second session
+
+
+def test_a_run_without_a_chunk_adds_no_row_to_the_weight_products(
+        models: dict[str, Model], tmp_path: Path) -> None:
+    """A fused graph run for the decoding rows alone binds no chunk rows (the chunk's attention
+    sits under an If): its 4-bit products see the same rows as the plain graph's, so prompt and
+    decode logits are the plain graph's exactly. An idle one-token chunk was one more row in
+    every product (another kernel path, other rounding) and 15% of a lone stream's step."""
+    # a copy of the model: pages of a weights file mapped by two models are not handed back,
+    # which test_kv_memory would count
+    shutil.copytree(models["int4"].path, tmp_path / "int4")
+    plain, fused = (load_model(tmp_path / "int4", fused=f) for f in (False, True))
+    n = plain.num_layers
+    prompt = np.array([5, 6, 7, 8, 9])
+    runs = []
+    for model in (plain, fused):
+        session = model.stage(0, n).open_session(16)
+        first = session.step(prompt, np.arange(5), last_only=True)
+        runs.append((first, session.step(np.array([3]), np.array([5]), last_only=True)))
+    assert fused.stage(0, n).fused and not plain.stage(0, n).fused
+    for got, want in zip(runs[1], runs[0], strict=True):
+        np.testing.assert_array_equal(got, want)
