@@ -469,11 +469,13 @@ def _attention(b: QuantGraphBuilder, arch: Arch, i: int, q: str, k: str | None, 
          *(helper.make_node("Identity", [pre + past(i)], [f"{pre}kept_{past(i)}"])
            for past in (past_key, past_value))],
         f"{pre}no_attention_{i}", [],
-        [_any_float(empty), *(_any_float(f"{pre}kept_{past(i)}") for past in (past_key, past_value))])
+        [_any_float(empty),
+         *(_any_float(f"{pre}kept_{past(i)}") for past in (past_key, past_value))])
     b.count += 1
     out = f"attention_{b.count}"
-    b.nodes.append(helper.make_node("If", [grp.present], [out, pre + present_key(i), pre + present_value(i)],
-                                    name=f"If_{b.count}", then_branch=then, else_branch=otherwise))
+    b.nodes.append(helper.make_node(
+        "If", [grp.present], [out, pre + present_key(i), pre + present_value(i)],
+        name=f"If_{b.count}", then_branch=then, else_branch=otherwise))
     return out
 
 
@@ -498,7 +500,8 @@ def _attention_nodes(b: QuantGraphBuilder, arch: Arch, i: int, q: str, k: str | 
             ins.append("")
             continue
         shaped = f"reshape_{n}_{j}"
-        nodes.append(helper.make_node("Reshape", [t, grp.rows3], [shaped], name=f"Reshape_{n}_{j}"))
+        nodes.append(helper.make_node("Reshape", [t, grp.rows3], [shaped],
+                                      name=f"Reshape_{n}_{j}"))
         ins.append(shaped)
     ins += [pre + past_key(i), pre + past_value(i), grp.seqlens, grp.total, cos, sin]
     o = f"attention_{n}"
