@@ -454,7 +454,7 @@ def _attention(b: QuantGraphBuilder, arch: Arch, i: int, q: str, k: str | None, 
     width = arch.num_heads * arch.head_dim
     shape_heads = b.const(f"shape_heads_{width}", np.array([-1, width], np.int64))
     if grp.present is None:
-        nodes, o, present = _attention_nodes(b, arch, i, q, k, v, grp, tables)
+        nodes, o, _ = _attention_nodes(b, arch, i, q, k, v, grp, tables)
         b.nodes += nodes
         return b.op("Reshape", [o, shape_heads])
     pre = grp.prefix

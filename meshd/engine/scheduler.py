@@ -374,7 +374,8 @@ def prepare(model: LoadedModel, prompt: str | list[int], cfg: GenerationConfig |
 
 
 def warm_grammar(model: LoadedModel) -> None:
-    """Build llguidance's view of the model's vocabulary now (0.35 s for SmolLM2's 49k tokens, 2 s for Gemma 3's 262k)."""
+    """Build llguidance's view of the model's vocabulary now (0.35 s for SmolLM2's 49k tokens,
+    2 s for Gemma 3's 262k)."""
     from meshd.engine.constrain import grammar_tokenizer
 
     grammar_tokenizer(model.tokenizer)
