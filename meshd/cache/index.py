@@ -66,19 +66,29 @@ class PartitionIndex:
             self._where[k] = self._n + i
         self._n = need
 
-    def remove(self, key: int) -> None:
+    def remove(self, keys: list[int]) -> None:
+        """Remove ``keys`` (absent ones are skipped). From a graph, in one call followed by one
+        throwaway search: the first search after a removal costs usearch a pass over the whole
+        graph (3 ms at 100,000 entries on the 2-core box, against 0.7 for a search on a cold
+        cache), and it is paid here, by the thread that removes (an eviction runs in the
+        insert that follows an answer), not by the next lookup of a waiting request."""
+        if not keys:
+            return
         if self._hnsw is not None:
-            self._hnsw.remove(int(key))
+            self._hnsw.remove(np.asarray(keys, np.int64))
+            if len(self._hnsw):
+                self._hnsw.search(np.zeros(self.dim, np.float32), 1)
             return
-        i = self._where.pop(int(key), None)
-        if i is None:
-            return
-        last = self._n - 1
-        if i != last:  # move the last row into the hole
-            self._keys[i] = self._keys[last]
-            self._vecs[i] = self._vecs[last]
-            self._where[int(self._keys[i])] = i
-        self._n = last
+        for key in keys:
+            i = self._where.pop(int(key), None)
+            if i is None:
+                continue
+            last = self._n - 1
+            if i != last:  # move the last row into the hole
+                self._keys[i] = self._keys[last]
+                self._vecs[i] = self._vecs[last]
+                self._where[int(self._keys[i])] = i
+            self._n = last
 
     def search(self, vector: np.ndarray, k: int = 4) -> list[tuple[int, float]]:
         """Up to ``k`` (key, cosine similarity) pairs, most similar first."""

@@ -550,10 +550,13 @@ class SemanticCache:
             freed = self.db.execute(f"SELECT coalesce(sum(nbytes), 0), count(*) FROM entries "
                                     f"WHERE id IN ({marks})", ids).fetchone()
             self.db.execute(f"DELETE FROM entries WHERE id IN ({marks})", ids)
+        by_part: dict[str, list[int]] = {}
         for eid, part in zip(ids, parts, strict=True):
+            by_part.setdefault(part, []).append(eid)
+        for part, keys in by_part.items():
             idx = self._indexes.get(part)
             if idx is not None:
-                idx.remove(eid)
+                idx.remove(keys)
                 if len(idx) == 0:
                     del self._indexes[part]
         self._bytes -= int(freed[0])

@@ -137,6 +137,10 @@ def test_eviction_choice_is_lru_and_covers_both_bounds() -> None:
     assert choose_victims(cands, 0, 0) == []
     limits = CacheLimits(max_entries=10, max_bytes=1000, ttl_s=60)
     assert overflow(10, 0, 10, limits) == (1, 0)
+    assert overflow(9, 0, 10, limits) == (0, 0)
+    big = CacheLimits(max_entries=1000, max_bytes=10**9)
+    assert overflow(1000, 0, 10, big) == (11, 0)  # a full cache frees a hundredth more
+    assert overflow(999, 0, 10, big) == (0, 0)
     assert overflow(3, 950, 100, limits) == (0, 50)
     assert entry_bytes("ab", "é", 4) == 2 + 2 + 16 + 200
     with pytest.raises(ValueError):

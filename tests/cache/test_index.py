@@ -44,3 +44,19 @@ def test_the_graph_finds_the_exact_nearest_entry_and_so_does_a_loaded_one(tmp_pa
     loaded = PartitionIndex(DIM, exact_max=1000)
     loaded.load(str(tmp_path / "g"))
     assert [loaded.search(q, 4) for q in queries[:50]] == [idx.search(q, 4) for q in queries[:50]]
+
+
+def test_removed_entries_are_never_found_in_a_graph_or_an_exact_index() -> None:
+    vecs, _ = _clustered(np.random.default_rng(3))
+    vecs = vecs[:3000]
+    gone = [5, 17, 2999, 123_456]  # the last one was never added
+    for exact_max in (1000, 5000):  # a graph, an exact index
+        idx = PartitionIndex(DIM, exact_max=exact_max)
+        idx.add(np.arange(len(vecs)), vecs, threads=1)
+        idx.remove(gone)
+        assert len(idx) == len(vecs) - 3
+        for k in gone[:3]:
+            assert all(key not in gone for key, _ in idx.search(vecs[k], 4))
+        assert idx.search(vecs[6], 1)[0][0] == 6  # the others are still found
+        idx.remove([])
+        assert len(idx) == len(vecs) - 3

@@ -4,9 +4,12 @@ Before routing, the request is looked up in this node's cache (``meshd.node.edge
 for the same model, settings, context (system prompt, earlier turns, tools, schema) and client
 (or a tenant's clients that all opted in to sharing): first the very same request (the exact
 path, on the event loop, no model of any kind), then a question that means the same within the
-request's error bound (the semantic path, in a worker thread while routing goes on; its result
-is an event of the request's machine, ``meshd.core.request_life``, which races it with the
-model: the execute step feeds it in, ``pending_lookup``, and serves a hit, ``serve_cached``).
+request's error bound (the semantic path, in a worker thread). When this node serves the
+model, the step waits for that lookup: the model would wait for it too, and routing beside it
+would take the cores the embedding runs on. For a peer's model, routing goes on meanwhile; the
+lookup's result is an event of the request's machine, ``meshd.core.request_life``, which races
+it with the model: the execute step feeds it in, ``pending_lookup``, and serves a hit,
+``serve_cached``.
 A hit is answered from the cache, marked ``cached`` with how (``exact`` or ``semantic``), without
 touching a model. Who may read what and when a candidate is served are the cache's pure rules
 (``meshd.cache.keys``, ``meshd.cache.policy``, ``meshd.cache.bound``). Greedy requests take
@@ -92,9 +95,11 @@ def identity_of(node: EntryNode, model: str, served_by: str | None = None) -> st
 
 async def edge_answer(ctx: EntryContext, node: EntryNode) -> None:
     """The very same request is answered here, at once. Anything else that the semantic path
-    may take starts its lookup (the question's embedding, in a worker thread) and moves on:
-    routing and the model start meanwhile, and the request's machine settles which answers
-    (``pending_lookup``, fed to it by the execute step). Nothing when the node runs no cache."""
+    may take starts its lookup (the question's embedding, in a worker thread). For a model
+    this node serves, the lookup is awaited here and a hit served; for a peer's model the
+    chain moves on: routing and the peer's model start meanwhile, and the request's machine
+    settles which answers (``pending_lookup``, fed to it by the execute step). Nothing when
+    the node runs no cache."""
     cache = node.edge_cache
     if cache is None:
         return
@@ -116,7 +121,18 @@ async def edge_answer(ctx: EntryContext, node: EntryNode) -> None:
         ctx.extra["cache"] = (creq, got)
         await _serve_hit(ctx, node, got)
     elif adm.semantic and cache.semantic_ready():
-        ctx.extra["cache_pending"] = (creq, cache.start_lookup(creq))
+        lookup = cache.start_lookup(creq)
+        if not node.runner.ready(ctx.model):
+            ctx.extra["cache_pending"] = (creq, lookup)  # a peer's model races the lookup
+            return
+        # This node runs the model: it would wait for the lookup anyway (a decision naming
+        # this node does, ``CacheLookup``), and routing meanwhile would only take the cores
+        # and the interpreter from the lookup's embedding. A hit is served now, routing none.
+        got = await _result(ctx, lookup)
+        if got is not None:
+            ctx.extra["cache"] = (creq, got)
+            if got.hit:
+                await _serve_hit(ctx, node, got)
     else:
         cache.missed()
 
