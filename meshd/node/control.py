@@ -2,7 +2,8 @@
 
 A SUBMIT is checked once (``meshd.core.request.parse_submit``) and run through the entry chain
 (``meshd.node.entry``), exactly as an HTTP API request is; its events become ROUTE and TOKENS
-frames, its answer a DONE frame, its refusal an ERROR frame with the code.
+frames (a cached answer's ROUTE and TOKENS in one write), its answer a DONE frame, its refusal an
+ERROR frame with the code.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from meshd.core.messages import MessageType
 from meshd.core.request import parse_submit
-from meshd.core.wire import Message
+from meshd.core.wire import Message, frame
 from meshd.errors import ErrorCode, RemoteError
 from meshd.net.framed import FramedStream
 from meshd.node.edge_cache import EdgeCache
@@ -83,12 +84,19 @@ class ControlService:
         req = parse_submit(msg, chain.new_request_id)
         rid = req.request_id
 
+        held: list[bytes] = []  # a cached answer's ROUTE, sent with its TOKENS
+
         async def emit(kind: str, payload: dict[str, Any]) -> None:
             if kind == "route":
-                await out.send(MessageType.ROUTE, {"rid": rid, **payload})
+                data = frame(MessageType.ROUTE, {"rid": rid, **payload})
+                if payload.get("cached"):  # the whole answer follows at once: one write, not
+                    held.append(data)  # two (each wakes the client, on the daemon's cores)
+                    return
             else:
-                await out.send(MessageType.TOKENS, {"rid": rid, "ids": payload["ids"],
-                                                    "text": payload["text"]})
+                data = b"".join(held) + frame(MessageType.TOKENS, {
+                    "rid": rid, "ids": payload["ids"], "text": payload["text"]})
+                held.clear()
+            await out.send_raw(data)
 
         answer = await chain.submit(req, emit)
         await out.send(MessageType.DONE, {"rid": rid, "stats": answer})
