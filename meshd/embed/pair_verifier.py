@@ -10,7 +10,8 @@ segments' mean last states; ``.json`` beside it says how it was made
 and its default thresholds); the word-embedding table, frozen in training, is read from the
 embedding model's own ``weights.bin`` (memory-mapped: only the rows of the words seen are
 read). The word, position and token-type embeddings are summed in NumPy; the ONNX graph
-(built here, in memory, at load) takes that sum and holds the rest.
+(built here, in memory, at load, its products quantized to int8 weights: ``quantize_graph``)
+takes that sum and holds the rest; the shipped calibration is made on that graph's scores.
 
 The cache (meshd.cache.policy) asks it only about the nearest cached question, and only when
 its similarity reaches the calibration's gate, so most misses never pay for it; its score is
@@ -127,6 +128,43 @@ def build_graph(t: dict[str, np.ndarray], layers: int, heads: int, eps: float) -
     return bytes(model.SerializeToString())
 
 
+def quantize_graph(graph: bytes) -> bytes:
+    """``build_graph``'s model with int8 weights (onnxruntime's dynamic quantization, per
+    channel, as the embedding's int8 graph) in the layers' products and attention; the segment
+    pooling and the head stay float. 2.6 ms per pair against 4.0 for the float graph on the
+    2-core box (warm, 300 held-out pairs); the calibration is made on its scores."""
+    import logging
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quiet = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # the quantizer logs a line per tensor to the root logger
+    try:
+        with tempfile.TemporaryDirectory(prefix="meshd-verifier-") as tmp:
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            so.optimized_model_filepath = str(Path(tmp) / "basic.onnx")
+            so.log_severity_level = 3
+            ort.InferenceSession(graph, so, providers=["CPUExecutionProvider"])
+            model = onnx.load(str(Path(tmp) / "basic.onnx"))
+            for i, node in enumerate(model.graph.node):
+                node.name = node.name or f"n{i}_{node.output[0]}"
+            floats = [n.name for n in model.graph.node if n.output[0] in ("a", "b", "dot")]
+            onnx.save(model, str(Path(tmp) / "basic.onnx"))
+            quantize_dynamic(str(Path(tmp) / "basic.onnx"), str(Path(tmp) / "int8.onnx"),
+                             op_types_to_quantize=["MatMul", "Attention"], per_channel=True,
+                             nodes_to_exclude=floats, weight_type=QuantType.QInt8,
+                             extra_options={"DefaultTensorType": TensorProto.FLOAT})
+            return (Path(tmp) / "int8.onnx").read_bytes()
+    except Exception as err:  # onnxruntime's and onnx's own exception types
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ModelError(f"pair verifier: int8 quantization failed: {first}") from None
+    finally:
+        logging.disable(quiet)
+
+
 def _session(graph: bytes, threads: int, *, spin: bool) -> Any:
     """A session of the verifier's graph; ``spin``: its idle intra-op threads spin-wait while
     a ``run`` lasts, and only then (``session.force_spinning_stop``)."""
@@ -175,7 +213,8 @@ class PairVerifier:
         except (OSError, ValueError) as err:
             raise ModelError(f"{npz}: cannot read the pair verifier ({err})") from None
         self._pos, self._typ = t.pop("pos"), t.pop("typ")
-        graph = build_graph(t, self.info.layers, m.arch.num_heads, m.arch.layer_norm_eps)
+        graph = quantize_graph(build_graph(t, self.info.layers, m.arch.num_heads,
+                                           m.arch.layer_norm_eps))
         plain = _session(graph, threads, spin=False)
         # The spinning twin (as the embedder's): taken for a call only when no other task needs
         # a core; None with one thread, on a GPU provider or without /proc/loadavg.
