@@ -509,8 +509,7 @@ class RagStore:
                                          "indexed": time.time()}, pk=("collection", "source"))
                 self._bump(collection)
             if index is not None:
-                for i in old:
-                    index.remove(i)
+                index.remove([int(i) for i in old])
                 index.add(np.asarray(ids, np.int64), vecs, threads=0)
                 self._indexes[collection] = (col["version"] + 1, index)
             return len(old)
