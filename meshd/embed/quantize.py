@@ -25,8 +25,10 @@ import hashlib
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,40 +44,57 @@ INT8_FILE = "encoder-int8.onnx"
 INT8_SCHEME = "ort-dynamic-s8-per-channel-2"
 
 
+def optimize_basic(source: str | bytes, out: Path) -> None:
+    """Write the graph ``source`` (a file or its bytes) to ``out`` after onnxruntime's basic,
+    provider-independent optimisations (which fold the weights' transposes)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(out)
+    so.log_severity_level = 3
+    ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+
+
+def dynamic_int8(model: Any, out: Path, *, exclude: Sequence[str] = ()) -> None:
+    """Write ``model`` (an onnx ``ModelProto``) to ``out`` quantized as every int8 graph of
+    meshd is (the module's docstring): the weights of its ``MatMul`` and ``Attention`` nodes,
+    but those named in ``exclude``, signed int8 with one scale per output channel."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quiet = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # the quantizer logs a line per tensor to the root logger
+    try:
+        quantize_dynamic(model, out, op_types_to_quantize=["MatMul", "Attention"],
+                         per_channel=True, nodes_to_exclude=list(exclude),
+                         weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    finally:
+        logging.disable(quiet)
+
+
 def quantize_encoder(directory: Path, manifest: EmbedManifest, out_name: str = INT8_FILE
                      ) -> tuple[str, str]:
     """Write ``directory/out_name`` from the directory's float graph; returns (file name,
     sha256). The file is written to a temporary name and renamed into place."""
     import onnx
-    import onnxruntime as ort
     from onnx.external_data_helper import load_external_data_for_model
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     directory = Path(directory)
     with tempfile.TemporaryDirectory(dir=directory, prefix=".quantize-") as tmp:
         basic = Path(tmp) / "basic.onnx"
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        so.optimized_model_filepath = str(basic)
-        so.log_severity_level = 3
-        quiet = logging.root.manager.disable
-        logging.disable(logging.WARNING)  # the quantizer logs a line per tensor to the root logger
         try:
-            ort.InferenceSession(str(directory / manifest.graph_file), so,
-                                 providers=["CPUExecutionProvider"])
+            optimize_basic(str(directory / manifest.graph_file), basic)
             model = onnx.load(str(basic), load_external_data=False)
             load_external_data_for_model(model, str(directory))  # references into weights.bin
             quantized = Path(tmp) / "int8.onnx"
-            quantize_dynamic(model, quantized, op_types_to_quantize=["MatMul", "Attention"],
-                             per_channel=True, weight_type=QuantType.QInt8,
-                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+            dynamic_int8(model, quantized)
             out = onnx.load(str(quantized))
             unfuse_skip_layer_norm(out)
         except Exception as err:  # onnxruntime's and onnx's own exception types
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise ModelError(f"{manifest.name}: int8 quantization failed: {first}") from None
-        finally:
-            logging.disable(quiet)
         _share_weights(out, directory, manifest)
         data = out.SerializeToString()
         part = Path(tmp) / out_name
