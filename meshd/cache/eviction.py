@@ -53,7 +53,7 @@ def overflow(entries: int, nbytes: int, incoming_bytes: int, limits: CacheLimits
     below 100 entries): its vector graph pays a pass over all its nodes after each removal
     (``meshd.cache.index``), once per hundred inserts rather than at each."""
     over = entries + 1 - limits.max_entries
-    return (max(0, over + limits.max_entries // 100) if over > 0 else 0,
+    return (over + limits.max_entries // 100 if over > 0 else 0,
             max(0, nbytes + incoming_bytes - limits.max_bytes))
 
 

@@ -509,7 +509,7 @@ class RagStore:
                                          "indexed": time.time()}, pk=("collection", "source"))
                 self._bump(collection)
             if index is not None:
-                index.remove([int(i) for i in old])
+                index.remove(old)
                 index.add(np.asarray(ids, np.int64), vecs, threads=0)
                 self._indexes[collection] = (col["version"] + 1, index)
             return len(old)

@@ -121,18 +121,15 @@ async def edge_answer(ctx: EntryContext, node: EntryNode) -> None:
         ctx.extra["cache"] = (creq, got)
         await _serve_hit(ctx, node, got)
     elif adm.semantic and cache.semantic_ready():
-        lookup = cache.start_lookup(creq)
+        ctx.extra["cache_pending"] = (creq, cache.start_lookup(creq))
         if not node.runner.ready(ctx.model):
-            ctx.extra["cache_pending"] = (creq, lookup)  # a peer's model races the lookup
-            return
+            return  # a peer's model races the lookup (the execute step)
         # This node runs the model: it would wait for the lookup anyway (a decision naming
         # this node does, ``CacheLookup``), and routing meanwhile would only take the cores
         # and the interpreter from the lookup's embedding. A hit is served now, routing none.
-        got = await _result(ctx, lookup)
-        if got is not None:
-            ctx.extra["cache"] = (creq, got)
-            if got.hit:
-                await _serve_hit(ctx, node, got)
+        answered = pending_lookup(ctx)
+        if answered is not None and await answered():
+            await _serve_hit(ctx, node, ctx.extra["cache"][1])
     else:
         cache.missed()
 
