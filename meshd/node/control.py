@@ -2,8 +2,9 @@
 
 A SUBMIT is checked once (``meshd.core.request.parse_submit``) and run through the entry chain
 (``meshd.node.entry``), exactly as an HTTP API request is; its events become ROUTE and TOKENS
-frames (a cached answer's ROUTE and TOKENS in one write), its answer a DONE frame, its refusal an
-ERROR frame with the code.
+frames, its answer a DONE frame, its refusal an ERROR frame with the code. A cached answer is
+whole at once: its ROUTE, TOKENS and DONE leave in one write (each write wakes the client, whose
+turn on a small box's cores the daemon then waits out).
 """
 
 from __future__ import annotations
@@ -84,22 +85,21 @@ class ControlService:
         req = parse_submit(msg, chain.new_request_id)
         rid = req.request_id
 
-        held: list[bytes] = []  # a cached answer's ROUTE, sent with its TOKENS
+        held: list[bytes] = []  # a cached answer's frames, sent with its DONE
 
         async def emit(kind: str, payload: dict[str, Any]) -> None:
             if kind == "route":
                 data = frame(MessageType.ROUTE, {"rid": rid, **payload})
-                if payload.get("cached"):  # the whole answer follows at once: one write, not
-                    held.append(data)  # two (each wakes the client, on the daemon's cores)
-                    return
             else:
-                data = b"".join(held) + frame(MessageType.TOKENS, {
+                data = frame(MessageType.TOKENS, {
                     "rid": rid, "ids": payload["ids"], "text": payload["text"]})
-                held.clear()
-            await out.send_raw(data)
+            if held or (kind == "route" and payload.get("cached")):
+                held.append(data)
+            else:
+                await out.send_raw(data)
 
         answer = await chain.submit(req, emit)
-        await out.send(MessageType.DONE, {"rid": rid, "stats": answer})
+        await out.send_raw(b"".join(held) + frame(MessageType.DONE, {"rid": rid, "stats": answer}))
 
 
 def flatten_explain(record: dict[str, Any] | None) -> dict[str, Any] | None:
