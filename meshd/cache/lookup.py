@@ -54,6 +54,7 @@ class Lookup:
     verify_ms: float = 0.0
     embed_cpu_ms: float = 0.0
     verify_cpu_ms: float = 0.0
+    answer_ids: tuple[int, ...] | None = None  # the answer's token ids, when they were kept
 
     @property
     def hit(self) -> bool:

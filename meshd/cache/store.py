@@ -58,7 +58,7 @@ from meshd.cache.policy import decide
 __all__ = ["Busy", "EmbedderLike", "Lookup", "SemanticCache", "Verifier"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-SCHEMA_VERSION = 2  # 2: exact_only; the feedback table
+SCHEMA_VERSION = 2  # 2: exact_only; the feedback table (answer_ids, added later, is optional)
 SEARCH_K = 4  # neighbours fetched per partition: the nearest live one is the candidate
 EMBED_BATCH = 64
 GUESS_DIM = 384  # a row's vector bytes are counted as this model's (all-MiniLM-L6-v2) until
@@ -126,7 +126,7 @@ class SemanticCache:
         if "entries" not in tables:
             self.db.table("entries").create({
                 "id": int, "partition": str, "prompt_key": str, "prompt": str, "answer": str,
-                "vector": bytes,
+                "answer_ids": bytes, "vector": bytes,
                 "created_at": float, "last_used": float, "expires_at": float, "hits": int,
                 "nbytes": int, "observations": str, "exact_only": int,
             }, pk="id")
@@ -139,8 +139,11 @@ class SemanticCache:
         schema = meta.get("schema")
         if schema not in (None, "1", str(SCHEMA_VERSION)):
             raise sqlite3.DatabaseError(f"schema version {schema}")
-        if "exact_only" not in self.db.table("entries").columns_dict:  # a version 1 file
+        columns = self.db.table("entries").columns_dict
+        if "exact_only" not in columns:  # a version 1 file
             self.db.execute("ALTER TABLE entries ADD COLUMN exact_only INTEGER DEFAULT 0")
+        if "answer_ids" not in columns:  # older files: their answers are tokenized when served
+            self.db.execute("ALTER TABLE entries ADD COLUMN answer_ids BLOB")
         self.db.table("meta").upsert({"key": "schema", "value": str(SCHEMA_VERSION)}, pk="key")
         self.db.conn.commit()
 
@@ -317,17 +320,18 @@ class SemanticCache:
             return None
         self._count("exact_hits")
         return Lookup("exact", "same request", same[1], same[0], same[2], key, 1.0,
-                      search_ms=(time.perf_counter() - t0) * 1e3)
+                      search_ms=(time.perf_counter() - t0) * 1e3, answer_ids=same[3])
 
-    def _exact_locked(self, parts: tuple[str, ...], key: str) -> tuple[int, str, str] | None:
+    def _exact_locked(self, parts: tuple[str, ...], key: str
+                      ) -> tuple[int, str, str, tuple[int, ...] | None] | None:
         now = self._clock()
         for part in parts:
-            row = self.db.execute("SELECT id, answer FROM entries WHERE partition = ? AND "
-                                  "prompt_key = ? AND expires_at > ? ORDER BY id DESC LIMIT 1",
-                                  [part, key, now]).fetchone()
+            row = self.db.execute("SELECT id, answer, answer_ids FROM entries WHERE partition "
+                                  "= ? AND prompt_key = ? AND expires_at > ? ORDER BY id DESC "
+                                  "LIMIT 1", [part, key, now]).fetchone()
             if row is not None:
                 self._touch(int(row[0]), now)
-                return int(row[0]), str(row[1]), part
+                return int(row[0]), str(row[1]), part, _ids(row[2])
         return None
 
     def lookup(self, req: CacheRequest, *, vector: np.ndarray | None = None) -> Lookup:
@@ -375,25 +379,27 @@ class SemanticCache:
         if found is None:
             d = decide(None, gate, limit, lambda: 0.0)
         else:
-            eid, sim, cached, answer, part = found
+            eid, sim, cached, answer, part, ids = found
             d = decide(sim, gate, limit, lambda: verifier(cached, req.prompt))
         t2, c2 = time.perf_counter(), time.thread_time()
-        timing = {"embed_ms": (t1 - t0) * 1e3, "search_ms": (t2 - t1) * 1e3,
-                  "index_ms": (t1b - t1) * 1e3, "verify_ms": (t2 - t1b) * 1e3,
-                  "embed_cpu_ms": (c1 - c0) * 1e3, "verify_cpu_ms": (c2 - c1b) * 1e3}
+        timing: dict[str, Any] = {
+            "embed_ms": (t1 - t0) * 1e3, "search_ms": (t2 - t1) * 1e3,
+            "index_ms": (t1b - t1) * 1e3, "verify_ms": (t2 - t1b) * 1e3,
+            "embed_cpu_ms": (c1 - c0) * 1e3, "verify_cpu_ms": (c2 - c1b) * 1e3}
         if d.kind == "hit" and found is not None:
             with self._lock:
                 self._touch(eid, self._clock())
             self._count("semantic_hits")
             return Lookup("semantic", d.reason, answer, eid, part, None, d.similarity, d.score,
-                          d.threshold, vector, **timing)
+                          d.threshold, vector, answer_ids=ids, **timing)
         self._count("refused" if d.kind == "refused" else "misses")
         return Lookup(d.kind, d.reason, None, None, None, None, d.similarity, d.score,
                       d.threshold, vector, **timing)
 
     def _nearest_locked(self, parts: tuple[str, ...], vector: np.ndarray
-                        ) -> tuple[int, float, str, str, str] | None:
-        """(id, similarity, question, answer, partition) of the nearest live entry."""
+                        ) -> tuple[int, float, str, str, str, tuple[int, ...] | None] | None:
+        """(id, similarity, question, answer, partition, answer's token ids) of the nearest
+        live entry."""
         found: list[tuple[int, float]] = []
         for part in parts:
             idx = self._indexes.get(part)
@@ -402,15 +408,15 @@ class SemanticCache:
         found.sort(key=lambda kv: (-kv[1], kv[0]))
         now = self._clock()
         for eid, sim in found:
-            row = self.db.execute("SELECT prompt, answer, expires_at, partition FROM entries "
-                                  "WHERE id = ?", [eid]).fetchone()
+            row = self.db.execute("SELECT prompt, answer, expires_at, partition, answer_ids "
+                                  "FROM entries WHERE id = ?", [eid]).fetchone()
             if row is None:
                 continue
             if row[2] <= now:
                 self._delete([eid], [row[3]])
                 self.stats["expired"] += 1
                 continue
-            return eid, sim, str(row[0]), str(row[1]), str(row[3])
+            return eid, sim, str(row[0]), str(row[1]), str(row[3]), _ids(row[4])
         return None
 
     def missed(self) -> None:
@@ -457,12 +463,14 @@ class SemanticCache:
         self._staged[where] = answer
         return where
 
-    def insert(self, req: CacheRequest, answer: str, *, vector: np.ndarray | None = None
-               ) -> int | None:
+    def insert(self, req: CacheRequest, answer: str, *, vector: np.ndarray | None = None,
+               answer_ids: list[int] | None = None) -> int | None:
         """Store ``answer`` for ``req``: the row first (the exact path has it), then, when the
         semantic path runs and ``req`` is not a follow-up, its vector (``vector`` if given,
-        else embedded here). Returns the entry id, or None when the request is not cacheable
-        or the answer alone exceeds the byte bound."""
+        else embedded here). ``answer_ids``: the answer's token ids as a hit serves them
+        (kept, so that a hit need not tokenize it; None: tokenized when served). Returns the
+        entry id, or None when the request is not cacheable or the answer alone exceeds the
+        byte bound."""
         adm = admit(req)
         part = adm.write
         if not adm.cacheable or part is None:
@@ -470,12 +478,13 @@ class SemanticCache:
         key = prompt_key(req.prompt)
         exact_only = req.follow_up  # never searched by meaning: no vector
         try:
-            nbytes = entry_bytes(req.prompt, answer, self.dim or GUESS_DIM)
+            ids = None if answer_ids is None else np.asarray(answer_ids, "<i4").tobytes()
+            nbytes = entry_bytes(req.prompt, answer, self.dim or GUESS_DIM) + len(ids or b"")
             if nbytes > self.limits.max_bytes:
                 return None
             now = self._clock()
             eid = self._safely(lambda: self._insert_locked(
-                part, key, req.prompt, answer, nbytes, now, exact_only), None)
+                part, key, req.prompt, answer, ids, nbytes, now, exact_only), None)
         finally:
             if self._staged.get((part, key)) == answer:
                 del self._staged[(part, key)]
@@ -500,8 +509,9 @@ class SemanticCache:
                 self._rebuild(err)
             return default
 
-    def _insert_locked(self, part: str, key: str, prompt: str, answer: str, nbytes: int,
-                       now: float, exact_only: bool) -> int:
+    def _insert_locked(self, part: str, key: str, prompt: str, answer: str,
+                       answer_ids: bytes | None, nbytes: int, now: float, exact_only: bool
+                       ) -> int:
         self._flush_locked()  # eviction orders by last_used: it must see every hit
         expired = [(r[0], r[1]) for r in self.db.execute(
             "SELECT id, partition FROM entries WHERE expires_at <= ?", [now])]
@@ -525,11 +535,11 @@ class SemanticCache:
             self.stats["evictions"] += len(victims)
         with self.db.conn:
             cur = self.db.execute(
-                "INSERT INTO entries (partition, prompt_key, prompt, answer, vector, created_at, "
-                "last_used, expires_at, hits, nbytes, observations, exact_only) "
-                "VALUES (?, ?, ?, ?, NULL, ?, ?, ?, 0, ?, '[]', ?)",
-                [part, key, prompt, answer, now, now, expires_at(now, self.limits), nbytes,
-                 int(exact_only)])
+                "INSERT INTO entries (partition, prompt_key, prompt, answer, answer_ids, vector, "
+                "created_at, last_used, expires_at, hits, nbytes, observations, exact_only) "
+                "VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?, 0, ?, '[]', ?)",
+                [part, key, prompt, answer, answer_ids, now, now, expires_at(now, self.limits),
+                 nbytes, int(exact_only)])
         self._entries += 1
         self._bytes += nbytes
         self.stats["inserts"] += 1
@@ -623,3 +633,8 @@ class SemanticCache:
             except (OSError, sqlite3.Error, RuntimeError) as err:
                 log.warning("semantic cache graphs not saved path=%s reason=%s", self.path, err)
             self.db.conn.close()
+
+
+def _ids(blob: bytes | None) -> tuple[int, ...] | None:
+    """An answer's token ids as stored (little-endian int32), None when none were."""
+    return None if blob is None else tuple(np.frombuffer(blob, "<i4").tolist())

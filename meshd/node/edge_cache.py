@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -315,10 +316,13 @@ class EdgeCache:
         self._remember_rid(rid, Served(got.kind, got.entry_id, got.partition, got.key,
                                        got.score))
 
-    def remember(self, req: Any, answer: str, got: Any, rid: str) -> None:
+    def remember(self, req: Any, answer: str, got: Any, rid: str,
+                 tokenize: Callable[[str], list[int]] | None = None) -> None:
         """Keep ``answer`` for ``req``: an exact hit at once (in memory), written and (for the
         semantic path) embedded after the client has it. ``got``: the request's semantic
-        lookup, whose vector is reused (None when it had none)."""
+        lookup, whose vector is reused (None when it had none). ``tokenize``: the answer's
+        token ids as a hit serves them, computed with the write and kept (None: a hit
+        tokenizes the answer itself)."""
         store = self.store
         if store is None or self._nursery is None:
             return
@@ -327,13 +331,15 @@ class EdgeCache:
             return
         self._remember_rid(rid, Served("stored", None, where[0], where[1], None))
         vector = getattr(got, "vector", None)
-        self._nursery.start_soon(self._insert, req, answer, vector)
+        self._nursery.start_soon(self._insert, req, answer, vector, tokenize)
 
-    async def _insert(self, req: Any, answer: str, vector: Any) -> None:
+    async def _insert(self, req: Any, answer: str, vector: Any,
+                      tokenize: Callable[[str], list[int]] | None) -> None:
         store = self.store
 
         def work() -> None:
-            store.insert(req, answer, vector=vector)
+            ids = tokenize(answer) if tokenize is not None else None
+            store.insert(req, answer, vector=vector, answer_ids=ids)
 
         try:
             await trio.to_thread.run_sync(work, limiter=self._limiter)

@@ -326,7 +326,27 @@ def test_a_version_1_file_is_opened_and_kept(tmp_path: Path) -> None:
     con.close()
     c = _cache(path)
     assert c.lookup(REQ).answer == "Paris"
-    assert c.lookup(replace(REQ, prompt="What is the capital of France?")).answer == "Paris"
+    para = c.lookup(replace(REQ, prompt="What is the capital of France?"))
+    assert (para.answer, para.answer_ids) == ("Paris", None)  # tokenized when served
+    eid = c.insert(replace(REQ, prompt="how tall is mount everest"), "8,849 m", answer_ids=[7])
+    assert eid is not None and c.lookup(replace(REQ, prompt="how tall is mount everest")
+                                        ).answer_ids == (7,)
+
+
+def test_an_answers_token_ids_are_kept_with_it(tmp_path: Path) -> None:
+    """A hit serves the ids stored with its answer (computed when it was stored), exact or
+    semantic, also after a restart; an answer stored without them has none."""
+    path = tmp_path / "c.db"
+    c = _cache(path)
+    c.insert(REQ, "Paris", answer_ids=[9, 70000, 2**31 - 1])
+    para = replace(REQ, prompt="What is the capital of France?")
+    assert c.lookup(REQ).answer_ids == (9, 70000, 2**31 - 1)
+    assert c.lookup(para).answer_ids == (9, 70000, 2**31 - 1)
+    c.insert(replace(REQ, client="bob"), "Paris")
+    assert c.lookup(replace(REQ, client="bob")).answer_ids is None
+    c.close()
+    again = _cache(path)
+    assert [again.lookup(r).answer_ids for r in (REQ, para)] == [(9, 70000, 2**31 - 1)] * 2
 
 
 def test_vectors_round_trip_through_sqlite(tmp_path: Path) -> None:
@@ -382,7 +402,7 @@ def test_lookup_semantic_reads_no_exact_row(tmp_path: Path) -> None:
     assert (got.kind, got.answer, got.entry_id) == ("semantic", "Paris", eid)
     assert not any("prompt_key" in s for s in statements)  # no exact read
     assert [s for s in statements if s.startswith("SELECT")] == [
-        f"SELECT prompt, answer, expires_at, partition FROM entries WHERE id = {eid}"]
+        f"SELECT prompt, answer, expires_at, partition, answer_ids FROM entries WHERE id = {eid}"]
     para = replace(REQ, prompt="What is the capital of France?")
     alone, both = c.lookup_semantic(para), c.lookup(para)
     assert [(g.kind, g.answer, g.similarity, g.score, g.threshold) for g in (alone, both)] == [

@@ -146,6 +146,23 @@ def test_a_paraphrase_is_answered_from_the_entry_nodes_cache(mesh: dict[str, Any
     how = again["cache"]
     assert how["kind"] == "semantic"
     assert how["score"] > how["threshold"] == round(threshold(read_calibration(), 0.01), 4)
+    # the answer's token ids were kept with it when it was stored, and the hit serves them:
+    # the answer's text as the model's tokenizer encodes it (no leading BOS)
+    import sqlite3
+
+    import numpy as np
+
+    from meshd.engine import default_model_path, load_model
+
+    db = sqlite3.connect(f"file:{Path(mesh['dir']) / 'c1' / 'state' / 'semantic-cache.db'}"
+                         "?mode=ro", uri=True)
+    (kept,) = db.execute("SELECT answer_ids FROM entries WHERE id = ?", [how["entry"]]).fetchone()
+    db.close()
+    tiny = load_model(default_model_path())
+    encoded = tiny.encode_prompt(first["text"])
+    encoded = encoded[1:] if encoded[:1] == [tiny.tokenizer.bos_token_id] else encoded
+    assert kept is not None and np.frombuffer(kept, "<i4").tolist() == encoded
+    assert again["token_ids"] == encoded and again["tokens"] == len(encoded)
     # the same question from another client is not served alice's answer
     assert not ask(s1, PARAPHRASE, client="bob")["cached"]
     # cache: false stays out

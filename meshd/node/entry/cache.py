@@ -182,10 +182,11 @@ async def _serve_hit(ctx: EntryContext, node: EntryNode, got: Any) -> None:
     await ctx.emit("route", {"served_by": node.node_name, "route": [node.node_name],
                              "cached": True, "cache": how})
     ids: list[int] = []
-    if node.runner.ready(ctx.model):
+    if got.answer_ids is not None:  # tokenized when it was stored
+        ids = list(got.answer_ids)
+    elif node.runner.ready(ctx.model):
         ids = await node.runner.aencode(ctx.model, answer)
-        if ids and ids[0] == _bos(node, ctx.model):
-            ids = ids[1:]
+        ids = _without_bos(ids, _bos(node, ctx.model))
     await ctx.emit("tokens", {"ids": ids, "text": answer})
     ctx.answer = {
         "served_by": node.node_name, "route": [node.node_name], "ttft_ms": round(ttft_ms, 3),
@@ -219,7 +220,7 @@ async def remember(ctx: EntryContext, node: EntryNode) -> None:
         miss.update(reason=got.reason, similarity=_round(got.similarity),
                     score=_round(got.score), threshold=_round(got.threshold))
     ctx.answer["cache"] = miss
-    cache.remember(creq, str(ctx.answer.get("text", "")), got, rid)
+    cache.remember(creq, str(ctx.answer.get("text", "")), got, rid, _tokenizer(node, ctx.model))
 
 
 async def _result(ctx: EntryContext, lookup: Any) -> Any:
@@ -245,6 +246,21 @@ def _timing(ctx: EntryContext, lookup: Any, got: Any) -> dict[str, Any]:
             "verify_ms": _round(got.verify_ms), "embed_cpu_ms": _round(got.embed_cpu_ms),
             "verify_cpu_ms": _round(got.verify_cpu_ms),
             "handoff_ms": _round((now - answered) * 1e3)}
+
+
+def _tokenizer(node: EntryNode, model: str) -> Callable[[str], list[int]] | None:
+    """How a hit on ``model`` tokenizes its answer, for the cache to do it once when it stores
+    the answer: with this node's copy of the model's tokenizer (None for a peer's or an
+    upstream server's model: a hit tokenizes through the runner, or not at all)."""
+    if not (node.runner.ready(model) and node.runner.tokenizes_here(model)):
+        return None
+    bos, runner = _bos(node, model), node.runner
+    return lambda text: _without_bos(runner.encode(model, text), bos)
+
+
+def _without_bos(ids: list[int], bos: int | None) -> list[int]:
+    """A cached answer's ids: as the tokenizer encodes its text, less a leading BOS."""
+    return ids[1:] if ids and ids[0] == bos else ids
 
 
 def _bos(node: EntryNode, model: str) -> int | None:
