@@ -338,7 +338,12 @@ class EdgeCache:
         store = self.store
 
         def work() -> None:
-            ids = tokenize(answer) if tokenize is not None else None
+            ids = None
+            if tokenize is not None:
+                try:
+                    ids = tokenize(answer)
+                except Exception:  # the model went away meanwhile: a hit tokenizes it then
+                    log.debug("semantic cache: answer not tokenized for storing", exc_info=True)
             store.insert(req, answer, vector=vector, answer_ids=ids)
 
         try:

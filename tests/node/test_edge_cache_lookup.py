@@ -85,3 +85,34 @@ def test_a_lookup_starts_its_thread_at_once_and_a_busy_worker_delays_it(tmp_path
     assert seen["served"]
     assert seen["began_while_busy"] is None
     assert seen["busy"] == ("semantic", "Paris")
+
+
+def test_remember_keeps_the_answers_token_ids_and_a_failed_tokenizer_loses_nothing(
+        tmp_path: Path) -> None:
+    """``remember`` tokenizes the answer with its write, so that a hit serves the ids kept;
+    a tokenizer that fails (the model went away meanwhile) still stores the answer, without
+    ids (a hit then tokenizes it)."""
+    cache = EdgeCache(parse_config({"node": {"data_dir": str(tmp_path)},
+                                    "cache": {"enabled": True}}))
+    bob = CacheRequest(model="m@1", tenant="t", client="bob", prompt=REQ.prompt)
+    seen: dict[str, Any] = {}
+
+    def gone(text: str) -> list[int]:
+        raise RuntimeError("model unloaded")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cache.run)
+            store = cache.store
+            cache.remember(REQ, "Paris", None, "r1", lambda text: [len(text), 7])
+            cache.remember(bob, "Paris", None, "r2", gone)
+            with trio.fail_after(10):
+                while store.statistics()["inserts"] < 2:
+                    await trio.sleep(0.001)
+            seen["ids"] = [store.lookup_exact(r).answer_ids for r in (REQ, bob)]
+            seen["answers"] = [store.lookup_exact(r).answer for r in (REQ, bob)]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert seen["ids"] == [(5, 7), None]
+    assert seen["answers"] == ["Paris", "Paris"]
