@@ -106,6 +106,51 @@ def status_kb(pid: int) -> dict[str, int | None]:
     return {k: proc_status_kb(pid, k) for k in ("VmHWM", "VmRSS", "RssAnon", "RssFile")}
 
 
+# ----------------------------------------------------------------------------- weight bytes
+
+# Bytes each 32-weight block of a matrix costs a decode step in meshd, as onnxruntime's
+# MatMulNBits holds it packed for int8 activations on x86 (MLAS, CompInt8): the codes, an fp32
+# scale and an fp32 block sum (the kernel's zero-point term, always read); an 8-bit matrix has
+# at least that much again per block. A 4-bit block with minimums (Q4_1, Q4_K) adds its fp32
+# minimum, read by the separate product of the activations' block sums.
+PACKED_EXTRA_BYTES = 4 + 4
+MIN_BYTES = 4
+
+
+def weight_bytes_per_step(model_dir: Path | None, gguf: Path | None) -> dict[str, float]:
+    """Weight bytes one decode step reads, computed from the formats (not measured): every
+    matrix once (the embedding's one row left out, a tied embedding counted as the output
+    head). meshd's from its manifest, as MatMulNBits packs the blocks; llama.cpp's from the
+    GGUF's tensor sizes (its blocks are read as stored)."""
+    out: dict[str, float] = {}
+    if model_dir is not None:
+        from meshd.engine import read_manifest
+
+        m = read_manifest(model_dir)
+        names = {t.name for t in m.tensors}
+        total = 0
+        for t in m.tensors:
+            if t.name.endswith((".scales", ".zero_points", ".mins")):
+                continue
+            if t.name == "model.embed_tokens.weight" and not m.arch.tie_word_embeddings:
+                continue
+            if t.dtype in ("q4", "q8"):
+                blocks = t.shape[0] * t.shape[1]
+                total += blocks * (t.shape[2] + PACKED_EXTRA_BYTES
+                                   + (MIN_BYTES if t.name + ".mins" in names else 0))
+            else:
+                total += t.nbytes
+        out["meshd_weight_mib"] = total / 2**20
+    if gguf is not None:
+        import gguf as gguf_reader
+
+        tensors = gguf_reader.GGUFReader(str(gguf)).tensors
+        tied = not any(t.name == "output.weight" for t in tensors)
+        out["llama_weight_mib"] = sum(int(t.n_bytes) for t in tensors
+                                      if t.name != "token_embd.weight" or tied) / 2**20
+    return out
+
+
 # ----------------------------------------------------------------------------- the lock
 
 
@@ -470,6 +515,15 @@ def table(med: dict[str, dict[str, float | None]], p: dict[str, Any]) -> str:
     lines.append(f"| llama-server's own timings: decode / prefill, tok/s | "
                  f"{f(lm.get('a_server_predicted_tps'))} / {f(lm.get('c_server_prompt_tps'))} "
                  "| | | | |")
+    wb = p.get("weight_bytes") or {}
+    lw, mw = wb.get("llama_weight_mib"), wb.get("meshd_weight_mib")
+    if lw and mw:
+        la, ma = lm.get("a_decode_tps"), mm.get("a_decode_tps")
+        lines.append(f"| weight bytes a decode step reads (computed from the formats), MiB | "
+                     f"{f(lw)} | {f(mw)} | {f(mw / lw)} | | |")
+        if la and ma:
+            lines.append(f"| those bytes at (a)'s rate, GiB/s | {f(lw * la / 1024)} | "
+                         f"{f(mw * ma / 1024)} | {f(mw * ma / (lw * la))} | | |")
     bm = med.get("llama-bench", {})
     if bm:
         lines.append(f"| llama-bench tg{p['tokens']} / pp{p['prompt']}, tok/s | "
@@ -560,6 +614,8 @@ def main() -> int:
     print()
     print(f"{args.gguf.name if args.gguf else '(no GGUF)'} against {args.meshd_model}, {args.threads} threads, medians of "
           f"{args.repeats} interleaved repeats; load average {' '.join(f'{x:.2f}' for x in loads)}")
+    p["weight_bytes"] = weight_bytes_per_step(
+        args.meshd_model if {"meshd", "daemon"} & set(chosen) else None, args.gguf)
     print(table(med, p))
     res = {"gguf": str(args.gguf), "meshd_model": str(args.meshd_model), "params": p,
            "notes": notes, "repeats": args.repeats, "locked": not args.no_lock, "medians": med,
