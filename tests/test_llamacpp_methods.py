@@ -87,3 +87,23 @@ def test_prompts_are_disjoint_runs_of_the_text_with_bos_first() -> None:
 def test_decode_rate_counts_the_gaps_between_tokens() -> None:
     assert bench.decode_tps([0.0, 0.5, 1.0]) == pytest.approx(2.0)
     assert bench.decode_tps([1.0]) == 0.0
+
+
+def test_weight_bytes_count_each_sides_blocks(tmp_path: Path) -> None:
+    """Q4_1 layers and a tied Q8_0 embedding: llama.cpp reads 20 and 34 bytes a 32-weight block,
+    meshd 16 + 8 (+4 for a Q4_1 block's minimum) and 32 + 8; fp32 norms alike on both sides.
+    Imported through meshd's real GGUF import, so a change to what it stores shows here."""
+    from meshd.engine.gguf_import import import_gguf
+    from tests.engine.gguf_fixtures import write_gguf
+
+    gguf_path = write_gguf(tmp_path / "m.gguf", types={"attn": "Q4_1", "ffn": "Q4_1",
+                                                       "embed": "Q8_0"},
+                           layers=2, hidden=256, intermediate=512, heads=4, kv_heads=2, vocab=300)
+    import_gguf(gguf_path, tmp_path / "out")
+    got = bench.weight_bytes_per_step(tmp_path / "out", gguf_path)
+    # per layer q 256x256, k and v 128x256, o 256x256, gate and up 512x256, down 256x512
+    q41_blocks = 2 * (256 * 256 * 2 + 128 * 256 * 2 + 512 * 256 * 3) // 32
+    q80_blocks = 300 * 256 // 32  # the tied embedding, read whole as the output head
+    norms = (2 * 2 + 1) * 256 * 4
+    assert got["llama_weight_mib"] * 2**20 == q41_blocks * 20 + q80_blocks * 34 + norms
+    assert got["meshd_weight_mib"] * 2**20 == q41_blocks * 28 + q80_blocks * 40 + norms
