@@ -110,9 +110,9 @@ def status_kb(pid: int) -> dict[str, int | None]:
 
 # Bytes each 32-weight block of a matrix costs a decode step in meshd, as onnxruntime's
 # MatMulNBits holds it packed for int8 activations on x86 (MLAS, CompInt8): the codes, an fp32
-# scale and an fp32 block sum (the kernel's zero-point term, always read); an 8-bit matrix has
-# at least that much again per block. A 4-bit block with minimums (Q4_1, Q4_K) adds its fp32
-# minimum, read by the separate product of the activations' block sums.
+# scale and an fp32 block sum (the kernel's zero-point term, always read); an 8-bit block the
+# same at least (some kernels keep a second block sum). A 4-bit block with minimums (Q4_1,
+# Q4_K) adds its fp32 minimum, read by the separate product of the activations' block sums.
 PACKED_EXTRA_BYTES = 4 + 4
 MIN_BYTES = 4
 
