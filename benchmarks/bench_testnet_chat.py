@@ -6,6 +6,10 @@ against routing by the longest advertised prefix alone (``prefix_only``).
         [--emulated-model] [--prefill-per-decode R] [--scenario testnet/regions-12.toml] \\
         [--load 0.7] [--seeds 1,2,3] [--requests 1000] [--max-tokens 16] [--rate RPS] \\
         [--strategies meshd,meshd_no_prefix,prefix_only] [--out FILE.json]
+    .venv/bin/python benchmarks/bench_testnet_chat.py --merge SEED1.json SEED2.json ... --out FILE.json
+
+(``--merge``: runs made a seed at a time, about 45 minutes each, become one figure: the ratios
+per seed and their median; runs that differ in more than their seeds are refused.)
 
 It starts the scenario as ``bench_testnet`` does (12 daemons in network namespaces, emulated
 RTTs, the scenario's decode caps and slots), every node serving ``--model`` (the scenario's
@@ -310,7 +314,66 @@ def report(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# what must agree between runs merged into one figure (all but the seeds)
+MERGE_SAME = ("load", "offered_rps", "requests", "max_tokens", "chat", "prefill_per_decode",
+              "emulated_model", "scenario", "node_models")
+
+
+def merge(files: list[Path]) -> dict[str, Any]:
+    """One figure from runs of other seeds (one invocation a seed, so that a long figure is
+    made a seed at a time): their per-seed summaries together and the ratios over all seeds.
+    Pooled percentiles need every request's TTFT, which a run's JSON does not keep, so the
+    merged figure has per-seed percentiles only. Runs that differ in more than their seeds are
+    refused."""
+    outs = [json.loads(f.read_text()) for f in files]
+    first = outs[0]
+    for f, o in zip(files[1:], outs[1:], strict=True):
+        differ = [k for k in MERGE_SAME if o.get(k) != first.get(k)]
+        if differ:
+            raise ValueError(f"{f}: differs from {files[0]} in {', '.join(differ)}")
+    seeds = [s for o in outs for s in o["seeds"]]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"a seed appears twice: {seeds}")
+    per_seed = [runs for o in outs for runs in o["per_seed"]]
+    for runs in per_seed:  # JSON made the percentiles' keys strings
+        for r in runs:
+            r["ttft_ms"] = {int(q): v for q, v in r["ttft_ms"].items()}
+    merged = {k: first[k] for k in first if k not in ("runs", "per_seed", "ratios", "seeds",
+                                                      "command", "load_average", "wall_s")}
+    merged.update(seeds=seeds, per_seed=per_seed, ratios=ratios(per_seed),
+                  merged_from=[{"file": f.name, "command": o.get("command"), "seeds": o["seeds"],
+                                "load_average": o.get("load_average"), "wall_s": o.get("wall_s")}
+                               for f, o in zip(files, outs, strict=True)])
+    return merged
+
+
+def merged_report(out: dict[str, Any]) -> str:
+    lines = [f"seeds {', '.join(map(str, out['seeds']))}: TTFT p50 / p95 ms per seed, and each "
+             f"seed's ratio to {BASE}'s; ratios' median over the seeds"]
+    for name, ra in out["ratios"].items():
+        runs = [r for seed_runs in out["per_seed"] for r in seed_runs if r["strategy"] == name]
+        per = "; ".join(f"{r['ttft_ms'][50]:,.0f} / {r['ttft_ms'][95]:,.0f} "
+                        f"({r['completed']}/{r['submitted']})" for r in runs)
+        lines.append(f"{name}: {per}; p50 {ra['p50_per_seed']} -> {ra['p50_median']}x, "
+                     f"p95 {ra['p95_per_seed']} -> {ra['p95_median']}x")
+    return "\n".join(lines)
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--merge"]:
+        m = argparse.ArgumentParser(prog="bench_testnet_chat.py --merge",
+                                    description="merge runs of other seeds into one figure")
+        m.add_argument("files", nargs="+", type=Path)
+        m.add_argument("--out", type=Path, required=True)
+        margs = m.parse_args(sys.argv[2:])
+        try:
+            out = merge(margs.files)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(merged_report(out))
+        margs.out.write_text(json.dumps(out, indent=2))
+        return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", default=str(ROOT / "testnet" / "regions-12.toml"))
     p.add_argument("--model", default=os.environ.get("MESHD_DEFAULT_MODEL"),
