@@ -314,9 +314,10 @@ def report(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# what must agree between runs merged into one figure (all but the seeds)
-MERGE_SAME = ("load", "offered_rps", "requests", "max_tokens", "chat", "prefill_per_decode",
-              "emulated_model", "scenario", "node_models")
+# the settings that must agree between runs merged into one figure (each run measures the
+# capacity its --load is a fraction of, so the rate offered may differ a little: kept per run)
+MERGE_SAME = ("load", "requests", "max_tokens", "chat", "prefill_per_decode", "emulated_model",
+              "scenario", "node_models")
 
 
 def merge(files: list[Path]) -> dict[str, Any]:
@@ -338,18 +339,23 @@ def merge(files: list[Path]) -> dict[str, Any]:
     for runs in per_seed:  # JSON made the percentiles' keys strings
         for r in runs:
             r["ttft_ms"] = {int(q): v for q, v in r["ttft_ms"].items()}
-    merged = {k: first[k] for k in first if k not in ("runs", "per_seed", "ratios", "seeds",
-                                                      "command", "load_average", "wall_s")}
+    merged = {k: first[k] for k in first if k not in (
+        "runs", "per_seed", "ratios", "seeds", "command", "load_average", "wall_s",
+        "capacity_measured_rps", "offered_rps")}
     merged.update(seeds=seeds, per_seed=per_seed, ratios=ratios(per_seed),
                   merged_from=[{"file": f.name, "command": o.get("command"), "seeds": o["seeds"],
+                                "capacity_measured_rps": o.get("capacity_measured_rps"),
+                                "offered_rps": o.get("offered_rps"),
                                 "load_average": o.get("load_average"), "wall_s": o.get("wall_s")}
                                for f, o in zip(files, outs, strict=True)])
     return merged
 
 
 def merged_report(out: dict[str, Any]) -> str:
-    lines = [f"seeds {', '.join(map(str, out['seeds']))}: TTFT p50 / p95 ms per seed, and each "
-             f"seed's ratio to {BASE}'s; ratios' median over the seeds"]
+    lines = [f"seeds {', '.join(map(str, out['seeds']))} at {out['load']:.0%} load (offered "
+             + ", ".join(f"{m['offered_rps']} rps" for m in out["merged_from"])
+             + f"): TTFT p50 / p95 ms per seed, and each seed's ratio to {BASE}'s; ratios' "
+             "median over the seeds"]
     for name, ra in out["ratios"].items():
         runs = [r for seed_runs in out["per_seed"] for r in seed_runs if r["strategy"] == name]
         per = "; ".join(f"{r['ttft_ms'][50]:,.0f} / {r['ttft_ms'][95]:,.0f} "
