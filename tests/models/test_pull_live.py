@@ -67,5 +67,12 @@ def test_pull_smollm2_and_generate(tmp_path: Path) -> None:
               "--temperature", "0", "--repetition-penalty", "1", "--json", env=env,
               timeout=600)
     result = json.loads(gen.stdout)
-    # the real 4-bit model's greedy answer, the same text llama-server gives on this GGUF
-    assert result["text"] == "The primary colors are:\n\nRed (R)\nBlue (B)\nYellow (Y)", result
+    # The real 4-bit model's greedy answer. Its first five tokens, "The primary colors are:",
+    # lead by 0.8-5.7 logits at each step; the sixth is a near tie (" Red" 13.654 against "\n"
+    # 13.618 in fp32 arithmetic on the dequantized blocks) that int8 kernels decide by their
+    # rounding: llama-server, and meshd on AVX2, write the colors as a list; meshd on AVX-512
+    # VNNI "Red, Blue, and Yellow." (both seen on this GGUF). So the text is held to the prefix
+    # the model decides, and to naming the three colors.
+    text = result["text"]
+    assert text.startswith("The primary colors are:"), result
+    assert all(color in text for color in ("Red", "Blue", "Yellow")), result
