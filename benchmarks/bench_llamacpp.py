@@ -125,6 +125,7 @@ def weight_bytes_per_step(model_dir: Path | None, gguf: Path | None) -> dict[str
     out: dict[str, float] = {}
     if model_dir is not None:
         from meshd.engine import read_manifest
+        from meshd.engine.planning import EMBED
 
         m = read_manifest(model_dir)
         names = {t.name for t in m.tensors}
@@ -132,7 +133,7 @@ def weight_bytes_per_step(model_dir: Path | None, gguf: Path | None) -> dict[str
         for t in m.tensors:
             if t.name.endswith((".scales", ".zero_points", ".mins")):
                 continue
-            if t.name == "model.embed_tokens.weight" and not m.arch.tie_word_embeddings:
+            if t.name == EMBED and not m.arch.tie_word_embeddings:
                 continue
             if t.dtype in ("q4", "q8"):
                 blocks = t.shape[0] * t.shape[1]
