@@ -302,7 +302,12 @@ def report(out: dict[str, Any]) -> str:
              f"TTFT ms pooled over seeds; ratios: median over seeds of p / {BASE}'s p",
              bt.fmt_table(rows, ["strategy", "ok", "p50", "p95", "p99", "p50/base", "p95/base",
                                  "prefix hits", "busiest/mean queue", "cross-region"])]
-    ra = out["ratios"]
+    return "\n".join(lines + verdict(out["ratios"]))
+
+
+def verdict(ra: dict[str, Any]) -> list[str]:
+    """The issue's goals against the ratios' medians over the seeds."""
+    lines = []
     if "meshd" in ra:
         m = ra["meshd"]
         lines.append(f"goal p50 <= {GOALS[50]}x: {m['p50_median']}x ({'met' if m['p50_median'] <= GOALS[50] else 'NOT met'}); "
@@ -311,7 +316,7 @@ def report(out: dict[str, Any]) -> str:
             p = ra["prefix_only"]
             lines.append(f"p95 meshd {m['p95_median']}x vs prefix_only {p['p95_median']}x of {BASE}: "
                          f"{'meshd ahead' if m['p95_median'] < p['p95_median'] else 'meshd NOT ahead'}")
-    return "\n".join(lines)
+    return lines
 
 
 # the settings that must agree between runs merged into one figure (each run measures the
@@ -362,7 +367,7 @@ def merged_report(out: dict[str, Any]) -> str:
                         f"({r['completed']}/{r['submitted']})" for r in runs)
         lines.append(f"{name}: {per}; p50 {ra['p50_per_seed']} -> {ra['p50_median']}x, "
                      f"p95 {ra['p95_per_seed']} -> {ra['p95_median']}x")
-    return "\n".join(lines)
+    return "\n".join(lines + verdict(out["ratios"]))
 
 
 def main() -> int:
