@@ -162,6 +162,10 @@ class EngineConfig:
     # blocks of 32 tokens are kept, least recently used evicted past this, and a new request
     # reuses its longest cached block prefix; 0 keeps none
     prefix_cache_mb: int = 256
+    # with a prefix cache: keep finished answers' KV too, so a conversation's next turn prefills
+    # only its new message. The batch prefills each finished prompt and answer again, while no
+    # prompt waits (only prefilled KV is reused: docs/engine.md); false: prompts' blocks only
+    keep_answers: bool = True
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,9 @@ class PrefixCache:
         self.stats = {"lookups": 0, "hits": 0, "reused_tokens": 0, "stored_blocks": 0,
                       "evicted_blocks": 0}
 
-    def match(self, space: str, names: Sequence[bytes]) -> list[Any]:
-        """The payloads of the longest run of stored blocks ``names[0], names[1], ...``."""
+    def match(self, space: str, names: Sequence[bytes], *, count: bool = True) -> list[Any]:
+        """The payloads of the longest run of stored blocks ``names[0], names[1], ...``
+        (``count``: a request's lookup, in the statistics; an engine's own is not)."""
         with self._lock:
             found: list[Any] = []
             for name in names:
@@ -63,7 +64,7 @@ class PrefixCache:
                     break
                 found.append(entry[0])
             self._touch(space, names[:len(found)])
-            self.stats["lookups"] += 1
+            self.stats["lookups"] += count
             return found
 
     def note_reuse(self, tokens: int) -> None:

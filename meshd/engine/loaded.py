@@ -74,6 +74,9 @@ class LoadedModel(Protocol):
     @property
     def limiter(self) -> Any: ...  # the trio.CapacityLimiter of its onnxruntime runs
 
+    @property
+    def keep_answers(self) -> bool: ...  # the batch keeps finished answers' KV (its prefix cache)
+
     def stage(self, start: int, end: int, *, fused: bool = False) -> CompiledStage: ...
 
     def encode_prompt(self, prompt: str | list[int], *, chat: bool = False) -> list[int]: ...

@@ -48,19 +48,20 @@ class StagePrefixes:
         return block_hashes(ids, self.identity, self.block)
 
     def reuse(self, ids: Sequence[int], limit: int, align: int,
-              grow: Callable[[int], list[np.ndarray]]) -> int:
+              grow: Callable[[int], list[np.ndarray]], *, count: bool = True) -> int:
         """Restore the longest cached prefix of ``ids`` into a row, cut to a multiple of
         ``align`` (the caller's prefill chunk: the chunks after it start where they would
         have without it) and to at most ``limit`` tokens: ``grow(n)`` makes the row hold
         ``n`` tokens and returns its views. Returns the tokens restored (0: none, and
-        ``grow`` is not called); the caller sets the row's length."""
-        return self.restore(self.names(ids[:max(limit, 0)]), align, grow)
+        ``grow`` is not called); the caller sets the row's length. ``count``: a request's
+        reuse, in the cache's statistics (a finished answer kept again is not)."""
+        return self.restore(self.names(ids[:max(limit, 0)]), align, grow, count=count)
 
     def restore(self, names: Sequence[bytes], align: int,
-                grow: Callable[[int], list[np.ndarray]]) -> int:
+                grow: Callable[[int], list[np.ndarray]], *, count: bool = True) -> int:
         """``reuse`` by the prompt's block names (a pipeline's middle stage never sees the
         token ids: the entry node names them): at most ``len(names)`` blocks."""
-        found = self.cache.match(self.space, names) if names else []
+        found = self.cache.match(self.space, names, count=count) if names else []
         n = len(found) * self.block // align * align
         if not n:
             return 0
@@ -70,7 +71,8 @@ class StagePrefixes:
             ax = _axis(j)
             whole = np.concatenate([p[j] for p in found], axis=ax)
             _span(view, ax, 0, n)[...] = _span(whole, ax, 0, n)
-        self.cache.note_reuse(n)
+        if count:
+            self.cache.note_reuse(n)
         return n
 
     def keep(self, ids: Sequence[int], views: list[np.ndarray]) -> int:

@@ -308,7 +308,8 @@ class Model:
 
     def __init__(self, path: Path, manifest: Manifest, tokenizer: Tokenizer,
                  providers: list[str], layers: tuple[int, int], threads: int | None,
-                 max_concurrent_runs: int, prefix_cache_bytes: int = 0) -> None:
+                 max_concurrent_runs: int, prefix_cache_bytes: int = 0,
+                 keep_answers: bool = True) -> None:
         self.path = path
         self.manifest = manifest
         self.tokenizer = tokenizer
@@ -322,6 +323,9 @@ class Model:
         self._batcher: Batcher | None = None
         self.prefix_cache: PrefixCache | None = None
         self.set_prefix_budget(prefix_cache_bytes)
+        # with a prefix cache, the batch prefills finished answers again to keep their KV
+        # (``scheduler.BatchScheduler``'s ``keep_answers``)
+        self.keep_answers = keep_answers
 
     def set_prefix_budget(self, budget_bytes: int) -> None:
         """Keep finished requests' KV blocks under ``budget_bytes`` (0: keep none); a new
@@ -510,13 +514,14 @@ def _prebuilt(stages: tuple[StageEntry, ...], start: int, end: int) -> StageEntr
 def load_model(path: str | Path, *, providers: list[str] | tuple[str, ...] | None = None,
                layers: tuple[int, int] | None = None, threads: int | None = None,
                max_concurrent_runs: int = 1, verify: bool = True, fused: bool = False,
-               prefix_cache_bytes: int = 0) -> Model:
+               prefix_cache_bytes: int = 0, keep_answers: bool = True) -> Model:
     """Load a meshd model directory, checking the hashes of the weights it needs (unless
     ``verify`` is false; the file size is always checked), and build the session of ``layers``
     (half open; default: every layer). ``fused`` (whole models): build the fused graph, which
     the batch scheduler needs and which serves plain runs too, as the model's only session.
     ``prefix_cache_bytes``: the budget of the model's KV prefix cache (0: none;
-    docs/engine.md, "Prefix cache")."""
+    docs/engine.md, "Prefix cache"); ``keep_answers``: with it, the batch scheduler also keeps
+    finished answers' KV, prefilled again while no prompt waits."""
     t0 = time.perf_counter()
     path = Path(path)
     manifest = read_manifest(path)
@@ -536,7 +541,7 @@ def load_model(path: str | Path, *, providers: list[str] | tuple[str, ...] | Non
         raise ModelError(f"{tok_path}: hash mismatch (not this model's tokenizer)")
     tokenizer = Tokenizer(tok_path, manifest.tokenizer)
     model = Model(path, manifest, tokenizer, choose_providers(providers), span, threads,
-                  max_concurrent_runs, prefix_cache_bytes)
+                  max_concurrent_runs, prefix_cache_bytes, keep_answers)
     stage = model.stage(*span, fused=fused and span == (0, n))
     log.info("model loaded name=%s layers=%d-%d provider=%s load_ms=%.1f", manifest.name,
              span[0], span[1], stage.provider, (time.perf_counter() - t0) * 1e3)

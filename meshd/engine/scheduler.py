@@ -19,6 +19,17 @@ masks computed together, in one parallel llguidance call per step, before each r
 the time it takes is kept per step (``mask_trace``). A request with ``n`` > 1 choices is one
 prompt, prefilled once: when its last chunk is done, each choice samples its first token from
 the same logits and joins the decoding rows with its own copy of the prompt's cache.
+
+With a prefix cache, a finished answer's KV is kept too (``keep_answers``): the next turn of a
+conversation resends the prompt and the answer, and only prefilled KV may be reused (a decode
+step computes a token's keys and values with other kernels than a prefill chunk). So the
+finished sequence (prompt and generated tokens) is queued as a *warm* sequence: lowest
+priority, prefilled chunk by chunk only while no prompt waits (restoring the prompt's cached
+blocks first, so only the answer is computed), never sampled, its blocks kept when done. Beside
+decoding streams its chunk may add at most a quarter of their step (``meshd.core.answer_keep``;
+else it waits for a step with no stream). A prompt that arrives pauses it between two steps
+(what it prefilled is kept; it resumes from there later). Its keys and values are a prefill's,
+so reusing them gives the same tokens as prefilling the whole history.
 """
 
 from __future__ import annotations
@@ -36,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from meshd.core.answer_keep import QUEUE as WARM_QUEUE
+from meshd.core.answer_keep import answer_chunk
 from meshd.engine.batch import BatchStage, Slot
 from meshd.engine.fused import FusedStep
 from meshd.engine.generation import Generation, TokenEvent
@@ -80,6 +93,7 @@ class BatchSequence:
     events: list[TokenEvent] = field(default_factory=list)  # made by the current step
     channel: Any = None  # trio send channel (the Batcher's)
     forks: list[BatchSequence] = field(default_factory=list)  # choices 1.. (n > 1), same channel
+    warm: bool = False  # a finished answer prefilled again for the prefix cache (never sampled)
 
     @property
     def decoding(self) -> bool:
@@ -88,7 +102,7 @@ class BatchSequence:
 
 class BatchScheduler:
     def __init__(self, model: LoadedModel, *, chunk_budget_ms: float = CHUNK_BUDGET_MS,
-                 max_batch: int = 64, fused: bool = True) -> None:
+                 max_batch: int = 64, fused: bool = True, keep_answers: bool = False) -> None:
         self.model = model
         whole = model.stage(0, model.num_layers)
         self.stage = BatchStage(whole)  # the decoding sequences' rows
@@ -99,12 +113,17 @@ class BatchScheduler:
         self._fused: FusedStep | None = None
         self.waiting: deque[BatchSequence] = deque()  # prompts not (fully) prefilled, oldest first
         self.running: list[BatchSequence] = []  # generating
+        # finished answers to prefill again while no prompt waits (``keep_answers``), oldest first
+        self.keep_answers = keep_answers
+        self.warming: deque[BatchSequence] = deque()
         # ms a prompt token adds to a step: with fusing, what a chunk adds to a decode step;
         # without, a chunk's own run over its tokens
         self.prefill_ms_per_token = 0.0
         self.decode_ms: dict[int, float] = {}  # batch size -> EWMA of a decode step's ms
         self.stats = {"steps": 0, "decode_runs": 0, "prefill_chunks": 0, "fused_runs": 0,
-                      "tokens": 0, "max_batch_seen": 0, "joined": 0, "left": 0}
+                      "tokens": 0, "max_batch_seen": 0, "joined": 0, "left": 0,
+                      "answers_kept": 0, "answer_tokens_prefilled": 0, "answers_paused": 0,
+                      "answers_dropped": 0}
         self.last_chunk = 0
         # the last steps: (start, ms, what ran: decode / chunk / fused, +prepare, +join)
         self.trace: deque[tuple[float, float, str]] = deque(maxlen=TRACE_STEPS)
@@ -139,7 +158,54 @@ class BatchScheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.warming)
+
+    def drop_answers(self) -> None:
+        """Forget the finished answers not yet kept (their rows freed)."""
+        while self.warming:
+            seq = self.warming.popleft()
+            if seq.slot is not None:
+                self.pre.close(seq.slot)
+                seq.slot = None
+            self.stats["answers_dropped"] += 1
+
+    def _answer_done(self, seq: BatchSequence) -> None:
+        """Queue a finished sequence's prompt and answer to be prefilled again (``keep_answers``)
+        when that adds a full block to what its prompt kept: one choice (``n`` = 1), not
+        abandoned (that goes through ``remove`` alone)."""
+        if not self.keep_answers or seq.forks or seq.gen.choice or self.prefixes is None:
+            return
+        px, ids = self.prefixes, seq.gen.history
+        if len(ids) // px.block <= len(seq.ids) // px.block:
+            return
+        if not px.cache.absent(px.space, px.names(ids)):  # kept already (the same answer)
+            return
+        if len(self.warming) >= WARM_QUEUE:  # the oldest not being prefilled goes
+            del self.warming[1 if self.warming[0].slot is not None else 0]
+            self.stats["answers_dropped"] += 1
+        self.warming.append(BatchSequence(ids=list(ids), gen=seq.gen, max_tokens=len(ids) + 1,
+                                          warm=True))
+
+    def _pause_answer(self) -> None:
+        """A prompt waits: the answer being prefilled gives up its row, keeping its blocks so
+        far (it resumes from them)."""
+        seq = self.warming[0]
+        assert seq.slot is not None
+        self._keep(self.pre, seq.slot, seq.ids)
+        self.pre.close(seq.slot)
+        seq.slot = None
+        self.stats["answers_paused"] += 1
+
+    def _next_prompt(self) -> BatchSequence | None:
+        """The sequence whose chunk this step prefills: the oldest waiting prompt, else the
+        oldest finished answer to keep (None: no room in the batch, or nothing)."""
+        if len(self.running) >= self.max_batch:
+            return None
+        if self.waiting:
+            if self.warming and self.warming[0].slot is not None:
+                self._pause_answer()
+            return self.waiting[0]
+        return self.warming[0] if self.warming else None
 
     def fused_step(self) -> FusedStep | None:
         """The fused decode-and-chunk step (built on first use; None when switched off or
@@ -217,6 +283,13 @@ class BatchScheduler:
     def chunk(self) -> int:
         return chunk_tokens(self.chunk_budget_ms, self.prefill_ms_per_token)
 
+    def answer_chunk(self) -> int:
+        """Tokens of a finished answer to prefill this step (``keep_answers``): a whole chunk
+        with no stream decoding, else what adds at most a quarter of the streams' measured step
+        (``meshd.core.answer_keep``; 0: none this step)."""
+        n = len(self.running)
+        return answer_chunk(self.decode_ms.get(n, 0.0), self.prefill_ms_per_token, self.chunk(), n)
+
     def step(self) -> list[BatchSequence]:
         """One scheduling step; returns the sequences that made tokens (in ``.events``).
         Finished sequences are removed before it returns."""
@@ -226,12 +299,17 @@ class BatchScheduler:
         seq: BatchSequence | None = None
         chunk = np.zeros(0, np.int64)
         final = False
-        if self.waiting and len(self.running) < self.max_batch:
-            seq = self.waiting[0]
+        seq = self._next_prompt()
+        room = self.chunk()
+        if seq is not None and seq.warm:  # a finished answer: what fits beside the streams
+            room = self.answer_chunk()
+            if not room:
+                seq = None
+        if seq is not None:
             if seq.slot is None:
                 seq.slot = self.pre.open(seq.max_tokens)
-                seq.prefilled = seq.cached = self._reuse(seq.slot, seq.ids)
-            n = min(self.chunk(), len(seq.ids) - seq.prefilled)
+                seq.prefilled = seq.cached = self._reuse(seq.slot, seq.ids, count=not seq.warm)
+            n = min(room, len(seq.ids) - seq.prefilled)
             if seq.prefilled + n > self.pre.capacity:  # its row doubles: few copies of one row,
                 # and a chunk's attention reads at most twice the slots it needs
                 self.pre.reserve(min(len(seq.ids), max(seq.prefilled + n, 2 * self.pre.capacity)))
@@ -248,7 +326,7 @@ class BatchScheduler:
         if fused is not None and seq is not None and seq.slot is not None:
             t0 = time.perf_counter()
             logits, first = fused.run(self.stage, slots, ids, self.pre,  # type: ignore[arg-type]
-                                      seq.slot, chunk, chunk_logits=final)
+                                      seq.slot, chunk, chunk_logits=final and not seq.warm)
             ms = (time.perf_counter() - t0) * 1000
             self._note_chunk(len(chunk), ms - self.decode_ms.get(len(batch), ms))
             self.stats["fused_runs"] += 1
@@ -271,7 +349,15 @@ class BatchScheduler:
         if seq is not None and seq.slot is not None:
             self.stats["prefill_chunks"] += 1
             seq.prefilled += len(chunk)
-            if final and first is not None:
+            if seq.warm:
+                if final:  # the answer's blocks are kept: the next turn reuses them
+                    self.warming.popleft()
+                    self._keep(self.pre, seq.slot, seq.ids)
+                    self.pre.close(seq.slot)
+                    seq.slot = None
+                    self.stats["answers_kept"] += 1
+                self.stats["answer_tokens_prefilled"] += len(chunk)
+            elif final and first is not None:
                 self.waiting.popleft()
                 members = [seq, *seq.forks]  # every choice samples from the prompt's logits
                 src = seq.slot
@@ -303,12 +389,13 @@ class BatchScheduler:
                 out.append(s)
                 if ev.finish_reason is not None:
                     self.remove(s)
+                    self._answer_done(s)
         self.stats["steps"] += 1
         self.stats["tokens"] += len(out)
         self.trace.append((start, (time.perf_counter() - start) * 1000, "+".join(what)))
         return out
 
-    def _reuse(self, slot: Slot, ids: list[int]) -> int:
+    def _reuse(self, slot: Slot, ids: list[int], *, count: bool = True) -> int:
         """Restore the longest cached prefix of a prompt into its row, in whole chunks (the
         chunks after it start where they would have without it) and leaving at least its last
         token to prefill, for the first token's logits; returns its length."""
@@ -320,7 +407,7 @@ class BatchScheduler:
             self.pre.reserve(n)
             return self.pre.cache(slot.row, 1)
 
-        slot.length = px.reuse(ids, len(ids) - 1, self.chunk(), grow)
+        slot.length = px.reuse(ids, len(ids) - 1, self.chunk(), grow, count=count)
         return slot.length
 
     def _keep(self, stage: BatchStage, slot: Slot, ids: list[int]) -> None:
@@ -348,6 +435,7 @@ class BatchScheduler:
 
     def statistics(self) -> dict[str, Any]:
         return {**self.stats, "running": len(self.running), "waiting": len(self.waiting),
+                "answers_waiting": len(self.warming),
                 "chunk_tokens": self.chunk(), "fused": self.use_fused,
                 "kv_bytes": self.stage.memory_bytes() + self.pre.memory_bytes(),
                 "prepared_bytes": self.stage.prepared_bytes,
@@ -390,7 +478,8 @@ class Batcher:
                  calibrate_batch: int = 8) -> None:
         import trio
 
-        self.sched = BatchScheduler(model, chunk_budget_ms=chunk_budget_ms, max_batch=max_batch)
+        self.sched = BatchScheduler(model, chunk_budget_ms=chunk_budget_ms, max_batch=max_batch,
+                                    keep_answers=model.keep_answers)
         self.model = model
         self.calibrate_batch = calibrate_batch
         self._limiter = limiter
@@ -437,6 +526,7 @@ class Batcher:
                                                  trio.ClosedResourceError):
                             seq.channel.send_nowait(err)
                         self.sched.remove(seq)
+                    self.sched.drop_answers()
                     continue
                 for seq in done:
                     events, seq.events = seq.events, []
@@ -449,6 +539,7 @@ class Batcher:
             for seq in list(self.sched.running) + list(self.sched.waiting) + self._joins:
                 seq.channel.close()
                 self.sched.remove(seq)
+            self.sched.drop_answers()
 
     def _apply(self) -> None:
         for seq in self._leaves:

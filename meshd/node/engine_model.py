@@ -41,7 +41,8 @@ def load_engine_model(cfg: Config, path: Path, layers: tuple[int, int] | None) -
                              threads=cfg.engine.threads or None,
                              max_concurrent_runs=cfg.engine.workers,
                              fused=cfg.engine.batching and cfg.engine.fused_prefill,
-                             prefix_cache_bytes=cfg.engine.prefix_cache_mb << 20)
+                             prefix_cache_bytes=cfg.engine.prefix_cache_mb << 20,
+                             keep_answers=cfg.engine.keep_answers)
 
 
 class EngineModel:

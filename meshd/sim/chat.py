@@ -45,7 +45,9 @@ __all__ = ["ChatSpec", "ChatStream", "ChatTurn", "chat_requests", "mean_sizes"]
 @dataclass(frozen=True)
 class ChatTurn:
     """One request of the workload: ``prompt_ids`` (the whole history and the new message)
-    arrives at ``at_s``, asking for ``max_tokens`` (the answer's length)."""
+    arrives at ``at_s``, asking for ``max_tokens`` (the answer's length); ``answer_ids`` are
+    the answer's tokens as the next turn resends them (the generated tokens, assumed to encode
+    back to themselves: tests/engine/test_prefix.py holds it for a real SmolLM2 chat)."""
 
     at_s: float
     conversation: int
@@ -53,6 +55,7 @@ class ChatTurn:
     system: int  # the shared system prompt it starts with (-1: its own)
     prompt_ids: tuple[int, ...]
     max_tokens: int
+    answer_ids: tuple[int, ...] = ()
 
 
 class _Ids:
@@ -98,10 +101,11 @@ def chat_requests(spec: ChatSpec, requests: int, seed: int = 0, *,
             answer = sample_length(spec.answer_tokens, rng)
             if len(history) + answer > spec.context_tokens:
                 break
-            out.append(ChatTurn(at, conv, turn, which, tuple(history), answer))
+            answer_ids = tuple(ids(answer))
+            out.append(ChatTurn(at, conv, turn, which, tuple(history), answer, answer_ids))
             if rng.random() < stop:
                 break
-            history += ids(answer)
+            history += answer_ids
             at += answer / spec.answer_tps + rng.expovariate(1.0 / spec.think_s)
             turn += 1
         conv += 1

@@ -101,7 +101,7 @@ def _hedge(sim: Sim, r: SimRequest, a: Send, now: float) -> None:
     h = SimRequest(r.rid, r.arrival, r.entry, r.model, r.prompt, r.output, r.residency,
                    r.measured, r.life)
     h.done_tokens = r.done_tokens
-    h.ids, h.names = r.ids, r.names
+    h.ids, h.names, h.answer_ids = r.ids, r.names, r.answer_ids
     h.attempt = a.attempt
     r.copies = h.copies = [r, h]
     t = sim.world.nodes[r.server] if r.server >= 0 else None

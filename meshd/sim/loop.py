@@ -275,9 +275,11 @@ class Simulation:
         ri = s.rng.randrange(len(regions)) if spec.region == "*" else regions.index(spec.region)
         alive = self.world.region_alive[ri]
         ids: tuple[int, ...] = ()
+        answer_ids: tuple[int, ...] = ()
         if isinstance(s, ChatStream):  # a turn of a conversation, at its conversation's entry node
             turn, entry = s.take(alive)
             ids, prompt, output = turn.prompt_ids, len(turn.prompt_ids), turn.max_tokens
+            answer_ids = turn.answer_ids
         else:
             entry = alive[s.rng.randrange(len(alive))] if alive else -1
             prompt, output = s.sizes()
@@ -295,7 +297,7 @@ class Simulation:
         life: RequestLife[int] = RequestLife(started_s=t, max_attempts=run.max_attempts,
                                              timeout_s=run.timeout_s, policy=self.policy)
         r = SimRequest(self.rid, t, entry, model, prompt, output, spec.residency, measured, life)
-        r.ids = ids
+        r.ids, r.answer_ids = ids, answer_ids
         if measured:
             self.m.arrived += 1
         self.outstanding += 1
@@ -408,6 +410,11 @@ class Simulation:
         t.running -= 1
         t.active.discard(r)
         t.busy_s += now - r.start_s
+        if t.px is not None and t.px.keep_answers:  # the engine keeps finished answers' KV
+            t.px.finished(r.model, r.ids, r.answer_ids)
+            step_s = 1.0 / predict.batched_decode_tps(t.hw.batch_tps, max(t.running, 1),
+                                                      t.decode_tps)
+            t.px.keep_answers_now(now, t.running, step_s, t.prefill_tps, bool(t.queue))
         half = r.rtt_s / 2.0
         if r.ttft_s < 0.0:
             r.ttft_s = r.first_s + half - r.arrival
@@ -535,6 +542,7 @@ class Simulation:
         if held:  # prefix caches (meshd.sim.prefixes): requests that reused one, tokens skipped
             extra["prefix_hits"] = sum(p.hits for p in held)
             extra["prefix_reused_tokens"] = sum(p.reused_tokens for p in held)
+            extra["prefix_answers_kept"] = sum(p.answers_kept for p in held)
         return summarise(self.m, window_s=window, total_cost=cost, utilisation=util, extra=extra,
                          total_energy_j=energy if any(n.power_w for n in w.nodes) else None)
 

@@ -10,6 +10,13 @@ As the engine does (docs/engine.md, "Prefix cache"):
   the rest;
 - the prompt's full blocks are stored when its prefill ends (a request arriving meanwhile does
   not find them yet);
+- with ``keep_answers``, a finished request's prompt and answer are queued (at most
+  ``answer_keep.QUEUE``) to be prefilled again from the prompt's kept chunks, their blocks
+  stored when that ends (``finished``, ``keep_answers_now``): as the engine, only while no
+  prompt waits at the node, one after another, beside decoding streams only where a chunk fits
+  a quarter of their step (``meshd.core.answer_keep``), else when none decodes. Checked when a
+  request finishes there; unlike the engine, one already started is not paused by a prompt
+  arriving, and its chunks do not slow the streams' decode (prompts' prefill does not either);
 - the advert carries ``PrefixCache.sketch``: a Bloom filter (at most 512 bytes) of the names
   of the blocks held at chunk depths (128, 256, 384, ... tokens), the 256 most recently used
   at most, as ``Serving.prefix_sketch`` beside the model identity the names are made with
@@ -25,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 
+from meshd.core.answer_keep import QUEUE, answer_seconds
 from meshd.core.prefix_cache import PrefixCache, layer_space
 from meshd.core.prefix_names import BLOCK_TOKENS, block_hashes
 from meshd.core.snapshot import Serving
@@ -46,10 +54,15 @@ def names_of(model: str, ids: tuple[int, ...]) -> list[bytes]:
 class NodePrefixes:
     """One node's prefix cache: ``budget_tokens`` of KV, for the one model it serves whole."""
 
-    __slots__ = ("cache", "pending", "seq", "reused_tokens", "hits")
+    __slots__ = ("cache", "pending", "seq", "reused_tokens", "hits", "keep_answers",
+                 "answers_kept", "answers", "answers_until")
 
-    def __init__(self, budget_tokens: int) -> None:
+    def __init__(self, budget_tokens: int, *, keep_answers: bool = True) -> None:
         self.cache = PrefixCache(budget_tokens)
+        self.keep_answers = keep_answers
+        self.answers_kept = 0
+        self.answers: list[tuple[list[bytes], int]] = []  # finished: (names, tokens to prefill)
+        self.answers_until = 0.0  # when the answer being prefilled ends
         self.pending: list[tuple[float, int, list[bytes]]] = []  # (prefill ends, seq, names)
         self.seq = 0
         self.reused_tokens = 0
@@ -83,6 +96,30 @@ class NodePrefixes:
         if names:
             self.seq += 1
             heapq.heappush(self.pending, (at, self.seq, names))
+
+    def finished(self, model: str, prompt: tuple[int, ...], answer: tuple[int, ...]) -> None:
+        """A request finished: queue its prompt and answer to be kept (``keep_answers``), from
+        the prompt's whole chunks on (its blocks kept at its prefill's end)."""
+        if not (self.keep_answers and answer):
+            return
+        start = (len(prompt) - 1) // REUSE_ALIGN * REUSE_ALIGN
+        if len(self.answers) >= QUEUE:
+            self.answers.pop(0)
+        self.answers.append((names_of(model, prompt + answer), len(prompt) + len(answer) - start))
+
+    def keep_answers_now(self, now: float, streams: int, step_s: float, prefill_tps: float,
+                         prompts_waiting: bool) -> None:
+        """Prefill the queued answers that can go now, one after another: none while a prompt
+        waits; beside ``streams`` decoding (a step of ``step_s``) only where a chunk fits."""
+        while self.answers and not prompts_waiting:
+            names, tokens = self.answers[0]
+            secs = answer_seconds(tokens, step_s, prefill_tps, streams)
+            if secs is None:
+                return
+            self.answers.pop(0)
+            self.answers_until = max(now, self.answers_until) + secs
+            self.answers_kept += 1
+            self.keep(names, self.answers_until)
 
     def serving(self, serving: tuple[Serving, ...], now: float) -> tuple[Serving, ...]:
         """What the node's advert says it serves now: ``serving`` with its prefix sketch."""

@@ -20,7 +20,7 @@ class SimRequest:
     __slots__ = (
         "rid", "arrival", "entry", "model", "prompt", "output", "residency", "measured",
         "server", "rtt_s", "gen", "ttft_s", "start_s", "first_s", "end_s", "done_tokens",
-        "stages", "stage_i", "held", "life", "attempt", "copies", "ids", "names",
+        "stages", "stage_i", "held", "life", "attempt", "copies", "ids", "names", "answer_ids",
     )  # fmt: skip
 
     def __init__(
@@ -57,6 +57,8 @@ class SimRequest:
         # prefix cache serves it, its block names (meshd.sim.prefixes.names_of)
         self.ids: tuple[int, ...] = ()
         self.names: list[bytes] | None = None
+        # the answer's token ids as the conversation's next turn resends them (a chat workload's)
+        self.answer_ids: tuple[int, ...] = ()
 
     @property
     def remaining_output(self) -> int:

@@ -82,6 +82,8 @@ class Hardware:
     # tokens of KV its prefix cache keeps (the daemon's [engine] prefix_cache_mb over the
     # model's KV bytes per token; meshd.sim.prefixes); 0: none
     prefix_cache_tokens: int = 0
+    # with a prefix cache, finished answers' KV is kept too (the daemon's [engine] keep_answers)
+    keep_answers: bool = True
 
 
 @dataclass(frozen=True)

@@ -242,6 +242,7 @@ def _hardware(tables: list[Table]) -> dict[str, Hardware]:
             power_w=t.number("power_w", 0.0, min_value=0.0),
             batch_tps=_batch_tps(t),
             prefix_cache_tokens=t.integer("prefix_cache_tokens", 0, min_value=0),
+            keep_answers=t.flag("keep_answers", True),
         )
         if hw.name in out:
             raise t.error("name", f"repeats hardware class {hw.name!r}")

@@ -106,7 +106,8 @@ class SimNode:
         self.nv: Any = None  # NodeView constructor with the static fields bound (views.py)
         self.nv_tail: tuple[Any, ...] = ()
         # its KV prefix cache (meshd.sim.prefixes; None: its hardware class keeps none)
-        self.px = NodePrefixes(hw.prefix_cache_tokens) if hw.prefix_cache_tokens > 0 else None
+        self.px = (NodePrefixes(hw.prefix_cache_tokens, keep_answers=hw.keep_answers)
+                   if hw.prefix_cache_tokens > 0 else None)
 
 
 class World:

@@ -222,6 +222,114 @@ def test_an_evicted_prefix_is_prefilled_again_and_answers_the_same(
     assert model.prefix_cache.statistics()["hits"] == s["hits"]  # type: ignore[union-attr]
 
 
+def _idle(sched: BatchScheduler) -> None:
+    """Step until the scheduler has nothing left (the answers it keeps included)."""
+    steps = 0
+    while sched.busy and steps < 400:
+        sched.step()
+        steps += 1
+    assert not sched.busy
+
+
+def test_a_finished_answer_is_kept_and_the_next_turn_prefills_only_its_message(
+        models: dict[str, Model], cached: Any) -> None:
+    """With ``keep_answers``, a finished sequence's prompt and answer are prefilled again once
+    the batch is idle and their blocks kept: the conversation's next turn (the history, the
+    answer and a new message) reuses past the answer, where prompts' blocks alone stop at the
+    first turn's prompt, and its tokens are those of a prefill from token 0."""
+    model = models["llama"]
+    first = _ids(model, 3 * BLOCK_TOKENS + 7, seed=42)
+    cfg = GenerationConfig(max_tokens=64, temperature=0.0, repetition_penalty=1.0)
+    (answer,), _ = _batched(model, [first], {0: [0]}, [cfg])
+    kept = (len(first) + len(answer)) // BLOCK_TOKENS * BLOCK_TOKENS
+    assert kept >= 5 * BLOCK_TOKENS  # the answer fills blocks of its own
+    second = first + answer + _ids(model, 9, seed=39)
+    (want,), _ = _batched(model, [second], {0: [0]}, [cfg])
+
+    for keep, reused in ((False, 96), (True, kept)):
+        cached("llama")
+        sched = BatchScheduler(model, keep_answers=keep)
+        sched.prefill_ms_per_token = 1e9  # chunks of 16 tokens
+        (got,), _ = _batched(model, [first], {0: [0]}, [cfg], sched)
+        assert got == answer
+        _idle(sched)
+        assert sched.stats["answers_kept"] == int(keep)
+        # the answer is prefilled after the prompt's 3 kept blocks (96 tokens)
+        assert sched.stats["answer_tokens_prefilled"] == (
+            len(first) + len(answer) - 96 if keep else 0)
+        seq = prepare(model, second, cfg, False)
+        (got,) = run_with_joins(sched, [seq], {0: [0]})
+        assert (got, seq.cached) == (want, reused)
+        assert sched.pre.slots == [] and sched.stage.slots == []
+        s = model.prefix_cache.statistics()  # type: ignore[union-attr]
+        assert (s["lookups"], s["hits"]) == (2, 1)  # the two turns: the answer's restore is not
+
+
+def test_a_prompt_pauses_an_answer_being_kept_and_it_resumes(
+        models: dict[str, Model], cached: Any) -> None:
+    """A finished answer is prefilled only while no prompt waits: a prompt arriving meanwhile
+    takes the step (what the answer prefilled so far is kept) and the answer resumes from its
+    kept blocks afterwards; both conversations answer as they would alone."""
+    model = models["llama"]
+    cfg = GenerationConfig(max_tokens=64, temperature=0.0, repetition_penalty=1.0)
+    a, b = _ids(model, 2 * BLOCK_TOKENS + 3, seed=50), _ids(model, 40, seed=51)
+    (want_a,), _ = _batched(model, [a], {0: [0]}, [cfg])
+    (want_b,), _ = _batched(model, [b], {0: [0]}, [cfg])
+    cached("llama")
+    sched = BatchScheduler(model, keep_answers=True)
+    sched.prefill_ms_per_token = 1e9
+    seq = prepare(model, a, cfg, False)
+    sched.add(seq)
+    got_a: list[int] = []
+    while not sched.warming:  # until a's answer is done and waits to be kept
+        for s in sched.step():
+            got_a += [e.token_id for e in s.events]
+            s.events.clear()
+    assert got_a == want_a
+    sched.step()  # the answer's first chunk
+    assert sched.warming[0].slot is not None and sched.warming[0].prefilled < len(a) + len(got_a)
+    seq = prepare(model, b, cfg, False)
+    assert run_with_joins(sched, [seq], {0: [0]}) == [want_b]  # b arrives: a's answer pauses
+    assert sched.stats["answers_paused"] >= 1 and sched.stats["answers_kept"] == 2
+    assert sched.pre.slots == [] and sched.stage.slots == []
+    again = a + want_a + _ids(model, 5, seed=52)
+    (want,), _ = _batched(model, [again], {0: [0]}, [GREEDY])
+    seq = prepare(model, again, GREEDY, False)
+    assert run_with_joins(sched, [seq], {0: [0]}) == [want]
+    assert seq.cached == (len(a) + len(want_a) - 1) // 32 * 32 // 16 * 16
+
+
+def test_an_answer_rides_the_streams_steps_only_where_its_chunk_fits(
+        models: dict[str, Model], cached: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beside decoding streams a finished answer is prefilled only in chunks that fit a quarter
+    of their step (``answer_chunk``): where none fits, it waits for the streams to end; where
+    one does, it is kept while they decode, and their tokens are unchanged either way."""
+    model = models["llama"]
+    short = GenerationConfig(max_tokens=40, temperature=0.0, repetition_penalty=1.0)
+    long_cfg = GenerationConfig(max_tokens=120, temperature=0.0, repetition_penalty=1.0)
+    a, other = _ids(model, 2 * BLOCK_TOKENS + 3, seed=60), _ids(model, 30, seed=61)
+    want, _ = _batched(model, [a, other], {0: [0, 1]}, [short, long_cfg])
+    assert len(want[0]) < len(want[1])  # a's answer ends while the other stream decodes
+    for fits, during in ((0, False), (16, True)):
+        cached("llama")
+        sched = BatchScheduler(model, keep_answers=True)
+        monkeypatch.setattr(sched, "answer_chunk",
+                            lambda fits=fits, sched=sched: fits if sched.running else 16)
+        kept_while_decoding = []
+        seqs = [prepare(model, p, c, False) for p, c in ((a, short), (other, long_cfg))]
+        got: list[list[int]] = [[], []]
+        for s in seqs:
+            sched.add(s)
+        while sched.busy:
+            for s in sched.step():
+                got[seqs.index(s)] += [e.token_id for e in s.events]
+                s.events.clear()
+            kept_while_decoding.append(bool(sched.running) and sched.stats["answers_kept"] > 0)
+        assert got == want
+        assert sched.stats["answers_kept"] == 2
+        assert any(kept_while_decoding) == during
+
+
 # ------------------------------------------------------------------------- pipeline stages
 
 async def _pipeline(model: Model, cuts: list[int], ids: list[int], max_new: int) -> tuple[
@@ -328,3 +436,31 @@ def test_the_advert_sketch_holds_what_the_entry_node_computes(models: dict[str, 
     assert matched_tokens(names, advertised) == 128
     assert matched_tokens(names_of(ids, "meshd:other"), advertised) == 0
     assert EngineModel(model).prefix_sketch(0, n // 2) == b""  # no stage of it holds any
+
+
+def test_real_int4_chat_next_turn_reuses_the_kept_answer(real_int4: Path) -> None:
+    """A real conversation through SmolLM2's chat template: the answer's text, sent back as
+    the assistant message, encodes to the tokens generated (so the next turn's prompt starts
+    with the first turn's prompt and answer), the second turn reuses the blocks the batch kept
+    of both, and answers as a prefill of the whole history does."""
+    model = load_model(real_int4)
+    tok = model.tokenizer
+    cfg = GenerationConfig(max_tokens=60, temperature=0.0, repetition_penalty=1.0)
+    chat = [{"role": "user", "content": "Tell me about the city of Lyon in France."}]
+    first = tok.encode_chat(chat)
+    model.set_prefix_budget(64 << 20)
+    sched = BatchScheduler(model, keep_answers=True)
+    (answer,), _ = _batched(model, [first], {0: [0]}, [cfg], sched)
+    assert sched.stats["answers_kept"] == 1
+    text = tok.decode(answer)
+    chat += [{"role": "assistant", "content": text},
+             {"role": "user", "content": "And what is it famous for?"}]
+    second = tok.encode_chat(chat)
+    assert second[:len(first) + len(answer)] == first + answer  # the round trip holds
+    seq = prepare(model, second, cfg, False)
+    (got,) = run_with_joins(sched, [seq], {0: [0]})
+    assert seq.cached == (len(first) + len(answer)) // BLOCK_TOKENS * BLOCK_TOKENS // 16 * 16
+    assert seq.cached > len(first)
+    model.set_prefix_budget(0)
+    (want,), _ = _batched(model, [second], {0: [0]}, [cfg])
+    assert got == want

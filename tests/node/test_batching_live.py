@@ -70,12 +70,19 @@ def test_eight_api_streams_decode_in_one_batch_as_if_alone(mesh: dict[str, Any])
                             strict=True))
     for p, text in alone.items():
         assert together[p] == text and text
-    model = next(m for m in _status(n1)["models"] if m["model"] == "tiny-en")
+
+    def idle() -> dict[str, Any] | None:  # the answers kept for the next turns, too
+        model = next(m for m in _status(n1)["models"] if m["model"] == "tiny-en")
+        b = model["batch"]
+        return model if b["running"] == 0 and b["answers_waiting"] == 0 else None
+
+    model = wait_for(idle, 30, "n1's batch to finish the streams and keep their answers")
     assert model["max_concurrency"] >= 8  # the embedded default admits 8 streams
     batch = model["batch"]
     assert batch["max_batch_seen"] >= 4, batch  # they decoded together
     assert batch["decode_runs"] < batch["tokens"]
-    assert batch["running"] == 0 and batch["kv_bytes"] == 0  # every row freed
+    assert batch["answers_kept"] >= 8  # [engine] keep_answers is on by default
+    assert batch["kv_bytes"] == 0  # every row freed
 
     def advertised() -> dict[str, Any] | None:
         for p in _peers(n2):

@@ -31,6 +31,8 @@ def test_each_turn_resends_the_history_and_arrives_later() -> None:
             # the next prompt is this prompt, its answer, then a new user message
             assert b.prompt_ids[:len(a.prompt_ids)] == a.prompt_ids
             assert len(b.prompt_ids) > len(a.prompt_ids) + a.max_tokens
+            assert b.prompt_ids[:len(a.prompt_ids) + a.max_tokens] == a.prompt_ids + a.answer_ids
+    assert all(len(r.answer_ids) == r.max_tokens for r in reqs)
     assert all(len(r.prompt_ids) + r.max_tokens <= 8192 for r in reqs)
 
 

@@ -5,6 +5,8 @@ chat workload (``process = "chat"``) drives it; the decision is the daemon's ``d
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from meshd.core.prefix_cache import PrefixCache
@@ -79,6 +81,27 @@ def test_meshd_routes_turns_to_their_prefix_and_prefix_only_herds() -> None:
     assert got["prefix_only"]["prefix_reused_tokens"] > got["meshd"]["prefix_reused_tokens"]
     assert got["prefix_only"]["ttft_p95_ms"] > 5 * got["meshd"]["ttft_p95_ms"]
     assert Simulation(sc, "meshd").run()["ttft_p50_ms"] == got["meshd"]["ttft_p50_ms"]
+
+
+def test_kept_answers_let_the_next_turn_skip_the_answer() -> None:
+    """With ``keep_answers`` (the default, as the daemon's), finished prompts and answers are
+    prefilled again and kept: more of the next turns is reused and their first tokens come
+    sooner; without it only prompts are kept. Beside decoding streams an answer goes only where
+    its chunk fits a quarter of their step: on a device of slow prefill (against its decode
+    step) it waits for an idle node, and fewer are kept."""
+    def run(keep: bool, prefill_tps: float) -> dict[str, float]:
+        sc = chat(rate=6.0)
+        hw = {k: dataclasses.replace(h, keep_answers=keep, prefill_tps=prefill_tps)
+              for k, h in sc.hardware.items()}
+        return Simulation(dataclasses.replace(sc, hardware=hw), "meshd").run()
+
+    kept, prompts = run(True, 8000.0), run(False, 8000.0)  # 48 tokens fit a 25 ms step
+    assert kept["prefix_answers_kept"] > 300 and prompts["prefix_answers_kept"] == 0
+    assert kept["completed"] == prompts["completed"] and kept["failed"] == 0
+    assert kept["prefix_reused_tokens"] > 1.15 * prompts["prefix_reused_tokens"]
+    assert kept["ttft_p50_ms"] < prompts["ttft_p50_ms"]
+    slow = run(True, 2000.0)  # 12 tokens fit a step: answers wait for an idle node
+    assert slow["prefix_answers_kept"] < 0.8 * kept["prefix_answers_kept"]
 
 
 def test_without_caches_nothing_is_reused_and_the_figures_say_nothing_of_it() -> None:
