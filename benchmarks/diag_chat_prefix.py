@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/diag_chat_prefix.py [--region us-east]
         [--duration 60] [--seed 1] [--strategies meshd,meshd_no_prefix] [--share 50]
+        [--prompts-only]
 
 One region of ``testnet/scenarios/chat-512*.toml`` (its 128 nodes in 4 cells, its own chat
 stream: the workload and the mesh's shape unchanged, a quarter of the nodes), run with each
@@ -135,6 +136,8 @@ class Traced(Simulation):
         limit = (r.effective_prompt - 1) // 32
         ideal = min(run, limit) * 32 // REUSE_ALIGN * REUSE_ALIGN if limit >= 4 else 0
         self.anywhere.update(names)
+        if r.answer_ids and t.px is not None and t.px.keep_answers:  # kept where it is made
+            self.anywhere.update(names_of(r.model, r.ids + r.answer_ids))
         before = t.px.reused_tokens if t.px is not None else 0
         super()._serve(t, r, now)
         reused = (t.px.reused_tokens - before) if t.px is not None else 0
@@ -267,9 +270,14 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--strategies", default="meshd,meshd_no_prefix")
+    ap.add_argument("--prompts-only", action="store_true",
+                    help="nodes keep prompts' blocks only (keep_answers = false on every node)")
     args = ap.parse_args()
     sc = load_scenario(ROOT / "testnet" / "scenarios" / FILES[args.share])
     sc = one_region(sc, args.region).with_overrides(duration_s=args.duration, seed=args.seed)
+    if args.prompts_only:
+        sc = dataclasses.replace(sc, hardware={k: dataclasses.replace(h, keep_answers=False)
+                                               for k, h in sc.hardware.items()})
     for strategy in args.strategies.split(","):
         sim = Traced(sc, strategy, seed=args.seed)
         res = sim.run()
