@@ -135,3 +135,44 @@ def test_a_two_turn_tool_loop(c: openai.OpenAI, stream: bool) -> None:
                               "content": "-7 C, snow and strong wind"}]
     text2 = c.chat.completions.create(messages=other, tool_choice="auto", **kw).choices[0]
     assert text2.message.content and text2.message.content != text
+
+
+def _served_stats(mesh: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per serving node (n2, n3): its model's batch statistics and prefix cache figures."""
+    from meshd.testnet.drive import cli
+
+    out = {}
+    for n in mesh["nodes"][1:]:
+        data = json.loads(cli("status", "--json", "--socket", n["socket"]).stdout)
+        m = next(m for m in data["models"] if m["model"] == MODEL)
+        out[n["name"]] = {**m["batch"], **{f"px_{k}": v for k, v in m["prefix_cache"].items()}}
+    return out
+
+
+def test_the_next_turn_of_a_chat_reuses_the_answer_kept_where_it_was_made(
+        mesh: dict[str, Any], c: openai.OpenAI) -> None:
+    """A chat's second turn resends the first answer: the node that made it kept its KV
+    (``[engine] keep_answers``, the default), the entry node's prefix credit sends the second
+    turn there, and it reuses more than the first turn's whole prompt (which is all a node
+    keeping prompts alone could reuse)."""
+    from meshd.testnet.drive import wait_for
+
+    messages: list[Any] = [{"role": "user", "content": "Tell me about the city of Lyon."}]
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 80, "temperature": 0}
+    raw = c.chat.completions.with_raw_response.create(messages=messages, **kw)
+    first, node = raw.parse(), raw.headers["x-meshd-served-by"]
+    assert first.usage is not None and first.usage.completion_tokens >= 40
+    prompt1 = first.usage.prompt_tokens
+    wait_for(lambda: _served_stats(mesh)[node]["answers_waiting"] == 0, 60,
+             f"{node} to keep the first answer")
+    before = _served_stats(mesh)
+    assert before[node]["answers_kept"] >= 1
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "What is it famous for?"}]
+    raw = c.chat.completions.with_raw_response.create(messages=messages, **kw)
+    assert raw.headers["x-meshd-served-by"] == node  # where the history's KV is
+    assert raw.parse().choices[0].message.content
+    after = _served_stats(mesh)[node]
+    reused = after["px_reused_tokens"] - before[node]["px_reused_tokens"]
+    assert after["px_hits"] == before[node]["px_hits"] + 1
+    assert reused > prompt1, (reused, prompt1, first.usage)
