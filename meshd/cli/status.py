@@ -66,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
                   f"MiB, {px['blocks']} blocks of {px['block_tokens']} tokens: "
                   f"{px['hits']} of {px['lookups']} lookups hit, {px['reused_tokens']} tokens "
                   f"reused, {px['evicted_blocks']} blocks evicted")
+            if "answers_kept" in (b := m.get("batch") or {}):  # [engine] keep_answers
+                print(f"  answers kept {b['answers_kept']} ({b['answer_tokens_prefilled']} tokens "
+                      f"prefilled again), {b['answers_waiting']} waiting, "
+                      f"{b['answers_dropped']} dropped")
     for name, stats in data["services"].items():
         flat = ", ".join(f"{k}={v}" for k, v in stats.items() if not isinstance(v, dict))
         print(f"{name:<16}{flat}")

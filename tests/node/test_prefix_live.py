@@ -61,6 +61,9 @@ def test_a_repeated_prefix_is_reused_with_the_same_tokens_and_status_states_it(
     assert px["lookups"] == 2 and px["evicted_blocks"] == 0
     assert f"prefix cache {px['bytes'] / 2**20:.1f} of {budget_mb} MiB" in text
     assert "1 of 2 lookups hit" in text
+    b = model["batch"]  # the 12-token answers add no block to the prompt's: none to keep
+    assert (b["answers_kept"], b["answers_waiting"]) == (0, 0)
+    assert "answers kept 0 (0 tokens prefilled again), 0 waiting, 0 dropped" in text
 
 
 def test_the_advert_lists_the_prefix_and_the_entry_credits_it_in_explain(tmp_path: Path) -> None:
