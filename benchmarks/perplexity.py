@@ -213,6 +213,21 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 # ----------------------------------------------------------------------------- main
 
 
+def cpu_features() -> dict[str, Any]:
+    """The CPU's model and the vector extensions its kernels choose by (int8 kernels round
+    differently with and without AVX-512 VNNI)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                 if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
+                  if ln.startswith("flags")), [])
+    return {"model": name, "flags": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni",
+                                                 "amx_int8") if f in flags]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -228,6 +243,10 @@ def main() -> int:
     ap.add_argument("--llama-json", type=Path,
                     help="take the llama.cpp figures from an earlier run's --out (same text, "
                          "--ctx, --chunks) instead of running llama-perplexity again")
+    ap.add_argument("--accuracy-level", type=int, choices=(0, 1, 2, 3, 4),
+                    help="a diagnostic: build meshd's graph with MatMulNBits at this accuracy "
+                    "level instead of the engine's (4: int8 activations; 1: float32, much "
+                    "slower to decode)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args()
@@ -263,6 +282,12 @@ def main() -> int:
     if args.meshd_model is not None:
         from meshd.engine import load_model
 
+        if args.accuracy_level is not None:  # rebuild the graph rather than load the model's
+            from meshd.engine import graph, runtime
+
+            graph.ACCURACY_LEVEL = args.accuracy_level
+            runtime._prebuilt = lambda *_a, **_k: None  # type: ignore[assignment]
+            res["accuracy_level"] = args.accuracy_level
         model = load_model(args.meshd_model, threads=args.threads)
         own, add_bos = meshd_tokens(model, text)
         tokens = own
@@ -294,7 +319,7 @@ def main() -> int:
     res["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                    text=True, check=False, cwd=ROOT).stdout.strip()
     res["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                      "load_avg": os.getloadavg()}
+                      "load_avg": os.getloadavg(), "cpu": cpu_features()}
     if args.out:
         args.out.write_text(json.dumps(res, indent=1) + "\n")
     return 0
