@@ -299,6 +299,32 @@ def test_a_prompt_pauses_an_answer_being_kept_and_it_resumes(
     assert seq.cached == (len(a) + len(want_a) - 1) // 32 * 32 // 16 * 16
 
 
+def test_answers_waiting_are_bounded_and_dropped_with_their_rows(
+        models: dict[str, Model], cached: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most ``QUEUE`` finished answers wait to be kept (the oldest not being prefilled goes
+    first), and ``drop_answers`` (a failed step, the batcher's end) frees the row of the one
+    being prefilled."""
+    from meshd.core.answer_keep import QUEUE
+
+    model = models["llama"]
+    cached("llama")
+    sched = BatchScheduler(model, keep_answers=True)
+    sched.prefill_ms_per_token = 1e9
+    monkeypatch.setattr(sched, "answer_chunk", lambda: 0)  # none is prefilled: they queue
+    cfg = GenerationConfig(max_tokens=40, temperature=0.0, repetition_penalty=1.0)
+    prompts = [_ids(model, 30, seed=100 + i) for i in range(QUEUE + 3)]
+    outs = run_with_joins(sched, [prepare(model, p, cfg, False) for p in prompts],
+                          {0: list(range(len(prompts)))}, max_steps=150)
+    assert all(outs) and not sched.running and not sched.waiting
+    assert len(sched.warming) == QUEUE and sched.stats["answers_dropped"] == 3
+    monkeypatch.setattr(sched, "answer_chunk", lambda: 16)
+    sched.step()  # the oldest left starts its prefill
+    assert sched.warming[0].slot is not None and sched.pre.slots
+    sched.drop_answers()
+    assert not sched.warming and not sched.busy and sched.pre.slots == []
+    assert sched.stats["answers_dropped"] == 3 + QUEUE and sched.stats["answers_kept"] == 0
+
+
 def test_an_answer_rides_the_streams_steps_only_where_its_chunk_fits(
         models: dict[str, Model], cached: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Beside decoding streams a finished answer is prefilled only in chunks that fit a quarter
