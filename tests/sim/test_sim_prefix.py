@@ -55,6 +55,34 @@ def test_the_advert_carries_the_core_sketch_under_the_names_model_identity() -> 
     assert s.model_id == model_identity("m") and (s.model, s.layer_end) == ("m", 8)
 
 
+def test_finished_answers_are_kept_as_the_engine_keeps_them() -> None:
+    """``finished`` queues a prompt and its answer (at most ``QUEUE``); ``keep_answers_now``
+    prefills them one after another while no prompt waits, beside streams only where a chunk
+    fits, and their blocks are reusable when that ends."""
+    from meshd.core.answer_keep import QUEUE
+
+    px = NodePrefixes(100_000)
+    answer = tuple(range(9000, 9100))
+    px.keep(names_of("m", PROMPT), 0.0)
+    px.finished("m", PROMPT, answer)
+    px.keep_answers_now(1.0, streams=0, step_s=0.02, prefill_tps=1000.0, prompts_waiting=True)
+    assert px.answers and px.answers_kept == 0  # a prompt waits: not now
+    px.keep_answers_now(1.0, streams=4, step_s=0.02, prefill_tps=1000.0, prompts_waiting=False)
+    assert px.answers_kept == 0  # 5 tokens fit a quarter of a 20 ms step: it waits for idle
+    px.keep_answers_now(1.0, streams=0, step_s=0.02, prefill_tps=1000.0, prompts_waiting=False)
+    # idle: from the prompt's last whole chunk (256) to the answer's end, 144 tokens: 0.144 s
+    assert (px.answers, px.answers_kept, px.answers_until) == ([], 1, pytest.approx(1.144))
+    nxt = PROMPT + answer + (5, 6, 7)
+    assert px.reuse(names_of("m", nxt), len(nxt), now=1.1) == 256  # not yet: the prompt's
+    assert px.reuse(names_of("m", nxt), len(nxt), now=1.2) == 384  # 12 of 12 blocks: 3 chunks
+    for i in range(QUEUE + 2):
+        px.finished("m", PROMPT, (i,) * 40)
+    assert len(px.answers) == QUEUE
+    off = NodePrefixes(100_000, keep_answers=False)
+    off.finished("m", PROMPT, answer)
+    assert not off.answers
+
+
 def chat(share: float = 0.5, cache: int = 16_384, rate: float = 8.0, **chat_keys: object):  # type: ignore[no-untyped-def]
     hw = [{"name": "gpu", "prefill_tps": 2000.0, "decode_tps": 40.0, "concurrency": 4,
            "max_queue": 16, "cost_per_hour": 0.5, "prefix_cache_tokens": cache}]
