@@ -164,7 +164,8 @@ class EngineConfig:
     prefix_cache_mb: int = 256
     # with a prefix cache: keep finished answers' KV too, so a conversation's next turn prefills
     # only its new message. The batch prefills each finished prompt and answer again, while no
-    # prompt waits (only prefilled KV is reused: docs/engine.md); false: prompts' blocks only
+    # prompt waits, beside streams only where a chunk adds at most a quarter to their step (only
+    # prefilled KV is reused: docs/engine.md); false: prompts' blocks only
     keep_answers: bool = True
 
 
