@@ -15,7 +15,7 @@ from __future__ import annotations
 
 STEP_SHARE = 0.25  # of the running streams' decode step a finished answer's chunk may add
 QUEUE = 16  # finished answers waiting to be kept, at most: the oldest is dropped past this
-CHUNK_MULTIPLE = 16  # tokens: chunks are whole multiples of this (the scheduler's rule)
+CHUNK_MULTIPLE = 16  # tokens: every prefill chunk is a whole multiple of this (the scheduler's too)
 
 
 def answer_chunk(step_ms: float, prefill_ms_per_token: float, full_chunk: int,

@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from meshd.core.answer_keep import CHUNK_MULTIPLE, answer_chunk
 from meshd.core.answer_keep import QUEUE as WARM_QUEUE
-from meshd.core.answer_keep import answer_chunk
 from meshd.engine.batch import BatchStage, Slot
 from meshd.engine.fused import FusedStep
 from meshd.engine.generation import Generation, TokenEvent
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK_TOKENS = 64
 # A chunk is sized to take about this long (from the measured prefill speed), between these bounds.
 CHUNK_BUDGET_MS = 50.0
-MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 16, 128
+MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = CHUNK_MULTIPLE, 128
 EWMA = 0.3
 TRACE_STEPS = 4096
 
@@ -75,7 +75,7 @@ def chunk_tokens(budget_ms: float, ms_per_token: float) -> int:
     (``ms_per_token``, 0: unknown), a multiple of 16 within [MIN, MAX]."""
     if ms_per_token <= 0:
         return DEFAULT_CHUNK_TOKENS
-    n = int(budget_ms / ms_per_token) // 16 * 16
+    n = int(budget_ms / ms_per_token) // CHUNK_MULTIPLE * CHUNK_MULTIPLE
     return max(MIN_CHUNK_TOKENS, min(MAX_CHUNK_TOKENS, n))
 
 
@@ -146,10 +146,19 @@ class BatchScheduler:
             return
         if seq.slot is not None:
             if stage is self.pre:  # an abandoned prompt: the chunks prefilled so far
-                self._keep(stage, seq.slot, seq.ids)
-            stage.close(seq.slot)
-            seq.slot = None
+                self._keep_and_free(seq)
+            else:
+                stage.close(seq.slot)
+                seq.slot = None
         self.stats["left"] += 1
+
+    def _keep_and_free(self, seq: BatchSequence) -> None:
+        """Keep the blocks a prompt row's prefill made (what it has prefilled so far) and free
+        the row."""
+        assert seq.slot is not None
+        self._keep(self.pre, seq.slot, seq.ids)
+        self.pre.close(seq.slot)
+        seq.slot = None
 
     @property
     def prefixes(self) -> StagePrefixes | None:
@@ -173,9 +182,9 @@ class BatchScheduler:
         """Queue a finished sequence's prompt and answer to be prefilled again (``keep_answers``)
         when that adds a full block to what its prompt kept: one choice (``n`` = 1), not
         abandoned (that goes through ``remove`` alone)."""
-        if not self.keep_answers or seq.forks or seq.gen.choice or self.prefixes is None:
-            return
         px, ids = self.prefixes, seq.gen.history
+        if not self.keep_answers or seq.forks or seq.gen.choice or px is None:
+            return
         if len(ids) // px.block <= len(seq.ids) // px.block:
             return
         if not px.cache.absent(px.space, px.names(ids)):  # kept already (the same answer)
@@ -189,11 +198,7 @@ class BatchScheduler:
     def _pause_answer(self) -> None:
         """A prompt waits: the answer being prefilled gives up its row, keeping its blocks so
         far (it resumes from them)."""
-        seq = self.warming[0]
-        assert seq.slot is not None
-        self._keep(self.pre, seq.slot, seq.ids)
-        self.pre.close(seq.slot)
-        seq.slot = None
+        self._keep_and_free(self.warming[0])
         self.stats["answers_paused"] += 1
 
     def _next_prompt(self) -> BatchSequence | None:
@@ -352,9 +357,7 @@ class BatchScheduler:
             if seq.warm:
                 if final:  # the answer's blocks are kept: the next turn reuses them
                     self.warming.popleft()
-                    self._keep(self.pre, seq.slot, seq.ids)
-                    self.pre.close(seq.slot)
-                    seq.slot = None
+                    self._keep_and_free(seq)
                     self.stats["answers_kept"] += 1
                 self.stats["answer_tokens_prefilled"] += len(chunk)
             elif final and first is not None:

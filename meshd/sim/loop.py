@@ -412,9 +412,10 @@ class Simulation:
         t.busy_s += now - r.start_s
         if t.px is not None and t.px.keep_answers:  # the engine keeps finished answers' KV
             t.px.finished(r.model, r.ids, r.answer_ids)
-            step_s = 1.0 / predict.batched_decode_tps(t.hw.batch_tps, max(t.running, 1),
-                                                      t.decode_tps)
-            t.px.keep_answers_now(now, t.running, step_s, t.prefill_tps, bool(t.queue))
+            if t.px.answers:
+                step_s = 1.0 / predict.batched_decode_tps(t.hw.batch_tps, max(t.running, 1),
+                                                          t.decode_tps)
+                t.px.keep_answers_now(now, t.running, step_s, t.prefill_tps, bool(t.queue))
         half = r.rtt_s / 2.0
         if r.ttft_s < 0.0:
             r.ttft_s = r.first_s + half - r.arrival
