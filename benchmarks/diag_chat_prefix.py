@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/diag_chat_prefix.py [--region us-east]
         [--duration 60] [--seed 1] [--strategies meshd,meshd_no_prefix] [--share 50]
-        [--prompts-only]
+        [--prompts-only] [--oracle-wait]
 
 One region of ``testnet/scenarios/chat-512*.toml`` (its 128 nodes in 4 cells, its own chat
 stream: the workload and the mesh's shape unchanged, a quarter of the nodes), run with each
@@ -12,17 +12,24 @@ retries included) and prefill; its prompt tokens prefilled vs reused from the se
 cache; and, for every later turn of a conversation, whether it landed on the node that served
 the turn before (where its history's KV is), and if not why: the holder was not among the
 candidates the entry node saw, its advert's summary did not list the history (and whether
-its cache still held it), or it was listed and lost on the score.
+its cache still held it), or it was listed and lost on the score: then the holder's true wait
+(until a slot of it would have been free, from the simulation's own state) beside the router's
+prediction. ``--oracle-wait`` routes with every candidate's true wait in place of the predicted
+one: what a perfect queue predictor would give.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from meshd.core.prefix_names import matched_tokens
 from meshd.core.routing.constraints import eligible
@@ -54,6 +61,43 @@ def _held(node: Any, names: list[bytes], now: float) -> int:
     node.px._settle(now)  # noqa: SLF001 - diagnosis
     absent = node.px.cache.absent(SPACE, names)
     return absent[0] if absent else len(names)
+
+
+def true_wait_ms(node: Any, now: float) -> float:
+    """How long a request arriving at ``node`` now would wait for a slot: until as many of its
+    running requests have ended as there are queued ones ahead of it, plus one (0: a slot is
+    free; inf: more queued than running)."""
+    k = len(node.queue) + 1 - (node.slots - node.running)
+    if k <= 0:
+        return 0.0
+    ends = sorted(r.end_s for r in node.active)
+    return max(ends[k - 1] - now, 0.0) * 1000.0 if k <= len(ends) else math.inf
+
+
+def route_with_true_waits(sim: Simulation) -> None:
+    """From now on the router sees every candidate's true wait (``true_wait_ms``) in place of
+    its prediction, in this process (the diagnosis' oracle; ``Simulation`` instances made
+    after it share the patch, each reading its own state)."""
+    mod = sys.modules["meshd.core.routing.route"]
+    predict = _predict
+
+    def oracle(req: Any, idx: Any, e: Any, policy: Any) -> Any:
+        pr = predict(req, idx, e, policy)
+        cur = ORACLE.get("sim")
+        if cur is None:
+            return pr
+        at = cur.world.by_peer
+        wait = [true_wait_ms(cur.world.nodes[at[idx.ids[i]]], cur.now) for i in e]
+        ttft = [float(t) - float(w) + x for t, w, x in zip(pr.ttft, pr.wait, wait, strict=True)]
+        pr.wait, pr.ttft, pr.fixed = np.array(wait), np.array(ttft), None
+        if not isinstance(e, np.ndarray):
+            pr.wait, pr.ttft = wait, ttft
+        return pr
+    ORACLE["sim"] = sim
+    mod._predict = oracle  # noqa: SLF001 - diagnosis
+
+
+ORACLE: dict[str, Simulation] = {}
 
 
 class Traced(Simulation):
@@ -103,6 +147,7 @@ class Traced(Simulation):
             if view is not None and self.strategy == "meshd":
                 info.update(self._predicted(r, snapshot, h.peer_id))
             info["cell_same"] = h.cell == self.world.nodes[r.entry].cell
+            info["h_true_wait"] = true_wait_ms(h, self.now)
         self.seen[r.rid] = info
 
     def _predicted(self, r: Any, snapshot: Any, holder: str) -> dict[str, Any]:
@@ -261,6 +306,17 @@ def report(name: str, rows: list[dict[str, Any]]) -> None:
                   f"{statistics.fmean(x['o_ttft'] for x in pred):.0f} (wait "
                   f"{statistics.fmean(x['o_wait'] for x in pred):.0f}, credit "
                   f"{statistics.fmean(x['o_credit'] for x in pred):.0f} tok)")
+            true = [x["h_true_wait"] for x in pred]
+            faster = sum(1 for x in pred
+                         if x["h_ttft"] - x["h_wait"] + x["h_true_wait"] < x["o_ttft"])
+            print(f"  listed but lost, the holder's true wait: mean {statistics.fmean(true):.0f} ms"
+                  f" (predicted {statistics.fmean(x['h_wait'] for x in pred):.0f}), p50 "
+                  f"{pct(true, .5):.0f}, p90 {pct(true, .9):.0f}; truly faster there: {faster} of "
+                  f"{len(pred)}")
+    went = [x for x in on if "h_wait" in x]
+    if went:
+        print(f"  on the holder: its wait predicted {statistics.fmean(x['h_wait'] for x in went):.0f}"
+              f" ms mean, true {statistics.fmean(x['h_true_wait'] for x in went):.0f}")
 
 
 def main() -> int:
@@ -270,6 +326,9 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--strategies", default="meshd,meshd_no_prefix")
+    ap.add_argument("--oracle-wait", action="store_true",
+                    help="route with each candidate's true wait for a slot (a perfect queue "
+                         "predictor) in place of the predicted one")
     ap.add_argument("--prompts-only", action="store_true",
                     help="nodes keep prompts' blocks only (keep_answers = false on every node)")
     args = ap.parse_args()
@@ -280,6 +339,8 @@ def main() -> int:
                                                for k, h in sc.hardware.items()})
     for strategy in args.strategies.split(","):
         sim = Traced(sc, strategy, seed=args.seed)
+        if args.oracle_wait:
+            route_with_true_waits(sim)
         res = sim.run()
         report(strategy, sim.rows)
         print(f"  (runner: p50 {res['ttft_p50_ms']:.1f} p95 {res['ttft_p95_ms']:.1f}, "
