@@ -61,6 +61,10 @@ MS_DOMAIN = "com.microsoft"
 # MatMulNBits' accuracy_level: 4 quantizes the activations to int8 per block and runs integer
 # dot products, the fastest CPU path (measured on a SmolLM2 decode step: docs/engine.md)
 ACCURACY_LEVEL = 4
+# What a stage graph computes beyond its KV layout, stored in the graph as GRAPH_VERSION_KEY: a
+# stage graph file of another version is rebuilt from the weights at load. "2": the head's
+# product runs on split activations (QuantGraphBuilder.matmul's ``split_activations``).
+GRAPH_VERSION, GRAPH_VERSION_KEY = "2", "meshd.graph_version"
 
 
 def past_key(i: int) -> str:
@@ -93,10 +97,16 @@ class QuantGraphBuilder(GraphBuilder):
         ``name`` the packed codes, ``name.scales``, ``name.zero_points``, maybe ``name.mins``."""
         return self.tensors[name].dtype in ("q4", "q8")
 
-    def matmul(self, x: str, name: str, bias: str | None = None, out: str | None = None) -> str:
+    def matmul(self, x: str, name: str, bias: str | None = None, out: str | None = None, *,
+               split_activations: bool = False) -> str:
         """``x @ W.T (+ bias)`` for a weight ``W`` [N, K] stored as ``name``, in whatever form
         it is stored: a Gemm over float weights, or MatMulNBits over 4/8-bit blocks, plus the
-        blocks' minimums as a second, 32x smaller product of x's block sums."""
+        blocks' minimums as a second, 32x smaller product of x's block sums.
+
+        ``split_activations`` (the head): MatMulNBits rounds x to int8 per block; this runs it
+        over x's rows split in two, ``Q(x)`` (on that int8 grid, so rounded again unchanged)
+        and the rest ``x - Q(x)`` (rounded on a grid ~254x finer), and adds the two products:
+        float activations' precision from the int8 kernel, the weights read once."""
         if not self.quantized(name):
             ins = [x, self.weight(name)] + ([bias] if bias else [])
             return self.op("Gemm", ins, out=out, transB=1)
@@ -108,12 +118,20 @@ class QuantGraphBuilder(GraphBuilder):
         q, scales, zp = (self._stored(name + part) for part in ("", ".scales", ".zero_points"))
         mins = name + ".mins"
         has_mins = mins in self.tensors or mins in self.fp32
+        split = split_activations and ACCURACY_LEVEL == 4
         self.count += 1
-        y = out if out is not None and not has_mins else f"matmulnbits_{self.count}_0"
-        ins = [x, q, scales, zp] + (["", bias] if bias else [])
+        y = (out if out is not None and not has_mins and not split
+             else f"matmulnbits_{self.count}_0")
+        rows = self._int8_split(x, kb, block) if split else x
+        ins = [rows, q, scales, zp] + (["", bias] if bias else [])
         self.nodes.append(helper.make_node(
             "MatMulNBits", ins, [y], name=f"MatMulNBits_{self.count}", domain=MS_DOMAIN,
             K=kb * block, N=n, bits=bits, block_size=block, accuracy_level=ACCURACY_LEVEL))
+        if split:
+            halves = self.op("Reshape", [y, self.const(f"halves_{n}", np.array([2, -1, n],
+                                                                                 np.int64))])
+            y = self.op("ReduceSum", [halves, self.const("axes_0", np.array([0], np.int64))],
+                        keepdims=0, out=None if has_mins else out)
         if not has_mins:
             return y
         # y + sums @ mins.T in one Gemm (its C input)
@@ -158,6 +176,23 @@ class QuantGraphBuilder(GraphBuilder):
         sizes = self.const("rows_" + "_".join(str(e.shape[0]) for e in entries),
                            np.array([e.shape[0] for e in entries], np.int64))
         return self.ops("Split", [y, sizes], len(names), axis=-1)
+
+    def _int8_split(self, x: str, kb: int, block: int) -> str:
+        """[M, K] -> [2M, K]: x's rows rounded to the int8 grid MatMulNBits rounds activations
+        to (per block of ``block`` values, a step of the block's largest magnitude / 127), then
+        what that rounding left off. Their products add up to x's but for the second rows'
+        own rounding, about 1/254 of the first's. A block of zeros stays zeros."""
+        c = self.const
+        blocks = self.op("Reshape", [x, c(f"blocks_{kb}_{block}", np.array([-1, kb, block],
+                                                                            np.int64))])
+        step = self.op("Div", [self.op("ReduceMax", [self.op("Abs", [blocks])], axes=[-1],
+                                       keepdims=1),
+                               c("int8_max", np.array(127.0, np.float32))])
+        codes = self.op("Round", [self.op("Div", [blocks, self.op("Max", [
+            step, c("tiny_step", np.array(np.finfo(np.float32).tiny, np.float32))])])])
+        grid = self.op("Reshape", [self.op("Mul", [codes, step]),
+                                   c(f"rows_{kb * block}", np.array([-1, kb * block], np.int64))])
+        return self.op("Concat", [grid, self.op("Sub", [x, grid])], axis=0)
 
     def _block_sums(self, x: str, kb: int, block: int) -> str:
         """[N, K] -> [N, K / block]: the sum of each block of x's values (shared by every
@@ -282,7 +317,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
         x = b.op("Gather", [x, LOGIT_ROWS], axis=0)
         x = _rms_norm(b, x, b.weight(FINAL_NORM), arch.rms_norm_eps)
         head = EMBED if arch.tie_word_embeddings else LM_HEAD
-        b.matmul(x, head, out=LOGITS)
+        b.matmul(x, head, out=LOGITS, split_activations=True)
         outputs.insert(0, helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT,
                                                         ["K", arch.vocab_size]))
     else:
@@ -298,7 +333,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
         opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="meshd")
     model.ir_version = IR_VERSION
-    helper.set_model_props(model, {KV_LAYOUT_KEY: KV_LAYOUT})
+    helper.set_model_props(model, {KV_LAYOUT_KEY: KV_LAYOUT, GRAPH_VERSION_KEY: GRAPH_VERSION})
     return model
 
 

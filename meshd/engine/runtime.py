@@ -446,9 +446,9 @@ class Model:
             source = str(path)
             if fused:
                 prebuilt = None
-            elif _graph_layout(data) != g.KV_LAYOUT:
+            elif _graph_props(data) != (g.KV_LAYOUT, g.GRAPH_VERSION):
                 log.warning("stage graph rebuilt file=%s reason=%s", prebuilt.file,
-                            "built for another KV-cache layout by an older meshd")
+                            "built by an older meshd (another KV-cache layout or graph version)")
                 prebuilt = None
         if prebuilt is None:
             arch, tensors = self.manifest.arch, {t.name: t for t in self.manifest.tensors}
@@ -496,12 +496,13 @@ class Model:
         return generate_sync(self, prompt, cfg, chat=chat)
 
 
-def _graph_layout(data: bytes) -> str | None:
-    """The KV-cache layout a stage graph file was built for (None: before layouts were named)."""
+def _graph_props(data: bytes) -> tuple[str | None, str | None]:
+    """The KV-cache layout and graph version a stage graph file was built for (None: before
+    they were named)."""
     import onnx
 
-    props = onnx.load_from_string(data).metadata_props
-    return next((p.value for p in props if p.key == g.KV_LAYOUT_KEY), None)
+    props = {p.key: p.value for p in onnx.load_from_string(data).metadata_props}
+    return props.get(g.KV_LAYOUT_KEY), props.get(g.GRAPH_VERSION_KEY)
 
 
 def _prebuilt(stages: tuple[StageEntry, ...], start: int, end: int) -> StageEntry | None:

@@ -183,11 +183,15 @@ def test_prebuilt_stage_files_run_in_bare_onnxruntime(model_dirs: dict[str, Path
     np.testing.assert_allclose(hidden[0], ours, rtol=0, atol=1e-5)
 
 
-def test_a_graph_file_of_the_old_cache_layout_is_rebuilt(model_dirs: dict[str, Path],
-                                                        models: dict[str, Model], tmp_path: Path,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("kept", [(), ("meshd.kv_layout",)])
+def test_a_graph_file_of_an_older_meshd_is_rebuilt(kept: tuple[str, ...],
+                                                   model_dirs: dict[str, Path],
+                                                   models: dict[str, Model], tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
     """Stage files written before the KV layout was named (no ``meshd.kv_layout``) would read
-    the cache the wrong way round: the loader must rebuild them from the weights instead."""
+    the cache the wrong way round, and those from before the graph version (the head's split
+    activations) compute other logits than the fused graph: the loader must rebuild them from
+    the weights instead."""
     import hashlib
     import json
     import shutil
@@ -201,12 +205,14 @@ def test_a_graph_file_of_the_old_cache_layout_is_rebuilt(model_dirs: dict[str, P
     man = json.loads((d / "manifest.json").read_text())
     entry = man["stages"][0]
     proto = onnx.load(str(d / entry["file"]), load_external_data=False)
+    props = [(p.key, p.value) for p in proto.metadata_props if p.key in kept]
     del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, dict(props))
     data = proto.SerializeToString()
     (d / entry["file"]).write_bytes(data)
     entry["sha256"] = hashlib.sha256(data).hexdigest()
     (d / "manifest.json").write_text(json.dumps(man))
-    assert runtime._graph_layout(data) is None
+    assert runtime._graph_props(data) == (g.KV_LAYOUT if kept else None, None)
     with caplog.at_level("WARNING", logger="meshd.engine.runtime"):
         old = load_model(d, layers=tuple(entry["layers"]))
     assert "stage graph rebuilt" in caplog.text
@@ -215,4 +221,5 @@ def test_a_graph_file_of_the_old_cache_layout_is_rebuilt(model_dirs: dict[str, P
     want = models["llama"].stage(start, end).open_session().step(ids, np.arange(len(ids)))
     got = old.stage(start, end).open_session().step(ids, np.arange(len(ids)))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
-    assert runtime._graph_layout((model_dirs["llama"] / entry["file"]).read_bytes()) == g.KV_LAYOUT
+    assert runtime._graph_props((model_dirs["llama"] / entry["file"]).read_bytes()) == (
+        g.KV_LAYOUT, g.GRAPH_VERSION)
