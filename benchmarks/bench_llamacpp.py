@@ -37,6 +37,10 @@ Timed work holds /tmp/meshd-bench.lock (taken here; a lock inherited from ``floc
     .venv/bin/python benchmarks/bench_llamacpp.py --gguf FILE.gguf --meshd-model DIR \\
         [--threads 2] [--streams 8] [--tokens 128] [--prompt 512] [--repeats 3] [--daemon] \\
         [--label NAME] [--out benchmarks/results-llamacpp-NAME.json]
+    .venv/bin/python benchmarks/bench_llamacpp.py --merge RUN1.json RUN2.json ... --out FILE.json
+
+(``--merge``: runs of the same files and parameters pooled, the medians taken over all their
+repeats; on a shared 2-core box runs of the same code differ by 10-20%.)
 """
 
 from __future__ import annotations
@@ -532,6 +536,51 @@ def table(med: dict[str, dict[str, float | None]], p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cpu_features() -> dict[str, Any]:
+    """The CPU's model and the vector extensions its kernels choose by."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    lines = info.splitlines()
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+    return {"model": name, "flags": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni",
+                                                 "amx_int8") if f in flags]}
+
+
+MERGE_SAME = ("gguf", "meshd_model", "params")
+
+
+def merge(files: list[Path], out: Path) -> int:
+    """Pool the repeats of earlier runs (``--out`` files) into one figure."""
+    loaded = [json.loads(f.read_text()) for f in files]
+    first = loaded[0]
+    for f, d in zip(files, loaded, strict=True):
+        diff = [k for k in MERGE_SAME if d.get(k) != first.get(k)]
+        if diff:
+            sys.exit(f"{f} differs from {files[0]} in {', '.join(diff)}: not merged")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for d in loaded:
+        for side, rs in d["runs"].items():
+            runs.setdefault(side, []).extend(rs)
+    med = summarize(runs)
+    res = {**first, "repeats": sum(d["repeats"] for d in loaded), "medians": med,
+           "ratios_meshd_over_llama": ratios_of(med), "runs": runs,
+           "merged_from": [{"file": f.name, "commit": d.get("commit"), "repeats": d["repeats"],
+                            "machine": d.get("machine")} for f, d in zip(files, loaded, strict=True)]}
+    print(f"{len(files)} runs pooled, medians of {res['repeats']} repeats")
+    print(table(med, first["params"]))
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
+def ratios_of(med: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
+    lm, mm = med.get("llama", {}), med.get("meshd", {})
+    return {k: mm[k] / lm[k] if mm.get(k) and lm.get(k) else None for k, *_ in FIGURES}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -550,7 +599,13 @@ def main() -> int:
                     help="run without the benchmark lock (a smoke run whose timings do not count)")
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="RUN.json",
+                    help="pool earlier runs' repeats into one figure (needs --out)")
     args = ap.parse_args()
+    if args.merge:
+        if args.out is None:
+            ap.error("--merge needs --out")
+        return merge(args.merge, args.out)
     if args.worker:
         print("RESULT " + json.dumps(worker(json.loads(args.worker))), flush=True)
         return 0
@@ -610,8 +665,7 @@ def main() -> int:
                                     if isinstance(v, float) or k == "error"}), flush=True)
             loads.append(os.getloadavg()[0])
     med = summarize(runs)
-    lm, mm = med.get("llama", {}), med.get("meshd", {})
-    ratios = {k: mm[k] / lm[k] if mm.get(k) and lm.get(k) else None for k, *_ in FIGURES}
+    ratios = ratios_of(med)
     print()
     print(f"{args.gguf.name if args.gguf else '(no GGUF)'} against {args.meshd_model}, {args.threads} threads, medians of "
           f"{args.repeats} interleaved repeats; load average {' '.join(f'{x:.2f}' for x in loads)}")
@@ -624,7 +678,7 @@ def main() -> int:
            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                     text=True, check=False, cwd=ROOT).stdout.strip(),
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                       "load_avg": loads}}
+                       "load_avg": loads, "cpu": cpu_features()}}
     out = args.out or ROOT / "benchmarks" / f"results-llamacpp-{args.label or 'run'}.json"
     out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"\nwrote {out}")

@@ -107,3 +107,34 @@ def test_weight_bytes_count_each_sides_blocks(tmp_path: Path) -> None:
     norms = (2 * 2 + 1) * 256 * 4
     assert got["llama_weight_mib"] * 2**20 == q41_blocks * 20 + q80_blocks * 34 + norms
     assert got["meshd_weight_mib"] * 2**20 == q41_blocks * 28 + q80_blocks * 40 + norms
+
+
+def test_merge_pools_the_repeats_and_refuses_other_runs(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    def run(name: str, llama: list[float], meshd: list[float], **over: object) -> Path:
+        d = {"gguf": "m.gguf", "meshd_model": "/m", "params": {"threads": 2, "streams": 8,
+                                                            "tokens": 128, "prompt": 512},
+             "repeats": len(llama), "commit": name,
+             "runs": {"llama": [{"a_decode_tps": x} for x in llama],
+                      "meshd": [{"a_decode_tps": x} for x in meshd]}, **over}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(d))
+        return path
+
+    a = run("a", [100.0, 110.0, 120.0], [90.0, 91.0, 92.0])
+    b = run("b", [130.0, 140.0], [50.0, 60.0])
+    out = tmp_path / "merged.json"
+    assert bench.merge([a, b], out) == 0
+    got = json.loads(out.read_text())
+    assert got["repeats"] == 5
+    # medians over all five repeats, not a median of the runs' medians
+    assert got["medians"]["llama"]["a_decode_tps"] == 120.0
+    assert got["medians"]["meshd"]["a_decode_tps"] == 90.0
+    assert got["ratios_meshd_over_llama"]["a_decode_tps"] == pytest.approx(0.75)
+    assert [m["commit"] for m in got["merged_from"]] == ["a", "b"]
+    other = run("c", [1.0], [1.0], params={"threads": 4})
+    with pytest.raises(SystemExit, match="differs .* in params"):
+        bench.merge([a, other], tmp_path / "no.json")
+    assert not (tmp_path / "no.json").exists()
