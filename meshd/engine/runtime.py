@@ -449,7 +449,7 @@ class Model:
             elif _graph_props(data) != (g.KV_LAYOUT, g.GRAPH_VERSION):
                 log.warning("stage graph rebuilt file=%s reason=%s", prebuilt.file,
                             "built by an older meshd (another KV-cache layout or graph "
-                            "version; importing the model again stores the new one)")
+                            "version; `meshd model import --force` stores the new one)")
                 prebuilt = None
         if prebuilt is None:
             arch, tensors = self.manifest.arch, {t.name: t for t in self.manifest.tensors}
