@@ -20,9 +20,9 @@ from meshd.modeldir.onnx_graph import IR_VERSION, OPSET
 K, N = 256, 96
 
 
-def _blocks(bits: int, mins: bool) -> quant.Blockwise:
+def _blocks(bits: int, mins: bool, block: int = quant.BLOCK) -> quant.Blockwise:
     rng = np.random.default_rng(bits)
-    blocks = quant.quantize(rng.standard_normal((N, K)).astype(np.float32), bits)
+    blocks = quant.quantize(rng.standard_normal((N, K)).astype(np.float32), bits, block)
     if not mins:
         return blocks
     # a "scale and minimum" format (Q4_1, Q4_K): a float minimum per block on top
@@ -71,11 +71,13 @@ def _activations() -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize(("bits", "mins"), [(4, False), (4, True), (8, False)])
+# 8-bit blocks of 16: Q6_K's sub-blocks (an untied head in Q6_K), the activations cut alike
+@pytest.mark.parametrize(("bits", "mins", "block"), [(4, False, 32), (4, True, 32), (8, False, 32),
+                                                     (8, False, 16)])
 def test_split_activations_are_nearly_as_precise_as_float_ones(tmp_path: Path, bits: int,
-                                                               mins: bool) -> None:
+                                                               mins: bool, block: int) -> None:
     assert g.ACCURACY_LEVEL == 4  # the default: int8 activations
-    w = _blocks(bits, mins)
+    w = _blocks(bits, mins, block)
     x = _activations()
     want = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
     plain = _session(tmp_path, w, split=False)[0].run(None, {"x": x})[0]
