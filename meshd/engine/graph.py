@@ -45,7 +45,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from meshd.engine.arch import Arch, rope_inv_freq
-from meshd.engine.planning import EMBED, FINAL_NORM, LM_HEAD, check_range
+from meshd.engine.planning import EMBED, FINAL_NORM, LM_HEAD, QUANT_PARTS, check_range
 from meshd.modeldir.manifest import TensorEntry
 from meshd.modeldir.onnx_graph import IR_VERSION, OPSET, GraphBuilder
 
@@ -62,9 +62,15 @@ MS_DOMAIN = "com.microsoft"
 # dot products, the fastest CPU path (measured on a SmolLM2 decode step: docs/engine.md)
 ACCURACY_LEVEL = 4
 # What a stage graph computes beyond its KV layout, stored in the graph as GRAPH_VERSION_KEY: a
-# stage graph file of another version is rebuilt from the weights at load. "2": the head's
-# product runs on split activations (QuantGraphBuilder.matmul's ``split_activations``).
-GRAPH_VERSION, GRAPH_VERSION_KEY = "2", "meshd.graph_version"
+# stage graph file of another version is rebuilt from the weights at load. "3": the head's
+# product runs on split activations (QuantGraphBuilder.matmul's ``split_activations``) where
+# ``split_head`` says so ("2": always).
+GRAPH_VERSION, GRAPH_VERSION_KEY = "3", "meshd.graph_version"
+# The split runs the head over twice the rows: its cost grows with the head's share of a step.
+# It is taken where the head holds at most this share of the model's weights (SmolLM2-135M 21%:
+# about 5% of a lone stream's decode for perplexity 1.0097 of llama.cpp's, against 1.0108;
+# Gemma 3 270M, its 262k-token vocabulary 63%: 7-20% for 0.9999 against 1.0005).
+SPLIT_HEAD_MAX_SHARE = 0.5
 
 
 def past_key(i: int) -> str:
@@ -249,6 +255,24 @@ class QuantGraphBuilder(GraphBuilder):
                                            np.array(shape, np.int64))])
 
 
+def _elements(entry: TensorEntry) -> int:
+    """Weight values a matrix holds (4/8-bit blocks [N, K / block, block bytes] counted as
+    [N, K]); 0 for vectors."""
+    if len(entry.shape) < 2:
+        return 0
+    n = int(np.prod(entry.shape))
+    return n * 2 if entry.dtype == "q4" else n
+
+
+def split_head(tensors: Mapping[str, TensorEntry], head: str) -> bool:
+    """Whether the head's product runs on split activations: where its weights are at most
+    ``SPLIT_HEAD_MAX_SHARE`` of the model's (the whole model's tensors, so that every stage
+    and node decides alike)."""
+    total = sum(_elements(t) for name, t in tensors.items()
+                if not name.endswith(QUANT_PARTS) and "+" not in name)
+    return total > 0 and _elements(tensors[head]) <= SPLIT_HEAD_MAX_SHARE * total
+
+
 def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int, end: int,
                       weights_file: str = "weights.bin", *, fused: bool = False
                       ) -> onnx.ModelProto:
@@ -317,7 +341,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
         x = b.op("Gather", [x, LOGIT_ROWS], axis=0)
         x = _rms_norm(b, x, b.weight(FINAL_NORM), arch.rms_norm_eps)
         head = EMBED if arch.tie_word_embeddings else LM_HEAD
-        b.matmul(x, head, out=LOGITS, split_activations=True)
+        b.matmul(x, head, out=LOGITS, split_activations=split_head(tensors, head))
         outputs.insert(0, helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT,
                                                         ["K", arch.vocab_size]))
     else:

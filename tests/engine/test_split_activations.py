@@ -105,3 +105,24 @@ def test_split_is_only_for_int8_activations(tmp_path: Path,
     sess, ops = _session(tmp_path, w, split=True)
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=0, atol=1e-3)
     assert "Round" not in ops and "Concat" not in ops
+
+
+def _entry(name: str, dtype: str, shape: tuple[int, ...]) -> TensorEntry:
+    return TensorEntry(name, dtype, shape, 0, 0, "")
+
+
+@pytest.mark.parametrize(("vocab", "split"), [(49152, True), (262144, False)])
+def test_the_head_is_split_where_it_is_at_most_half_the_weights(vocab: int, split: bool) -> None:
+    """SmolLM2-135M's shapes (its head 21% of the weights) against a 262k-token vocabulary on
+    the same layers (the head 59%): there the split's second rows would cost most of a step."""
+    head = "model.embed_tokens.weight"
+    tensors = {head: _entry(head, "q8", (vocab, 18, 32)),
+               head + ".scales": _entry(head + ".scales", "fp32", (vocab, 18)),
+               "model.norm.weight": _entry("model.norm.weight", "fp32", (576,))}
+    for i in range(30):  # q4: [N, K / 32, 16 bytes]
+        for part, n, kb in (("q", 576, 18), ("k", 192, 18), ("v", 192, 18), ("o", 576, 18),
+                            ("gate", 1536, 18), ("up", 1536, 18), ("down", 576, 48)):
+            name = f"model.layers.{i}.{part}.weight"
+            tensors[name] = _entry(name, "q4", (n, kb, 16))
+            tensors[name + ".mins"] = _entry(name + ".mins", "fp32", (n, kb))
+    assert g.split_head(tensors, head) is split
