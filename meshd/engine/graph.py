@@ -197,7 +197,7 @@ class QuantGraphBuilder(GraphBuilder):
         codes = self.op("Round", [self.op("Div", [blocks, self.op("Max", [
             step, c("tiny_step", np.array(np.finfo(np.float32).tiny, np.float32))])])])
         grid = self.op("Reshape", [self.op("Mul", [codes, step]),
-                                   c(f"rows_{kb * block}", np.array([-1, kb * block], np.int64))])
+                                   c(f"split_rows_{kb * block}", np.array([-1, kb * block], np.int64))])
         return self.op("Concat", [grid, self.op("Sub", [x, grid])], axis=0)
 
     def _block_sums(self, x: str, kb: int, block: int) -> str:
