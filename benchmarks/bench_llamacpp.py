@@ -536,19 +536,6 @@ def table(med: dict[str, dict[str, float | None]], p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cpu_features() -> dict[str, Any]:
-    """The CPU's model and the vector extensions its kernels choose by."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    lines = info.splitlines()
-    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
-    return {"model": name, "flags": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni",
-                                                 "amx_int8") if f in flags]}
-
-
 MERGE_SAME = ("gguf", "meshd_model", "params")
 
 
@@ -613,7 +600,7 @@ def main() -> int:
         ap.error("--meshd-model is required")
     args.meshd_model = args.meshd_model.resolve()
     from meshd.engine import read_manifest
-    from meshd.testing.llamacpp import llama_bin, missing_reason
+    from meshd.testing.llamacpp import cpu_features, llama_bin, missing_reason
 
     chosen = [x for x in args.sides.split(",") if x] + (["daemon"] if args.daemon else [])
     unknown = set(chosen) - {"llama", "meshd", "daemon", "llama-bench"}

@@ -48,7 +48,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from meshd.testing.llamacpp import llama_bin, missing_reason, run_tool  # noqa: E402
+from meshd.testing.llamacpp import cpu_features, llama_bin, missing_reason, run_tool  # noqa: E402
 
 DEFAULT_TEXT = ROOT / "benchmarks" / "data" / "kjv_heldout.txt"
 
@@ -211,21 +211,6 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 # ----------------------------------------------------------------------------- main
-
-
-def cpu_features() -> dict[str, Any]:
-    """The CPU's model and the vector extensions its kernels choose by (int8 kernels round
-    differently with and without AVX-512 VNNI)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
-                 if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
-                  if ln.startswith("flags")), [])
-    return {"model": name, "flags": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni",
-                                                 "amx_int8") if f in flags]}
 
 
 def main() -> int:
