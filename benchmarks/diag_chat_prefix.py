@@ -75,29 +75,23 @@ def true_wait_ms(node: Any, now: float) -> float:
 
 
 def route_with_true_waits(sim: Simulation) -> None:
-    """From now on the router sees every candidate's true wait (``true_wait_ms``) in place of
-    its prediction, in this process (the diagnosis' oracle; ``Simulation`` instances made
-    after it share the patch, each reading its own state)."""
-    mod = sys.modules["meshd.core.routing.route"]
+    """From now on the router sees every candidate's true wait (``true_wait_ms``, read from
+    ``sim``'s state) in place of its prediction, in this process (the diagnosis' oracle; the
+    next call points it at another simulation)."""
     predict = _predict
 
     def oracle(req: Any, idx: Any, e: Any, policy: Any) -> Any:
         pr = predict(req, idx, e, policy)
-        cur = ORACLE.get("sim")
-        if cur is None:
-            return pr
-        at = cur.world.by_peer
-        wait = [true_wait_ms(cur.world.nodes[at[idx.ids[i]]], cur.now) for i in e]
+        at = sim.world.by_peer
+        wait = [true_wait_ms(sim.world.nodes[at[idx.ids[i]]], sim.now) for i in e]
         ttft = [float(t) - float(w) + x for t, w, x in zip(pr.ttft, pr.wait, wait, strict=True)]
-        pr.wait, pr.ttft, pr.fixed = np.array(wait), np.array(ttft), None
-        if not isinstance(e, np.ndarray):
+        if isinstance(e, np.ndarray):
+            pr.wait, pr.ttft = np.array(wait), np.array(ttft)
+        else:
             pr.wait, pr.ttft = wait, ttft
+        pr.fixed = None  # its request-independent wait term would stand for the predicted wait
         return pr
-    ORACLE["sim"] = sim
-    mod._predict = oracle  # noqa: SLF001 - diagnosis
-
-
-ORACLE: dict[str, Simulation] = {}
+    sys.modules["meshd.core.routing.route"]._predict = oracle  # noqa: SLF001 - diagnosis
 
 
 class Traced(Simulation):

@@ -110,14 +110,13 @@ def proc_status_kb(pid: int, field: str) -> int | None:
 def cpu_features() -> dict[str, Any]:
     """This machine's CPU model and the vector extensions kernels choose by (int8 kernels round
     differently with and without AVX-512 VNNI), for a benchmark's record."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return {}
-    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
+    from meshd.telemetry.procfs import cpu_model, read_text
+
+    root = Path("/")
+    lines = (read_text(root / "proc/cpuinfo", limit=1 << 20) or "").splitlines()
     flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
-    return {"model": name, "flags": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni",
-                                                 "amx_int8") if f in flags]}
+    return {"model": cpu_model(root), "flags": [f for f in ("avx2", "avx512f", "avx512_vnni",
+                                                            "avx_vnni", "amx_int8") if f in flags]}
 
 
 def free_loopback_port() -> int:
