@@ -541,7 +541,12 @@ MERGE_SAME = ("gguf", "meshd_model", "params")
 
 def merge(files: list[Path], out: Path) -> int:
     """Pool the repeats of earlier runs (``--out`` files) into one figure."""
-    loaded = [json.loads(f.read_text()) for f in files]
+    loaded = []
+    for f in files:
+        try:
+            loaded.append(json.loads(f.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as err:
+            sys.exit(f"{f}: cannot read a run ({err})")
     first = loaded[0]
     for f, d in zip(files, loaded, strict=True):
         diff = [k for k in MERGE_SAME if d.get(k) != first.get(k)]

@@ -138,3 +138,10 @@ def test_merge_pools_the_repeats_and_refuses_other_runs(tmp_path: Path,
     with pytest.raises(SystemExit, match="differs .* in params"):
         bench.merge([a, other], tmp_path / "no.json")
     assert not (tmp_path / "no.json").exists()
+    # a run still being written (or a wrong path) is one line, not a traceback
+    half = tmp_path / "half.json"
+    half.write_text('{"gguf": ')
+    for bad in (half, tmp_path / "missing.json"):
+        with pytest.raises(SystemExit, match=f"{bad.name}: cannot read a run"):
+            bench.merge([a, bad], tmp_path / "no.json")
+    assert not (tmp_path / "no.json").exists()
