@@ -36,7 +36,7 @@ from meshd.engine.scheduler import Batcher
 from meshd.engine.tokenizer import Tokenizer
 from meshd.engine.weights import verify_weights
 from meshd.errors import LocalError, ModelError
-from meshd.modeldir.pages import page_out, trim_heap
+from meshd.modeldir.pages import page_out, paging_out, trim_heap
 from meshd.modeldir.providers import choose_providers
 
 log = logging.getLogger(__name__)
@@ -457,13 +457,16 @@ class Model:
                                          fused=fused).SerializeToString()
             so.add_session_config_entry(_EXTERNAL_FOLDER, str(self.path))
         t0 = time.perf_counter()
+        weights = self.path / self.manifest.weights_file
         try:
-            sess = ort.InferenceSession(source, so, providers=self.providers)
+            # the file's pages go as the repacking leaves them, not all after it
+            with paging_out(weights):
+                sess = ort.InferenceSession(source, so, providers=self.providers)
         except Exception as err:
             raise ModelError(f"{self.manifest.name} layers [{start}, {end}): onnxruntime "
                              f"cannot build the session: {_first_line(err)}") from None
         # the weights file's pages were read once, to repack the 4/8-bit matrices
-        paged = page_out(self.path / self.manifest.weights_file)
+        paged = page_out(weights)
         trim_heap()  # and the C heap's pages freed while building (the graph, its protobuf)
         log.info("stage built model=%s layers=%d-%d provider=%s build_ms=%.1f paged_out_mb=%.1f",
                  self.manifest.name, start, end, sess.get_providers()[0],

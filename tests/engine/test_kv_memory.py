@@ -9,6 +9,8 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 from meshd.engine import Model, kvmem, load_model
 from meshd.engine.batch import BatchStage
 from meshd.engine.fused import FusedStep
-from meshd.modeldir.pages import mapped_ranges, trim_heap
+from meshd.modeldir.pages import mapped_ranges, paging_out, trim_heap
 
 
 def _growth_peak(grow: Callable[[], object]) -> tuple[int, int]:
@@ -118,6 +120,28 @@ def test_a_loaded_model_hands_back_the_weights_file_pages(models: dict[str, Mode
     size_kb = weights.stat().st_size // 1024
     assert size_kb > 512
     assert _resident_kb(weights) < size_kb // 4, (_resident_kb(weights), size_kb)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_paging_out_hands_back_a_mapped_file_while_the_block_runs(tmp_path: Path) -> None:
+    f = tmp_path / "weights.bin"
+    size = 32 * 2**20
+    f.write_bytes(np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8).tobytes())
+    with f.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        view = np.frombuffer(m, np.uint8)
+        try:
+            total = int(view[::4096].sum())  # every page read: all of them resident
+            assert _resident_kb(f) > size // 1024 * 3 // 4
+            with paging_out(f, every_s=0.005):
+                deadline = time.monotonic() + 20
+                while _resident_kb(f) > size // 1024 // 8:
+                    assert time.monotonic() < deadline, _resident_kb(f)
+                    time.sleep(0.01)
+                # a page read again comes back from the file, the same bytes
+                assert int(view[::4096].sum()) == total
+            assert not any(t.name == "meshd-page-out" for t in threading.enumerate())
+        finally:
+            del view  # the mapping closes only once nothing points into it
 
 
 def _mapped(address: int) -> bool:
