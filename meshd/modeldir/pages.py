@@ -9,7 +9,7 @@ ones; a page that is read again (an embedding row, a norm's weights) comes back 
 on its own. Nothing else changes: a dirty page (none are expected) is not dropped without swap,
 and where the call is missing this does nothing. ``paging_out`` does it every few milliseconds
 while a session is built, so the pages never pile up: Gemma 3 270M's load peaked at 803 MiB with
-the whole file resident, 617-624 MiB so (SmolLM2-135M: 278, 253-254).
+the whole file resident, 629-647 MiB so (SmolLM2-135M: 278, 259-266).
 
 The C heap keeps what a library frees for its next allocations rather than returning it:
 llguidance's view of a vocabulary (``engine.grammar_vocab``) frees about 4 MiB of working memory
@@ -76,10 +76,10 @@ def _advise(ranges: list[tuple[int, int]]) -> int:
 
 
 # While onnxruntime builds a session it reads each 4/8-bit matrix of the mapped weights file once,
-# to repack it; the file's pages are paged out this often meanwhile (the mappings looked up again
-# every RESCAN_EVERY rounds: onnxruntime maps the file once it loads the initializers).
-PAGE_OUT_EVERY_S = 0.002
-RESCAN_EVERY = 25
+# to repack it; the file's pages are paged out this often meanwhile. The mappings are looked up
+# each time (onnxruntime maps each tensor on its own and unmaps it once repacked: an address
+# kept from an earlier look could by then hold something else).
+PAGE_OUT_EVERY_S = 0.004
 
 
 @contextlib.contextmanager
@@ -96,12 +96,8 @@ def paging_out(path: Path, every_s: float = PAGE_OUT_EVERY_S) -> Iterator[None]:
     stop = threading.Event()
 
     def loop() -> None:
-        ranges: list[tuple[int, int]] = []
-        rounds = 0
         while not stop.wait(every_s):
-            if not ranges or rounds % RESCAN_EVERY == 0:
-                ranges = _ranges(path)
-            rounds += 1
+            ranges = _ranges(path)
             if ranges:
                 _advise(ranges)
 

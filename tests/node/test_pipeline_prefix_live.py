@@ -10,7 +10,6 @@ computed without any prefix cache, as the first (cold) run's are."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -111,6 +110,9 @@ def test_a_three_stage_chain_reuses_each_stages_prefix_with_the_same_tokens(
     _released(chain)
 
     # the entry inside the chain: another question after the same system prompt
-    other = SYSTEM + "Where does the mesh end?" + os.urandom(2).hex()
+    # A fixed prompt: the stages pass activations as float16 (the wire's default) and the
+    # reference keeps float32, so a prompt near a greedy tie can part them (random suffixes: 1
+    # in 300). This one's closest call along the float16 path is 0.087 logits apart.
+    other = SYSTEM + "Where does the mesh end?"
     assert _submit(chain, "s1", other)["token_ids"] == reference(other)
     assert _reused(chain) == dict.fromkeys(STAGES, 256)
