@@ -43,18 +43,6 @@ TEXT = ROOT / "benchmarks" / "data" / "kjv_heldout.txt"
 CHAT = "Name three primary colors."
 
 
-class _NoEos:
-    """The tokenizer without end-of-sequence ids: every stream makes the tokens asked for."""
-
-    eos_token_ids: tuple[int, ...] = ()
-
-    def __init__(self, tok: Any) -> None:
-        self._tok = tok
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tok, name)
-
-
 class Nvml:
     """meshd's GPU readings every ``every_s`` seconds in a thread, kept per phase."""
 
@@ -117,6 +105,7 @@ def one_provider(model_dir: str, provider: str, tokens: int, prompt: int) -> dic
     from meshd.engine import GenerationConfig, load_model
     from meshd.engine import runtime as rt
     from meshd.engine.scheduler import BatchScheduler, prepare
+    from meshd.testing.decoding import IgnoreEos, decode_tps
 
     rec: dict[str, Any] = {"provider_asked": provider}
     providers = [provider]
@@ -144,7 +133,7 @@ def one_provider(model_dir: str, provider: str, tokens: int, prompt: int) -> dic
 
     def decode() -> dict[str, Any]:
         phase("decode")
-        model.tokenizer = _NoEos(tok)  # type: ignore[assignment]
+        model.tokenizer = IgnoreEos(tok)  # type: ignore[assignment]
         try:
             cfg = GenerationConfig(max_tokens=tokens, temperature=0.0, repetition_penalty=1.0)
             stream = ids[:32]
@@ -152,8 +141,8 @@ def one_provider(model_dir: str, provider: str, tokens: int, prompt: int) -> dic
                 pass
             tps = []
             for _ in range(3):
-                ts = [time.perf_counter() for _ in model.generate_sync(stream, cfg)]
-                tps.append((len(ts) - 1) / (ts[-1] - ts[0]))
+                tps.append(decode_tps([time.perf_counter()
+                                       for _ in model.generate_sync(stream, cfg)]))
             phase("prefill")
             one = GenerationConfig(max_tokens=1, temperature=0.0)
             ttft = []
@@ -201,7 +190,7 @@ def one_provider(model_dir: str, provider: str, tokens: int, prompt: int) -> dic
     def batched() -> dict[str, Any]:
         phase("batch8")
         fused = load_model(model_dir, providers=providers, fused=True)
-        fused.tokenizer = _NoEos(fused.tokenizer)  # type: ignore[assignment]
+        fused.tokenizer = IgnoreEos(fused.tokenizer)  # type: ignore[assignment]
         sched = BatchScheduler(fused)
         sched.calibrate(max_batch=8)
         cfg = GenerationConfig(max_tokens=10_000, temperature=0.0, repetition_penalty=1.0)

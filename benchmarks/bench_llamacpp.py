@@ -65,6 +65,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from meshd.testing.decoding import IgnoreEos, decode_tps  # noqa: E402
+
 TEXT = ROOT / "benchmarks" / "data" / "kjv_heldout.txt"
 LOCK = Path("/tmp/meshd-bench.lock")
 HTTP_TIMEOUT_S = 3600.0  # one request; a loaded 2-core box has taken 600 s for 8 x 128 tokens
@@ -92,11 +94,6 @@ def make_prompts(ids: list[int], bos: int | None, *, stream_prompt: int, streams
 
     return {"streams": [cut(i * stream_prompt, stream_prompt) for i in range(streams)],
             "prefill": cut(streams * stream_prompt, prompt)}
-
-
-def decode_tps(times: list[float]) -> float:
-    """Decode tokens/s of one stream from its tokens' arrival times."""
-    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 
 
 def median(xs: list[float]) -> float | None:
@@ -303,19 +300,6 @@ def run_meshd(model_dir: Path, p: dict[str, Any]) -> dict[str, Any]:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-class _NoEos:
-    """The model's tokenizer without end-of-sequence ids, so every stream makes exactly the
-    tokens asked for (llama-server's ``ignore_eos``)."""
-
-    eos_token_ids: tuple[int, ...] = ()
-
-    def __init__(self, tok: Any) -> None:
-        self._tok = tok
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._tok, name)
-
-
 def worker(p: dict[str, Any]) -> dict[str, Any]:
     imported0 = time.monotonic()
     import trio
@@ -340,7 +324,7 @@ def worker(p: dict[str, Any]) -> dict[str, Any]:
     # tokenizer with its EOS (the stand-in below hides EOS, and without one the view would be
     # built from tokenizer.json text, the larger route: meshd.engine.constrain)
     warm_grammar(model)
-    model.tokenizer = _NoEos(tok)
+    model.tokenizer = IgnoreEos(tok)
     tokens = p["tokens"]
     cfg = GenerationConfig(max_tokens=tokens, temperature=0.0, repetition_penalty=1.0)
     one_cfg = GenerationConfig(max_tokens=1, temperature=0.0, repetition_penalty=1.0)

@@ -28,6 +28,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 MADV_PAGEOUT = 21  # linux/mman-common.h
 
@@ -66,12 +67,21 @@ def _ranges(path: Path) -> list[tuple[int, int]]:
         return []
 
 
-def _advise(ranges: list[tuple[int, int]]) -> int:
+@functools.cache
+def _madvise() -> Any:
+    """The C library's ``madvise``, its argument types set once (None where it is missing)."""
     try:
         madvise = _libc().madvise
     except (OSError, AttributeError):
-        return 0
+        return None
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise
+
+
+def _advise(ranges: list[tuple[int, int]]) -> int:
+    madvise = _madvise()
+    if madvise is None:
+        return 0
     return sum(hi - lo for lo, hi in ranges if madvise(lo, hi - lo, MADV_PAGEOUT) == 0)
 
 
