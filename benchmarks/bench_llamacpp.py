@@ -116,13 +116,16 @@ def status_kb(pid: int) -> dict[str, int | None]:
 # Q4_K) adds its fp32 minimum, read by the separate product of the activations' block sums.
 PACKED_EXTRA_BYTES = 4 + 4
 MIN_BYTES = 4
+KERNEL_EXTRA_BYTES = 2 + 2  # meshd's 4-bit kernel: float16 scale and minimum a block
 
 
-def weight_bytes_per_step(model_dir: Path | None, gguf: Path | None) -> dict[str, float]:
+def weight_bytes_per_step(model_dir: Path | None, gguf: Path | None,
+                          q4_kernel: bool = False) -> dict[str, float]:
     """Weight bytes one decode step reads, computed from the formats (not measured): every
     matrix once (the embedding's one row left out, a tied embedding counted as the output
-    head). meshd's from its manifest, as MatMulNBits packs the blocks; llama.cpp's from the
-    GGUF's tensor sizes (its blocks are read as stored)."""
+    head). meshd's from its manifest, as MatMulNBits packs the blocks, or as meshd's 4-bit
+    kernel reads 4-bit blocks with minimums (``q4_kernel``: codes, float16 scale and minimum);
+    llama.cpp's from the GGUF's tensor sizes (its blocks are read as stored)."""
     out: dict[str, float] = {}
     if model_dir is not None:
         from meshd.engine import read_manifest
@@ -136,7 +139,9 @@ def weight_bytes_per_step(model_dir: Path | None, gguf: Path | None) -> dict[str
                 continue
             if t.name == EMBED and not m.arch.tie_word_embeddings:
                 continue
-            if t.dtype in ("q4", "q8"):
+            if t.dtype == "q4" and q4_kernel and t.name + ".mins" in names:
+                total += t.shape[0] * t.shape[1] * (t.shape[2] + KERNEL_EXTRA_BYTES)
+            elif t.dtype in ("q4", "q8"):
                 blocks = t.shape[0] * t.shape[1]
                 total += blocks * (t.shape[2] + PACKED_EXTRA_BYTES
                                    + (MIN_BYTES if t.name + ".mins" in names else 0))
@@ -645,8 +650,13 @@ def main() -> int:
     print()
     print(f"{args.gguf.name if args.gguf else '(no GGUF)'} against {args.meshd_model}, {args.threads} threads, medians of "
           f"{args.repeats} interleaved repeats; load average {' '.join(f'{x:.2f}' for x in loads)}")
+    from meshd.engine import q4kernel
+
+    kernel = q4kernel.status()
+    p["q4_kernel"] = kernel.reason if kernel.library else f"none: {kernel.reason}"
     p["weight_bytes"] = weight_bytes_per_step(
-        args.meshd_model if {"meshd", "daemon"} & set(chosen) else None, args.gguf)
+        args.meshd_model if {"meshd", "daemon"} & set(chosen) else None, args.gguf,
+        q4_kernel=kernel.library is not None)
     print(table(med, p))
     res = {"gguf": str(args.gguf), "meshd_model": str(args.meshd_model), "params": p,
            "notes": notes, "repeats": args.repeats, "locked": not args.no_lock, "medians": med,

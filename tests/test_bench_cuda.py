@@ -40,6 +40,7 @@ def test_bench_cuda_without_cuda_measures_the_cpu_side(tmp_path: Path) -> None:
     # every kernel of the profiled runs is attributed to the provider that ran it
     kernels = cpu["placement"]["kernels_per_run"]
     assert kernels and all(k.startswith("CPUExecutionProvider:") for k in kernels)
-    assert "CPUExecutionProvider:MatMulNBits" in kernels
+    # the 4-bit products: MatMulNBits, or meshd's own kernel where it is built (q4kernel)
+    assert {"CPUExecutionProvider:MatMulNBits", "CPUExecutionProvider:MatMulQ4"} & set(kernels)
     assert len(cpu["chat"]["tokens"]) > 0
     assert "not offered" in r.stdout and f"wrote {out}" in r.stdout

@@ -44,6 +44,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from meshd.engine import q4kernel
 from meshd.engine.arch import Arch, rope_inv_freq
 from meshd.engine.planning import EMBED, FINAL_NORM, LM_HEAD, QUANT_PARTS, check_range
 from meshd.modeldir.manifest import TensorEntry
@@ -93,10 +94,14 @@ class QuantGraphBuilder(GraphBuilder):
     """A stage graph's builder: ``GraphBuilder`` (meshd.modeldir.onnx_graph) with weight
     products over 4/8-bit blocks (MatMulNBits)."""
 
-    def __init__(self, tensors: Mapping[str, TensorEntry], weights_file: str) -> None:
+    def __init__(self, tensors: Mapping[str, TensorEntry], weights_file: str, *,
+                 q4_kernel: bool = False) -> None:
         super().__init__(tensors, weights_file)
         self.block_sums: dict[tuple[str, int], str] = {}
         self.uses_contrib = False
+        # 4-bit blocks with minimums run as meshd's MatMulQ4 (meshd.engine.q4kernel)
+        self.q4_kernel = q4_kernel
+        self.uses_meshd = False
 
     def quantized(self, name: str) -> bool:
         """Whether ``name`` is stored as 4- or 8-bit blocks (meshd.engine.quant.Blockwise):
@@ -125,6 +130,10 @@ class QuantGraphBuilder(GraphBuilder):
         mins = name + ".mins"
         has_mins = mins in self.tensors or mins in self.fp32
         split = split_activations and ACCURACY_LEVEL == 4
+        # the kernel rounds activations to int8 per block: it is accuracy level 4's product
+        if (self.q4_kernel and ACCURACY_LEVEL == 4 and bits == 4 and block == q4kernel.BLOCK
+                and has_mins and not split):
+            return self._matmul_q4(x, name, n, kb * block, bias, out)
         self.count += 1
         y = (out if out is not None and not has_mins and not split
              else f"matmulnbits_{self.count}_0")
@@ -143,6 +152,21 @@ class QuantGraphBuilder(GraphBuilder):
         # y + sums @ mins.T in one Gemm (its C input)
         return self.op("Gemm", [self._block_sums(x, kb, block), self._stored(mins), y], out=out,
                        transB=1)
+
+    def _matmul_q4(self, x: str, name: str, n: int, k: int, bias: str | None,
+                   out: str | None) -> str:
+        """MatMulQ4 over the stored codes, the scales and minimums as float16 (Casts of the
+        stored float32 ones, folded when the session is built: exact for Q4_1's float16
+        originals). The blocks' zero points are zero wherever there are minimums
+        (meshd.engine.quant)."""
+        self.uses_meshd = True
+        self.count += 1
+        half = [self.op("Cast", [self._stored(name + part)], to=TensorProto.FLOAT16)
+                for part in (".scales", ".mins")]
+        y = out if bias is None else None
+        y = self.op(q4kernel.OP, [x, self._stored(name), *half], out=y, domain=q4kernel.DOMAIN,
+                    K=k, N=n)
+        return y if bias is None else self.op("Add", [y, bias], out=out)
 
     def _stored(self, name: str) -> str:
         """A stored tensor (external data), or the Concat that joins several
@@ -274,8 +298,8 @@ def split_head(tensors: Mapping[str, TensorEntry], head: str) -> bool:
 
 
 def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int, end: int,
-                      weights_file: str = "weights.bin", *, fused: bool = False
-                      ) -> onnx.ModelProto:
+                      weights_file: str = "weights.bin", *, fused: bool = False,
+                      q4_kernel: bool = False) -> onnx.ModelProto:
     """The ONNX model of layers ``[start, end)``; weights are external references into
     ``weights_file`` (resolved by onnxruntime relative to the model directory).
 
@@ -292,7 +316,7 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     first, last = start == 0, end == arch.num_layers
     if fused and not (first and last):
         raise ValueError("a fused graph covers a whole model")
-    b = QuantGraphBuilder(tensors, weights_file)
+    b = QuantGraphBuilder(tensors, weights_file, q4_kernel=q4_kernel)
     h_dim, d, kvh = arch.hidden_size, arch.head_dim, arch.num_kv_heads
     i64 = np.int64
     c = b.const
@@ -355,6 +379,8 @@ def build_stage_graph(arch: Arch, tensors: Mapping[str, TensorEntry], start: int
     opsets = [helper.make_opsetid("", OPSET)]
     if b.uses_contrib:
         opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+    if b.uses_meshd:
+        opsets.append(helper.make_opsetid(q4kernel.DOMAIN, 1))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="meshd")
     model.ir_version = IR_VERSION
     helper.set_model_props(model, {KV_LAYOUT_KEY: KV_LAYOUT, GRAPH_VERSION_KEY: GRAPH_VERSION})

@@ -9,6 +9,7 @@ nothing the size of the cache. Foreign (onnxruntime) errors become meshd errors 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -24,7 +25,7 @@ import onnxruntime as ort
 from meshd.core.modelid import of_manifest
 from meshd.core.prefix_cache import PrefixCache
 from meshd.engine import graph as g
-from meshd.engine import kvmem, planning
+from meshd.engine import kvmem, planning, q4kernel
 from meshd.engine.generation import TokenEvent
 from meshd.engine.kvbind import bind_cache
 from meshd.engine.manifest import Manifest, StageEntry, read_manifest
@@ -429,7 +430,22 @@ class Model:
         # otherwise lets them spin on after every run, about 55 ms of a core each time (measured,
         # 1.32, 2 threads), taken from the embedder, the sockets and the client on a small box.
         so.add_session_config_entry(_STOP_SPINNING, "1")
+        if self._q4_kernel() is not None:
+            so.register_custom_ops_library(str(self._q4_kernel()))
         return so
+
+    def _q4_kernel(self) -> Path | None:
+        """meshd's 4-bit kernel library where it serves this model: built here, on the CPU
+        (it is a CPU operator), for a model with 4-bit blocks with minimums."""
+        if list(self.providers) != ["CPUExecutionProvider"] or not any(
+                t.dtype == "q4" and t.name + ".mins" in self._tensor_names
+                for t in self.manifest.tensors):
+            return None
+        return q4kernel.library()
+
+    @functools.cached_property
+    def _tensor_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.manifest.tensors)
 
     def _build_session(self, start: int, end: int, fused: bool = False) -> ort.InferenceSession:
         so = self._session_options(start, end)
@@ -444,17 +460,23 @@ class Model:
             if hashlib.sha256(data).hexdigest() != prebuilt.sha256:
                 raise ModelError(f"{path}: hash mismatch (corrupt stage graph)")
             source = str(path)
+            layout, version, levels = _graph_props(data)
             if fused:
                 prebuilt = None
-            elif _graph_props(data) != (g.KV_LAYOUT, g.GRAPH_VERSION):
+            elif (layout, version) != (g.KV_LAYOUT, g.GRAPH_VERSION):
                 log.warning("stage graph rebuilt file=%s reason=%s", prebuilt.file,
                             "built by an older meshd (another KV-cache layout or graph "
                             "version; `meshd model import --force` stores the new one)")
                 prebuilt = None
+            elif self._q4_kernel() is not None and levels <= {g.ACCURACY_LEVEL}:
+                # the stored graph's 4-bit products are MatMulNBits: built again with meshd's
+                # kernel (a graph stored at another accuracy level, a diagnostic's, is kept)
+                prebuilt = None
         if prebuilt is None:
             arch, tensors = self.manifest.arch, {t.name: t for t in self.manifest.tensors}
             source = g.build_stage_graph(arch, tensors, start, end, self.manifest.weights_file,
-                                         fused=fused).SerializeToString()
+                                         fused=fused, q4_kernel=self._q4_kernel() is not None
+                                         ).SerializeToString()
             so.add_session_config_entry(_EXTERNAL_FOLDER, str(self.path))
         t0 = time.perf_counter()
         weights = self.path / self.manifest.weights_file
@@ -500,13 +522,16 @@ class Model:
         return generate_sync(self, prompt, cfg, chat=chat)
 
 
-def _graph_props(data: bytes) -> tuple[str | None, str | None]:
+def _graph_props(data: bytes) -> tuple[str | None, str | None, frozenset[int]]:
     """The KV-cache layout and graph version a stage graph file was built for (None: before
-    they were named)."""
+    they were named), and the accuracy levels its MatMulNBits run at."""
     import onnx
 
-    props = {p.key: p.value for p in onnx.load_from_string(data).metadata_props}
-    return props.get(g.KV_LAYOUT_KEY), props.get(g.GRAPH_VERSION_KEY)
+    model = onnx.load_from_string(data)
+    props = {p.key: p.value for p in model.metadata_props}
+    levels = frozenset(a.i for n in model.graph.node if n.op_type == "MatMulNBits"
+                       for a in n.attribute if a.name == "accuracy_level")
+    return props.get(g.KV_LAYOUT_KEY), props.get(g.GRAPH_VERSION_KEY), levels
 
 
 def _prebuilt(stages: tuple[StageEntry, ...], start: int, end: int) -> StageEntry | None:
