@@ -73,8 +73,8 @@ def _session(n: int, k: int, packed: np.ndarray, scales: np.ndarray, mins: np.nd
                                 providers=["CPUExecutionProvider"])
 
 
-# (N, K, X's leading shape): one row (a decode step), the tails of every tiling (rows of 4,
-# columns of 2, tasks of 16 columns, minimums 8 blocks at a time), a 3-D X
+# (N, K, X's leading shape): one row (a decode step), the tails of every tiling (rows of 8,
+# tasks of 16 columns, minimums 8 blocks at a time), a 3-D X
 @pytest.mark.parametrize("n,k,lead", [(960, 576, (1,)), (37, 64, (5,)), (100, 1536, (9,)),
                                       (33, 32, (2,)), (17, 320, (2, 3)), (576, 576, (16,))])
 def test_the_operator_equals_the_reference(n: int, k: int, lead: tuple[int, ...]) -> None:
