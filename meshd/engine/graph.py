@@ -452,6 +452,19 @@ def _rms_norm(b: QuantGraphBuilder, x: str, w: str, eps: float) -> str:
     return b.op("SimplifiedLayerNormalization", [x, w], axis=-1, epsilon=float(eps))
 
 
+def _add_rms_norm(b: QuantGraphBuilder, x: str, y: str, w: str, eps: float
+                  ) -> tuple[str, str]:
+    """RMSNorm of x + y, and x + y: onnxruntime's SkipSimplifiedLayerNormalization (contrib),
+    one node where an Add and a norm were two."""
+    b.uses_contrib = True
+    b.count += 1
+    normed, total = f"skipnorm_{b.count}_0", f"skipnorm_{b.count}_3"
+    b.nodes.append(helper.make_node("SkipSimplifiedLayerNormalization", [x, y, w],
+                                    [normed, "", "", total], name=f"SkipNorm_{b.count}",
+                                    domain=MS_DOMAIN, epsilon=float(eps)))
+    return normed, total
+
+
 def _linears(b: QuantGraphBuilder, x: str, prefixes: list[str], bias: bool, *,
              split: bool = True) -> list[str]:
     return b.matmuls(x, [p + ".weight" for p in prefixes],
@@ -465,7 +478,9 @@ def _linear(b: QuantGraphBuilder, x: str, prefix: str, bias: bool) -> str:
 def _layer(b: QuantGraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group],
            rows: str | None, tables: dict[str, tuple[str, str]]) -> str:
     """One decoder layer over x [N, H]: the weight products over all N rows at once, attention
-    per group (``rows``: how x's rows split between the groups, when there are two)."""
+    per group (``rows``: how x's rows split between the groups, when there are two). The
+    attention's residual sum and the next norm are one node; the layer's last sum stays an Add,
+    so that a layer's arithmetic is the same wherever a stage boundary falls."""
     p = f"model.layers.{i}."
     eps = arch.rms_norm_eps
     h = _rms_norm(b, x, b.weight(p + "input_layernorm.weight"), eps)
@@ -497,11 +512,9 @@ def _layer(b: QuantGraphBuilder, arch: Arch, i: int, x: str, groups: list[_Group
     o = _linear(b, o, p + "self_attn.o_proj", arch.o_bias)
     if arch.sandwich_norm:  # Gemma: the attention's output is normed before the residual
         o = _rms_norm(b, o, b.weight(p + "post_attention_layernorm.weight"), eps)
-        x = b.op("Add", [x, o])
-        h = _rms_norm(b, x, b.weight(p + "pre_feedforward_layernorm.weight"), eps)
+        h, x = _add_rms_norm(b, x, o, b.weight(p + "pre_feedforward_layernorm.weight"), eps)
     else:
-        x = b.op("Add", [x, o])
-        h = _rms_norm(b, x, b.weight(p + "post_attention_layernorm.weight"), eps)
+        h, x = _add_rms_norm(b, x, o, b.weight(p + "post_attention_layernorm.weight"), eps)
     gate, up = _linears(b, h, [p + "mlp.gate_proj", p + "mlp.up_proj"], arch.mlp_bias)
     act = b.op("Mul", [_activation(b, gate, arch.act), up])
     m = _linear(b, act, p + "mlp.down_proj", arch.mlp_bias)
