@@ -23,6 +23,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -125,19 +126,54 @@ def status() -> KernelStatus:
         return KernelStatus(None, f"no onnxruntime C API header ({HEADER}) in "
                                   + ", ".join(str(d) for d in header_dirs())
                                   + " (scripts/ort_header.sh fetches one)")
+    api, runtime = header_api_version(include), _runtime_api_version()
+    if api is None or api > runtime:
+        return KernelStatus(None, f"{include / HEADER} is for onnxruntime's C API version {api}, "
+                                  f"newer than this onnxruntime's ({ort_version()})")
     cc = _compiler()
     if cc is None:
         return KernelStatus(None, f"no C compiler ({os.environ.get('CC', 'cc')})")
     try:
         lib = cache_home() / "kernels" / f"matmul_q4-{_key(cc, include)}.so"
-        if not lib.is_file():
-            err = _build(cc, include, lib)
-            if err is not None:
-                return KernelStatus(None, f"the build failed: {err}")
-            log.info("q4 kernel built path=%s", lib)
-        return KernelStatus(lib, _vector_path(lib))
+        for attempt in (1, 2):
+            if not lib.is_file():
+                err = _build(cc, include, lib)
+                if err is not None:
+                    return KernelStatus(None, f"the build failed: {err}")
+                log.info("q4 kernel built path=%s", lib)
+            try:
+                return KernelStatus(lib, _vector_path(lib))
+            except OSError:  # a damaged file in the cache: built again, once
+                if attempt == 2:
+                    raise
+                lib.unlink(missing_ok=True)
+        raise AssertionError("unreachable")
     except (OSError, subprocess.SubprocessError) as err:
         return KernelStatus(None, f"cannot build it: {err}")
+
+
+def header_api_version(include: Path) -> int | None:
+    """The C API version a header declares (``#define ORT_API_VERSION N``)."""
+    try:
+        text = (include / HEADER).read_text(errors="replace")
+    except OSError:
+        return None
+    m = re.search(r"^#define ORT_API_VERSION (\d+)", text, re.M)
+    return int(m.group(1)) if m else None
+
+
+def ort_version() -> str:
+    import onnxruntime
+
+    return str(onnxruntime.__version__)
+
+
+def _runtime_api_version() -> int:
+    """The newest C API version this onnxruntime serves: its minor version (1.N serves N)."""
+    try:
+        return int(ort_version().split(".")[1])
+    except (IndexError, ValueError):
+        return 0
 
 
 @functools.cache

@@ -209,3 +209,27 @@ def test_a_q4_1_model_runs_on_the_kernel_and_matches_the_reference(
     session = model.stage(0, model.num_layers).open_session(len(IDS))
     rows = [session.step(np.array([i]), np.array([p]))[-1] for p, i in enumerate(IDS)]
     np.testing.assert_allclose(np.stack(rows), got, rtol=0, atol=1e-4)
+
+
+def test_a_damaged_library_in_the_cache_is_built_again(fresh: Path) -> None:
+    include, cc = q4kernel._find_header(), q4kernel._compiler()
+    if include is None or cc is None:
+        pytest.skip("no onnxruntime C API header or C compiler here (scripts/ort_header.sh)")
+    lib = fresh / f"matmul_q4-{q4kernel._key(cc, include)}.so"  # never loaded in this process
+    fresh.mkdir(parents=True)
+    lib.write_bytes(b"not a shared library")  # as a full disk or a killed copy might leave it
+    st = q4kernel.status()
+    assert st.library == lib and st.reason in ("avx512vnni", "avxvnni", "avx2", "c")
+    assert lib.stat().st_size > 1000
+
+
+def test_a_header_newer_than_the_runtime_is_refused(fresh: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newer header's OrtApi would be asked of an older library, which has none to give."""
+    newer = tmp_path / "include"
+    newer.mkdir()
+    (newer / q4kernel.HEADER).write_text("#define ORT_API_VERSION 999\n")
+    monkeypatch.setattr(q4kernel, "header_dirs", lambda: [newer])
+    st = q4kernel.status()
+    assert st.library is None
+    assert "C API version 999, newer than this onnxruntime's" in st.reason
