@@ -274,6 +274,10 @@ def main() -> int:
             runtime._prebuilt = lambda *_a, **_k: None  # type: ignore[assignment]
             res["accuracy_level"] = args.accuracy_level
         model = load_model(args.meshd_model, threads=args.threads)
+        from meshd.engine import q4kernel
+
+        kernel = q4kernel.status()  # whether 4-bit blocks with minimums ran on meshd's kernel
+        res["q4_kernel"] = kernel.reason if kernel.library else f"none: {kernel.reason}"
         own, add_bos = meshd_tokens(model, text)
         tokens = own
         if llama_ids is not None:
