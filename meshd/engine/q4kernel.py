@@ -13,8 +13,10 @@ The library is compiled once per source, compiler and machine into meshd's cache
 ``$MESHD_ORT_INCLUDE``, else the environment's ``include/onnxruntime`` (where
 ``scripts/ort_header.sh`` puts it), else ``/usr/include/onnxruntime`` or
 ``/usr/local/include/onnxruntime`` (Debian's and Ubuntu's ``libonnxruntime-dev``). Where either
-is missing, or ``MESHD_Q4_KERNEL=0``, the graph keeps MatMulNBits and its second product: the
-same model, slower; ``status()`` says why, and the engine logs it once.
+is missing, where the CPU has none of its vector paths (AVX2, AVX-VNNI, AVX-512 VNNI: on an
+ARM board onnxruntime's own NEON kernels are the faster choice), or with ``MESHD_Q4_KERNEL=0``,
+the graph keeps MatMulNBits and its second product: the same model, slower on x86;
+``status()`` says why, and the engine logs it once.
 """
 
 from __future__ import annotations
@@ -142,11 +144,16 @@ def status() -> KernelStatus:
                     return KernelStatus(None, f"the build failed: {err}")
                 log.info("q4 kernel built path=%s", lib)
             try:
-                return KernelStatus(lib, _vector_path(lib))
+                path = _vector_path(lib)
             except OSError:  # a damaged file in the cache: built again, once
                 if attempt == 2:
                     raise
                 lib.unlink(missing_ok=True)
+                continue
+            if path == "c":  # onnxruntime's own kernels have NEON and SSE paths: faster
+                return KernelStatus(None, "no vector path for this CPU in meshd's kernel (it "
+                                          "has AVX2 and AVX-512 VNNI ones)")
+            return KernelStatus(lib, path)
         raise AssertionError("unreachable")
     except (OSError, subprocess.SubprocessError) as err:
         return KernelStatus(None, f"cannot build it: {err}")

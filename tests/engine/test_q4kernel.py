@@ -233,3 +233,13 @@ def test_a_header_newer_than_the_runtime_is_refused(fresh: Path, tmp_path: Path,
     st = q4kernel.status()
     assert st.library is None
     assert "C API version 999, newer than this onnxruntime's" in st.reason
+
+
+def test_a_build_without_a_vector_path_is_not_used(fresh: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain C (an ARM board: a Jetson) would be slower than onnxruntime's NEON kernels."""
+    if q4kernel._find_header() is None or q4kernel._compiler() is None:
+        pytest.skip("no onnxruntime C API header or C compiler here (scripts/ort_header.sh)")
+    monkeypatch.setattr(q4kernel, "_vector_path", lambda lib: "c")
+    st = q4kernel.status()
+    assert st.library is None and st.reason.startswith("no vector path for this CPU")
