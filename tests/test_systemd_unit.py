@@ -77,6 +77,9 @@ def test_restart_rules_follow_the_exit_codes(unit):
 def test_directories_and_user(unit):
     assert one(unit, "Service", "StateDirectory") == "meshd"
     assert one(unit, "Service", "RuntimeDirectory") == "meshd"  # /run/meshd/meshd.sock
+    # /var/cache/meshd, where the 4-bit kernel is built (ProtectHome= hides ~/.cache)
+    assert one(unit, "Service", "CacheDirectory") == "meshd"
+    assert "MESHD_CACHE_DIR=/var/cache/meshd" in values(unit, "Service", "Environment")
     assert one(unit, "Service", "User") == "meshd" or one(unit, "Service", "DynamicUser") == "yes"
 
 
