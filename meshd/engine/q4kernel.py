@@ -14,7 +14,7 @@ The library is compiled once per source, compiler and machine into meshd's cache
 ``scripts/ort_header.sh`` puts it), else ``/usr/include/onnxruntime`` or
 ``/usr/local/include/onnxruntime`` (Debian's and Ubuntu's ``libonnxruntime-dev``). Where either
 is missing, where the CPU has none of its vector paths (AVX2, AVX-VNNI, AVX-512 VNNI: on an
-ARM board onnxruntime's own NEON kernels are the faster choice), or with ``MESHD_Q4_KERNEL=0``,
+ARM board onnxruntime's own NEON kernels should be faster; not measured), or with ``MESHD_Q4_KERNEL=0``,
 the graph keeps MatMulNBits and its second product: the same model, slower on x86;
 ``status()`` says why, and the engine logs it once.
 """
