@@ -16,7 +16,7 @@ The library is compiled once per source, compiler and machine into meshd's cache
 is missing, where the CPU has none of its vector paths (AVX2, AVX-VNNI, AVX-512 VNNI: on an
 ARM board onnxruntime's own NEON kernels should be faster; not measured), or with ``MESHD_Q4_KERNEL=0``,
 the graph keeps MatMulNBits and its second product: the same model, slower on x86;
-``status()`` says why, and the engine logs it once.
+``status()`` says why, and the engine logs it once (a warning, but where switched off).
 """
 
 from __future__ import annotations
@@ -187,8 +187,9 @@ def _runtime_api_version() -> int:
 def library() -> Path | None:
     """The built library, or None (logged once, with the reason)."""
     st = status()
-    if st.library is None:
-        log.info("q4 kernel unavailable reason=%s (4-bit products run as MatMulNBits)", st.reason)
+    if st.library is None:  # a warning: a 4-bit model runs markedly slower without it
+        (log.info if st.reason == "MESHD_Q4_KERNEL=0" else log.warning)(
+            "q4 kernel unavailable reason=%s (4-bit products run as MatMulNBits)", st.reason)
     else:
         log.info("q4 kernel loaded path=%s vector=%s", st.library, st.reason)
     return st.library

@@ -243,3 +243,20 @@ def test_a_build_without_a_vector_path_is_not_used(fresh: Path,
     monkeypatch.setattr(q4kernel, "_vector_path", lambda lib: "c")
     st = q4kernel.status()
     assert st.library is None and st.reason.startswith("no vector path for this CPU")
+
+
+def test_without_the_kernel_the_daemon_log_warns_once_with_the_reason(
+        fresh: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(q4kernel, "header_dirs", lambda: [tmp_path / "none"])
+    with caplog.at_level("INFO", logger="meshd.engine.q4kernel"):
+        assert q4kernel.library() is None and q4kernel.library() is None
+    warned = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "no onnxruntime C API header" in warned[0].getMessage()
+    caplog.clear()
+    monkeypatch.setenv("MESHD_Q4_KERNEL", "0")  # switched off on purpose: no warning
+    q4kernel.status.cache_clear()
+    q4kernel.library.cache_clear()
+    with caplog.at_level("INFO", logger="meshd.engine.q4kernel"):
+        assert q4kernel.library() is None
+    assert [r.levelname for r in caplog.records] == ["INFO"]
