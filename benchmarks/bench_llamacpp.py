@@ -653,7 +653,7 @@ def main() -> int:
     from meshd.engine import q4kernel
 
     kernel = q4kernel.status()
-    p["q4_kernel"] = kernel.reason if kernel.library else f"none: {kernel.reason}"
+    p["q4_kernel"] = kernel.label
     p["weight_bytes"] = weight_bytes_per_step(
         args.meshd_model if {"meshd", "daemon"} & set(chosen) else None, args.gguf,
         q4_kernel=kernel.library is not None)

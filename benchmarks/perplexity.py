@@ -276,8 +276,8 @@ def main() -> int:
         model = load_model(args.meshd_model, threads=args.threads)
         from meshd.engine import q4kernel
 
-        kernel = q4kernel.status()  # whether 4-bit blocks with minimums ran on meshd's kernel
-        res["q4_kernel"] = kernel.reason if kernel.library else f"none: {kernel.reason}"
+        # whether 4-bit blocks with minimums ran on meshd's kernel
+        res["q4_kernel"] = q4kernel.status().label
         own, add_bos = meshd_tokens(model, text)
         tokens = own
         if llama_ids is not None:

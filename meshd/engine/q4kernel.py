@@ -50,6 +50,11 @@ class KernelStatus:
     library: Path | None  # the built library, or None
     reason: str  # why there is none, or the vector path built ("avx512vnni", "avx2", "c")
 
+    @property
+    def label(self) -> str:
+        """What a benchmark records: the vector path, or "none: " and why."""
+        return self.reason if self.library else f"none: {self.reason}"
+
 
 def header_dirs() -> list[Path]:
     """Where onnxruntime's C API header is looked for, in order."""
@@ -128,8 +133,10 @@ def status() -> KernelStatus:
         return KernelStatus(None, f"no onnxruntime C API header ({HEADER}) in "
                                   + ", ".join(str(d) for d in header_dirs())
                                   + " (scripts/ort_header.sh fetches one)")
-    api, runtime = header_api_version(include), _runtime_api_version()
-    if api is None or api > runtime:
+    api = header_api_version(include)
+    if api is None:
+        return KernelStatus(None, f"{include / HEADER} names no C API version (ORT_API_VERSION)")
+    if api > _runtime_api_version():
         return KernelStatus(None, f"{include / HEADER} is for onnxruntime's C API version {api}, "
                                   f"newer than this onnxruntime's ({ort_version()})")
     cc = _compiler()

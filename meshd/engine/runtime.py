@@ -430,22 +430,19 @@ class Model:
         # otherwise lets them spin on after every run, about 55 ms of a core each time (measured,
         # 1.32, 2 threads), taken from the embedder, the sockets and the client on a small box.
         so.add_session_config_entry(_STOP_SPINNING, "1")
-        if self._q4_kernel() is not None:
-            so.register_custom_ops_library(str(self._q4_kernel()))
+        if self._q4_kernel is not None:
+            so.register_custom_ops_library(str(self._q4_kernel))
         return so
 
+    @functools.cached_property
     def _q4_kernel(self) -> Path | None:
         """meshd's 4-bit kernel library where it serves this model: built here, on the CPU
         (it is a CPU operator), for a model with 4-bit blocks with minimums."""
+        names = {t.name for t in self.manifest.tensors}
         if list(self.providers) != ["CPUExecutionProvider"] or not any(
-                t.dtype == "q4" and t.name + ".mins" in self._tensor_names
-                for t in self.manifest.tensors):
+                t.dtype == "q4" and t.name + ".mins" in names for t in self.manifest.tensors):
             return None
         return q4kernel.library()
-
-    @functools.cached_property
-    def _tensor_names(self) -> frozenset[str]:
-        return frozenset(t.name for t in self.manifest.tensors)
 
     def _build_session(self, start: int, end: int, fused: bool = False) -> ort.InferenceSession:
         so = self._session_options(start, end)
@@ -460,22 +457,24 @@ class Model:
             if hashlib.sha256(data).hexdigest() != prebuilt.sha256:
                 raise ModelError(f"{path}: hash mismatch (corrupt stage graph)")
             source = str(path)
-            layout, version, levels = _graph_props(data)
             if fused:
                 prebuilt = None
-            elif (layout, version) != (g.KV_LAYOUT, g.GRAPH_VERSION):
-                log.warning("stage graph rebuilt file=%s reason=%s", prebuilt.file,
-                            "built by an older meshd (another KV-cache layout or graph "
-                            "version; `meshd model import --force` stores the new one)")
-                prebuilt = None
-            elif self._q4_kernel() is not None and levels <= {g.ACCURACY_LEVEL}:
-                # the stored graph's 4-bit products are MatMulNBits: built again with meshd's
-                # kernel (a graph stored at another accuracy level, a diagnostic's, is kept)
-                prebuilt = None
+            else:
+                layout, version, levels = _graph_props(data)
+                if (layout, version) != (g.KV_LAYOUT, g.GRAPH_VERSION):
+                    log.warning("stage graph rebuilt file=%s reason=%s", prebuilt.file,
+                                "built by an older meshd (another KV-cache layout or graph "
+                                "version; `meshd model import --force` stores the new one)")
+                    prebuilt = None
+                elif self._q4_kernel is not None and levels <= {g.ACCURACY_LEVEL}:
+                    # the stored graph's 4-bit products are MatMulNBits: built again with
+                    # meshd's kernel (a graph stored at another accuracy level, a
+                    # diagnostic's, is kept)
+                    prebuilt = None
         if prebuilt is None:
             arch, tensors = self.manifest.arch, {t.name: t for t in self.manifest.tensors}
             source = g.build_stage_graph(arch, tensors, start, end, self.manifest.weights_file,
-                                         fused=fused, q4_kernel=self._q4_kernel() is not None
+                                         fused=fused, q4_kernel=self._q4_kernel is not None
                                          ).SerializeToString()
             so.add_session_config_entry(_EXTERNAL_FOLDER, str(self.path))
         t0 = time.perf_counter()

@@ -107,9 +107,7 @@ def paging_out(path: Path, every_s: float = PAGE_OUT_EVERY_S) -> Iterator[None]:
 
     def loop() -> None:
         while not stop.wait(every_s):
-            ranges = _ranges(path)
-            if ranges:
-                _advise(ranges)
+            page_out(path)
 
     worker = threading.Thread(target=loop, name="meshd-page-out", daemon=True)
     worker.start()

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from meshd.engine import graph, load_model, q4kernel
 from meshd.engine.gguf_import import import_gguf
+from meshd.engine.runtime import Model
 
 from .gguf_fixtures import GgufReference, write_gguf
 
@@ -157,12 +158,11 @@ def test_without_a_header_compiler_or_with_it_switched_off_it_says_why(
     assert q4kernel.status() == q4kernel.KernelStatus(None, "MESHD_Q4_KERNEL=0")
 
 
-def _op_types(model_dir: Path) -> list[str]:
-    model = load_model(model_dir)
+def _op_types(model: Model) -> list[str]:
+    """The operators of the whole-model graph ``model`` builds."""
     m = model.manifest
     built = graph.build_stage_graph(m.arch, {t.name: t for t in m.tensors}, 0, m.arch.num_layers,
-                                    q4_kernel=model.stage(0, m.arch.num_layers).model
-                                    ._q4_kernel() is not None)
+                                    q4_kernel=model._q4_kernel is not None)
     return [n.op_type for n in built.graph.node]
 
 
@@ -182,8 +182,8 @@ def test_a_q4_1_model_runs_on_the_kernel_and_matches_the_reference(
     def logits() -> tuple[np.ndarray, list[str]]:
         model = load_model(tmp_path / "out")
         stage = model.stage(0, model.num_layers)
-        ops = _op_types(tmp_path / "out")
-        return stage.open_session(len(IDS)).step(np.array(IDS), np.arange(len(IDS))), ops
+        return stage.open_session(len(IDS)).step(np.array(IDS), np.arange(len(IDS))), \
+            _op_types(model)
 
     got, ops = logits()
     # a layer: q, k and v joined, o, gate and up joined, down
@@ -233,6 +233,10 @@ def test_a_header_newer_than_the_runtime_is_refused(fresh: Path, tmp_path: Path,
     st = q4kernel.status()
     assert st.library is None
     assert "C API version 999, newer than this onnxruntime's" in st.reason
+    (newer / q4kernel.HEADER).write_text("/* no version here */\n")
+    q4kernel.status.cache_clear()
+    st = q4kernel.status()
+    assert st.library is None and "names no C API version" in st.reason
 
 
 def test_a_build_without_a_vector_path_is_not_used(fresh: Path,
